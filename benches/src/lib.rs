@@ -1,0 +1,1 @@
+//! Benchmarks of tailguard live in `benches/`; this library holds their shared helpers.

@@ -1,0 +1,61 @@
+//! # tailguard-core
+//!
+//! The shared vocabulary of tailguard, the tower middleware that guards the tail latency of LLM
+//! streaming calls. Every tailguard layer acts on *tokens* — the first content-bearing event of a
+//! streamed response and the gaps between events — rather than on response headers, and this
+//! crate is how they find them:
+//!
+//! * [`scan`]: incremental scanners for SSE, gRPC and NDJSON bodies that find event boundaries
+//!   frame by frame without copying the stream;
+//! * [`classify`]: classification of each event into token / meta / keepalive / done / error,
+//!   with presets for OpenAI, Anthropic, gRPC and NDJSON, and [`StreamTracker`] that drives both
+//!   per response;
+//! * [`ext`]: the extension types layers exchange ([`Priority`], [`ClassPolicy`],
+//!   [`RequestFacts`], [`AdmissionOutcome`], [`HedgeOutcome`], [`EndReason`], [`EndReport`]);
+//! * [`error`]: concrete, downcastable error types;
+//! * [`render`]: one place that turns an error into an HTTP response, an in-band event or gRPC
+//!   trailers;
+//! * [`replay`]: request bodies buffered once so they can be sent twice.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::HeaderMap;
+//! use tailguard_core::{Dialect, StreamTracker};
+//!
+//! let mut headers = HeaderMap::new();
+//! headers.insert("content-type", "text/event-stream".parse().unwrap());
+//! let mut tracker = StreamTracker::new(&Dialect::Auto, &headers);
+//!
+//! // A role-only first chunk is not a token...
+//! let role = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n");
+//! assert!(!tracker.observe(&role).first_token);
+//! // ...the first content delta is, even when it arrives split across frames.
+//! let part1 = Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"cont");
+//! let part2 = Bytes::from_static(b"ent\":\"Hi\"}}]}\n\n");
+//! assert!(!tracker.observe(&part1).first_token);
+//! assert_eq!(tracker.pending_bytes(), part1.len());
+//! assert!(tracker.observe(&part2).first_token);
+//! assert!(tracker.observe(&Bytes::from_static(b"data: [DONE]\n\n")).done);
+//! ```
+
+pub mod body;
+pub mod classify;
+pub mod error;
+pub mod ext;
+pub mod render;
+pub mod replay;
+pub mod scan;
+pub mod tracker;
+
+pub use body::Chunk;
+pub use classify::{Class, Classify, Dialect, Framing, Wire};
+pub use error::{
+    BoxError, OverloadReason, Overloaded, Phase, ScanError, TimeoutError, UpstreamError,
+};
+pub use ext::{
+    AdmissionOutcome, ClassPolicy, EndReason, EndReport, HedgeOutcome, Priority, RequestFacts,
+    UpstreamFailure,
+};
+pub use render::{ErrorInfo, GrpcCode, RenderError};
+pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
+pub use tracker::{Observation, StreamTracker, Usage};

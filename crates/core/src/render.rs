@@ -1,0 +1,325 @@
+//! Turning a rejection or a timeout into what the client's protocol expects.
+//!
+//! One place decides the shape of every error tailguard sends:
+//!
+//! * before headers: an HTTP response with the right status, an OpenAI-style JSON error body
+//!   (`{"error":{"message":..,"type":..,"code":..}}`) and `Retry-After` where it applies
+//!   ([`error_response`]);
+//! * mid-stream, a terminal in-band event in the stream's own dialect ([`in_band`]): OpenAI
+//!   `data: {"error":{..}}` followed by `data: [DONE]`, or Anthropic `event: error`;
+//! * for gRPC, trailers with `grpc-status` and `grpc-message` ([`grpc_trailers`]).
+//!
+//! Rendered events always begin at an event boundary and end with a blank line; a layer that
+//! ends a stream early must hold back the bytes of an event the client has not fully received
+//! (see [`StreamTracker::pending_bytes`](crate::StreamTracker::pending_bytes)).
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+
+use crate::classify::Wire;
+use crate::error::{OverloadReason, Overloaded, Phase, TimeoutError};
+
+/// `Retry-After` in whole seconds: rounded up, never 0.
+pub fn retry_after_secs(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// A gRPC status code, as far as tailguard produces them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GrpcCode {
+    /// 4: the deadline passed.
+    DeadlineExceeded,
+    /// 8: a resource (capacity) is exhausted.
+    ResourceExhausted,
+    /// 13: an internal error.
+    Internal,
+    /// 14: the service is unavailable.
+    Unavailable,
+}
+
+impl GrpcCode {
+    /// The numeric code.
+    pub fn as_u8(self) -> u8 {
+        match self {
+            GrpcCode::DeadlineExceeded => 4,
+            GrpcCode::ResourceExhausted => 8,
+            GrpcCode::Internal => 13,
+            GrpcCode::Unavailable => 14,
+        }
+    }
+}
+
+/// Everything needed to render one error in any protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ErrorInfo {
+    /// HTTP status, for errors sent before headers.
+    pub status: StatusCode,
+    /// Human-readable message.
+    pub message: Cow<'static, str>,
+    /// OpenAI error `type`, e.g. `"timeout_error"`, `"rate_limit_exceeded"`.
+    pub kind: &'static str,
+    /// Machine-readable `code`, e.g. `"idle_timeout"`, `"queue_full"`.
+    pub code: &'static str,
+    /// Anthropic error `type`, e.g. `"timeout_error"`, `"overloaded_error"`.
+    pub anthropic_kind: &'static str,
+    /// gRPC status code.
+    pub grpc: GrpcCode,
+    /// Time after which a retry may succeed (sent as `Retry-After`).
+    pub retry_after: Option<Duration>,
+}
+
+impl ErrorInfo {
+    /// Builds an error description.
+    pub fn new(
+        status: StatusCode,
+        message: impl Into<Cow<'static, str>>,
+        kind: &'static str,
+        code: &'static str,
+    ) -> Self {
+        let (anthropic_kind, grpc) = match status.as_u16() {
+            429 => ("rate_limit_error", GrpcCode::ResourceExhausted),
+            503 | 529 => ("overloaded_error", GrpcCode::Unavailable),
+            504 | 408 => ("timeout_error", GrpcCode::DeadlineExceeded),
+            _ => ("api_error", GrpcCode::Internal),
+        };
+        ErrorInfo {
+            status,
+            message: message.into(),
+            kind,
+            code,
+            anthropic_kind,
+            grpc,
+            retry_after: None,
+        }
+    }
+
+    /// Sets `Retry-After`.
+    pub fn with_retry_after(mut self, d: Duration) -> Self {
+        self.retry_after = Some(d);
+        self
+    }
+
+    /// Sets the gRPC code.
+    pub fn with_grpc(mut self, code: GrpcCode) -> Self {
+        self.grpc = code;
+        self
+    }
+}
+
+/// An error that knows how it is rendered.
+pub trait RenderError {
+    /// The rendering description of this error.
+    fn error_info(&self) -> ErrorInfo;
+}
+
+impl RenderError for TimeoutError {
+    fn error_info(&self) -> ErrorInfo {
+        let code = match self.phase() {
+            Phase::Head => "head_timeout",
+            Phase::FirstToken => "first_token_timeout",
+            Phase::Idle => "idle_timeout",
+            Phase::Total => "deadline_exceeded",
+        };
+        ErrorInfo::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            self.to_string(),
+            "timeout_error",
+            code,
+        )
+        .with_grpc(GrpcCode::DeadlineExceeded)
+    }
+}
+
+impl RenderError for Overloaded {
+    fn error_info(&self) -> ErrorInfo {
+        let kind = if self.status() == StatusCode::TOO_MANY_REQUESTS {
+            "rate_limit_exceeded"
+        } else {
+            "server_overloaded"
+        };
+        let mut info = ErrorInfo::new(
+            self.status(),
+            self.to_string(),
+            kind,
+            self.reason().as_str(),
+        );
+        info.grpc = match self.reason() {
+            OverloadReason::QueueTimeout => GrpcCode::Unavailable,
+            _ => GrpcCode::ResourceExhausted,
+        };
+        if let Some(after) = self.retry_after() {
+            info = info.with_retry_after(after);
+        }
+        info
+    }
+}
+
+/// The OpenAI error object: `{"error":{"message":..,"type":..,"param":null,"code":..}}`.
+pub fn openai_json(info: &ErrorInfo) -> Bytes {
+    let v = serde_json::json!({
+        "error": {
+            "message": info.message,
+            "type": info.kind,
+            "param": null,
+            "code": info.code,
+        }
+    });
+    Bytes::from(v.to_string())
+}
+
+/// An HTTP error response: `info.status`, `content-type: application/json`, the OpenAI error
+/// body, and `Retry-After` (whole seconds, rounded up, never 0) when `info` has one.
+///
+/// `body` turns the JSON bytes into the response body type of the caller's stack.
+pub fn error_response<T>(info: &ErrorInfo, body: impl FnOnce(Bytes) -> T) -> Response<T> {
+    let mut res = Response::new(body(openai_json(info)));
+    *res.status_mut() = info.status;
+    let h = res.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(after) = info.retry_after {
+        h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+    }
+    res
+}
+
+/// The terminal in-band event(s) that end a stream of dialect `wire` with `info`.
+///
+/// * OpenAI (and SSE of no known dialect): `data: {"error":{..}}` then `data: [DONE]`;
+/// * Anthropic: `event: error` with `{"type":"error","error":{"type":..,"message":..}}`;
+/// * NDJSON: one line `{"error":{..}}`;
+/// * gRPC and opaque bodies: `None` (use [`grpc_trailers`] or a body error).
+///
+/// The bytes begin at an event boundary and end with the blank line that dispatches the event.
+pub fn in_band(wire: Wire, info: &ErrorInfo) -> Option<Bytes> {
+    match wire {
+        Wire::OpenAiSse | Wire::Sse => {
+            let json = openai_json(info);
+            let mut out = Vec::with_capacity(json.len() + 32);
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(&json);
+            out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+            Some(Bytes::from(out))
+        }
+        Wire::AnthropicSse => {
+            let v = serde_json::json!({
+                "type": "error",
+                "error": { "type": info.anthropic_kind, "message": info.message },
+            });
+            Some(Bytes::from(format!("event: error\ndata: {v}\n\n")))
+        }
+        Wire::Ndjson => {
+            let json = openai_json(info);
+            let mut out = Vec::with_capacity(json.len() + 1);
+            out.extend_from_slice(&json);
+            out.push(b'\n');
+            Some(Bytes::from(out))
+        }
+        Wire::Grpc | Wire::Opaque => None,
+    }
+}
+
+/// gRPC trailers: `grpc-status` and a percent-encoded `grpc-message`.
+pub fn grpc_trailers(code: GrpcCode, message: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("grpc-status", HeaderValue::from(u16::from(code.as_u8())));
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
+        h.insert("grpc-message", v);
+    }
+    h
+}
+
+/// Percent-encodes as the gRPC spec asks of `grpc-message`: every byte outside printable ASCII
+/// (0x20..=0x7E) and `%` itself.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(2)), 2);
+        assert_eq!(retry_after_secs(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn http_error_response_has_status_body_and_retry_after() {
+        let o = Overloaded::new(OverloadReason::QueueFull, StatusCode::TOO_MANY_REQUESTS)
+            .with_retry_after(Duration::from_millis(300));
+        let res = error_response(&o.error_info(), |b| b);
+        assert_eq!(res.status(), 429);
+        assert_eq!(res.headers()[RETRY_AFTER], "1");
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/json");
+        let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
+        assert_eq!(v["error"]["type"], "rate_limit_exceeded");
+        assert_eq!(v["error"]["code"], "queue_full");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("queue is full")
+        );
+    }
+
+    #[test]
+    fn openai_in_band_is_an_error_event_then_done() {
+        let t = TimeoutError::new(Phase::Idle, Duration::from_secs(1), Duration::from_secs(3));
+        let b = in_band(Wire::OpenAiSse, &t.error_info()).unwrap();
+        let s = std::str::from_utf8(&b).unwrap();
+        assert!(s.starts_with("data: {\"error\":"));
+        assert!(s.ends_with("\n\ndata: [DONE]\n\n"));
+        let json = s
+            .strip_prefix("data: ")
+            .unwrap()
+            .split("\n\n")
+            .next()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(v["error"]["code"], "idle_timeout");
+    }
+
+    #[test]
+    fn anthropic_in_band_is_an_error_event() {
+        let t = TimeoutError::new(
+            Phase::FirstToken,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let b = in_band(Wire::AnthropicSse, &t.error_info()).unwrap();
+        let s = std::str::from_utf8(&b).unwrap();
+        assert!(s.starts_with("event: error\ndata: {"));
+        assert!(s.ends_with("}\n\n"));
+        let v: serde_json::Value =
+            serde_json::from_str(s.lines().nth(1).unwrap().strip_prefix("data: ").unwrap())
+                .unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "timeout_error");
+        assert!(in_band(Wire::Grpc, &t.error_info()).is_none());
+    }
+
+    #[test]
+    fn grpc_trailers_encode_message() {
+        let h = grpc_trailers(GrpcCode::DeadlineExceeded, "idle timeout 100% \u{e9}");
+        assert_eq!(h["grpc-status"], "4");
+        assert_eq!(h["grpc-message"], "idle timeout 100%25 %C3%A9");
+    }
+}

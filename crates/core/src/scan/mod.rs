@@ -1,0 +1,116 @@
+//! Incremental scanners that find event boundaries in a body as its frames arrive.
+//!
+//! A scanner is fed each data frame exactly as it arrives and calls back once per complete event.
+//! It never holds on to the frame: what it needs across frames (a partial line, the captured
+//! data of the event being built) lives in buffers it owns and reuses, so once warm it does not
+//! allocate per frame. Fed one byte per frame it stays linear. One line, event or message larger
+//! than the cap ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`], never unbounded
+//! buffering.
+//!
+//! *Capture*: how much of each event's data the scanner copies out for the classifier. Before
+//! the first token a classifier needs the whole JSON; after it, a short prefix tells `[DONE]`
+//! from data. [`set_capture`](SseScanner::set_capture) bounds the copy; [`Captured::len`] still
+//! reports the full length.
+
+mod grpc;
+mod ndjson;
+mod sse;
+
+pub use grpc::GrpcScanner;
+pub use ndjson::NdjsonScanner;
+pub use sse::SseScanner;
+
+use bytes::Buf;
+
+use crate::error::ScanError;
+
+/// Default cap on one SSE line or event, one gRPC message or one NDJSON line: 1 MiB.
+///
+/// Large enough for any real completion chunk (tool-call deltas included), small enough that a
+/// hostile upstream cannot make a proxy buffer without bound.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Data captured for one event: a prefix of at most the capture limit, and the full length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Captured<'a> {
+    /// The captured bytes (all of them when [`is_complete`](Captured::is_complete)).
+    pub bytes: &'a [u8],
+    /// The full length of the data, captured or not.
+    pub len: usize,
+}
+
+impl Captured<'_> {
+    /// Whether `bytes` holds the whole data.
+    pub fn is_complete(&self) -> bool {
+        self.bytes.len() == self.len
+    }
+}
+
+/// One complete item found by a scanner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event<'a> {
+    /// An SSE comment line (starts with `:`); `text` is what follows the colon (captured prefix).
+    Comment {
+        /// The comment text after the colon.
+        text: Captured<'a>,
+    },
+    /// A dispatched SSE event (a blank line after at least one `data` field).
+    Sse {
+        /// The `event` field, empty when absent (the client then sees `message`).
+        name: &'a [u8],
+        /// The `data` fields joined with `\n`.
+        data: Captured<'a>,
+    },
+    /// One gRPC length-prefixed message.
+    Grpc {
+        /// The compressed flag of the message.
+        compressed: bool,
+        /// The message bytes.
+        data: Captured<'a>,
+    },
+    /// One non-empty NDJSON line, without its line end.
+    Line {
+        /// The line.
+        data: Captured<'a>,
+    },
+    /// A non-empty run of body bytes (the framing of opaque bodies).
+    Bytes {
+        /// How many bytes.
+        len: usize,
+    },
+}
+
+/// Calls `feed` with each contiguous chunk of `buf`, without consuming `buf`.
+///
+/// Uses [`Buf::chunks_vectored`] with room for 64 chunks. Every data type that hyper, axum,
+/// tonic and `bytes` produce is one or two chunks; a buffer made of more than 64 discontiguous
+/// chunks is seen through its first 64 only.
+pub fn for_each_chunk<B: Buf + ?Sized>(buf: &B, mut feed: impl FnMut(&[u8])) {
+    let first = buf.chunk();
+    if first.len() == buf.remaining() {
+        if !first.is_empty() {
+            feed(first);
+        }
+        return;
+    }
+    let mut slices = [std::io::IoSlice::new(&[]); 64];
+    let n = buf.chunks_vectored(&mut slices);
+    for s in &slices[..n] {
+        if !s.is_empty() {
+            feed(s);
+        }
+    }
+}
+
+/// Internal trait of the three framings, so the tracker can drive any of them.
+pub(crate) trait Scan {
+    fn feed_slice(
+        &mut self,
+        chunk: &[u8],
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> Result<(), ScanError>;
+    fn finish(&mut self, on_event: &mut dyn FnMut(Event<'_>)) -> Result<(), ScanError>;
+    fn set_capture(&mut self, limit: usize);
+    fn pending_bytes(&self) -> usize;
+}
