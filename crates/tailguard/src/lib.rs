@@ -11,3 +11,23 @@
 //! ```
 
 pub use tailguard_core as core;
+
+/// `FirstTokenHedge`: hedge on the first token (feature `hedge`).
+#[cfg(feature = "hedge")]
+pub use tailguard_hedge as hedge;
+
+/// `SseIdleTimeout`: first-token, idle and total timeouts (feature `timeout`).
+#[cfg(feature = "timeout")]
+pub use tailguard_timeout as timeout;
+
+/// `BoundedAdmission`: bounded in-flight work and wait queue (feature `admission`).
+#[cfg(feature = "admission")]
+pub use tailguard_admission as admission;
+
+/// `PriorityClass`: request classification and per-class policy (feature `priority`).
+#[cfg(feature = "priority")]
+pub use tailguard_priority as priority;
+
+/// `LatencyPhaseRecorder`: every phase of every request (feature `phases`).
+#[cfg(feature = "phases")]
+pub use tailguard_phases as phases;

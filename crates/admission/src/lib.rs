@@ -1,0 +1,1 @@
+//! tailguard-admission: under construction.

@@ -1,0 +1,1 @@
+//! tailguard-hedge: under construction.

@@ -1,0 +1,1 @@
+//! tailguard-mock: under construction.

@@ -1,0 +1,1 @@
+//! tailguard-phases: under construction.

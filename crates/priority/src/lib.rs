@@ -1,0 +1,1 @@
+//! tailguard-priority: under construction.

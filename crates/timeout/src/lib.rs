@@ -1,0 +1,1 @@
+//! tailguard-timeout: under construction.
