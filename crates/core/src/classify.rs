@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::scan::Event;
+use crate::scan::{Captured, Event};
 
 /// What one event means for latency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,4 +145,297 @@ pub enum Wire {
     Ndjson,
     /// Anything else.
     Opaque,
+}
+
+impl Dialect {
+    /// The dialect to use for a response with `headers`: [`Dialect::Auto`] resolved from the
+    /// `content-type` (see [`Dialect`]), any other dialect as it is.
+    pub fn resolve(&self, headers: &http::HeaderMap) -> Dialect {
+        match self {
+            Dialect::Auto => {
+                let ct = headers
+                    .get(http::header::CONTENT_TYPE)
+                    .map(|v| v.as_bytes())
+                    .unwrap_or_default();
+                let essence = ct
+                    .split(|&b| b == b';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim_ascii();
+                if essence.eq_ignore_ascii_case(b"text/event-stream") {
+                    Dialect::LlmSse
+                } else if essence.len() >= 16
+                    && essence[..16].eq_ignore_ascii_case(b"application/grpc")
+                {
+                    Dialect::Grpc
+                } else if essence.eq_ignore_ascii_case(b"application/x-ndjson")
+                    || essence.eq_ignore_ascii_case(b"application/jsonl")
+                {
+                    Dialect::Ndjson
+                } else {
+                    Dialect::AnyByte
+                }
+            }
+            other => other.clone(),
+        }
+    }
+
+    /// The framing of this dialect (`None` for [`Dialect::Auto`], which depends on the response).
+    pub fn framing(&self) -> Option<Framing> {
+        match self {
+            Dialect::Auto => None,
+            Dialect::LlmSse | Dialect::OpenAi | Dialect::Anthropic | Dialect::AnySse => {
+                Some(Framing::Sse)
+            }
+            Dialect::AnyByte => Some(Framing::Bytes),
+            Dialect::Grpc => Some(Framing::Grpc),
+            Dialect::Ndjson => Some(Framing::Ndjson),
+            Dialect::Custom { framing, .. } => Some(*framing),
+        }
+    }
+}
+
+/// The [`Dialect::OpenAi`] classifier: OpenAI chat and completions SSE.
+///
+/// Before the first token the event's JSON is parsed: a token is a choice with non-empty
+/// `delta.content`, `text`, `delta.reasoning_content` / `delta.reasoning`, `delta.tool_calls`,
+/// `delta.refusal` (or a legacy `delta.function_call`); a role-only delta, a usage-only chunk
+/// (`choices: []`) and a finish chunk with an empty delta are meta; JSON that does not parse is
+/// meta (undecidable, never a crash). After the first token only the syntax is looked at:
+/// `[DONE]` is done, data starting with `{"error"` is an error, any other data is a token.
+/// `data: [DONE]` is done, a JSON `error` member or `event: error` is an error, comments are
+/// keepalives.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenAiClassifier;
+
+/// The [`Dialect::Anthropic`] classifier: Anthropic messages SSE, decided from the event name.
+///
+/// `content_block_delta` is a token, `ping` a keepalive, `message_start`,
+/// `content_block_start`, `content_block_stop` and `message_delta` meta, `message_stop` done and
+/// `error` an error. An event without a name is looked up by its JSON `type` before the first
+/// token; other unknown events are meta.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AnthropicClassifier;
+
+/// The [`Dialect::LlmSse`] classifier: [`AnthropicClassifier`] for events named like
+/// Anthropic's, [`OpenAiClassifier`] for all others.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LlmSseClassifier;
+
+/// The [`Dialect::AnySse`] classifier: every SSE data event is a token, comments keepalives.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AnySseClassifier;
+
+/// The [`Dialect::AnyByte`] classifier: every event (in practice every non-empty run of body
+/// bytes) is a token.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AnyByteClassifier;
+
+/// The [`Dialect::Grpc`] classifier: every message is a token.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcClassifier;
+
+/// The [`Dialect::Ndjson`] classifier: every line is a token, except a line with an `error`
+/// member (error) and a line with `"done": true` and no output (done).
+///
+/// Before the first token the JSON is parsed; afterwards a line starting with `{"error"` is an
+/// error and a line containing `"done":true` (or `"done": true`) is done. It keeps capturing
+/// whole lines after the first token to find that member.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NdjsonClassifier;
+
+impl Classify for OpenAiClassifier {
+    fn classify(&self, event: &Event<'_>, first_token_seen: bool) -> Class {
+        match event {
+            Event::Sse { name, data } => openai(name, data, first_token_seen),
+            other => fallback(other, first_token_seen),
+        }
+    }
+}
+
+impl Classify for AnthropicClassifier {
+    fn classify(&self, event: &Event<'_>, first_token_seen: bool) -> Class {
+        match event {
+            Event::Sse { name, data } => anthropic(name, data, first_token_seen),
+            other => fallback(other, first_token_seen),
+        }
+    }
+}
+
+impl Classify for LlmSseClassifier {
+    fn classify(&self, event: &Event<'_>, first_token_seen: bool) -> Class {
+        match event {
+            Event::Sse { name, data } => match anthropic_event(name) {
+                Some(class) => class,
+                None => openai(name, data, first_token_seen),
+            },
+            other => fallback(other, first_token_seen),
+        }
+    }
+}
+
+impl Classify for AnySseClassifier {
+    fn classify(&self, event: &Event<'_>, first_token_seen: bool) -> Class {
+        fallback(event, first_token_seen)
+    }
+}
+
+impl Classify for AnyByteClassifier {
+    fn classify(&self, event: &Event<'_>, first_token_seen: bool) -> Class {
+        fallback(event, first_token_seen)
+    }
+}
+
+impl Classify for GrpcClassifier {
+    fn classify(&self, event: &Event<'_>, first_token_seen: bool) -> Class {
+        fallback(event, first_token_seen)
+    }
+}
+
+impl Classify for NdjsonClassifier {
+    fn classify(&self, event: &Event<'_>, first_token_seen: bool) -> Class {
+        match event {
+            Event::Line { data } => ndjson(data, first_token_seen),
+            other => fallback(other, first_token_seen),
+        }
+    }
+
+    fn capture_after_first_token(&self) -> usize {
+        usize::MAX
+    }
+}
+
+/// Comments are keepalives, NDJSON lines follow the NDJSON rules, everything else is a token.
+fn fallback(event: &Event<'_>, first_token_seen: bool) -> Class {
+    match event {
+        Event::Comment { .. } => Class::Keepalive,
+        Event::Line { data } => ndjson(data, first_token_seen),
+        _ => Class::Token,
+    }
+}
+
+/// Whether the name is one of Anthropic's event names, and its class.
+pub(crate) fn anthropic_event(name: &[u8]) -> Option<Class> {
+    Some(match name {
+        b"content_block_delta" => Class::Token,
+        b"ping" => Class::Keepalive,
+        b"message_start" | b"content_block_start" | b"content_block_stop" | b"message_delta" => {
+            Class::Meta
+        }
+        b"message_stop" => Class::Done,
+        b"error" => Class::Error,
+        _ => return None,
+    })
+}
+
+fn is_done(data: &[u8]) -> bool {
+    data.trim_ascii() == b"[DONE]" || data.trim_ascii_start().starts_with(b"[DONE]")
+}
+
+/// `{` then optional whitespace then `"error"`.
+fn starts_with_error(data: &[u8]) -> bool {
+    match data.trim_ascii_start().split_first() {
+        Some((b'{', rest)) => rest.trim_ascii_start().starts_with(b"\"error\""),
+        _ => false,
+    }
+}
+
+fn openai(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class {
+    if name == b"error" {
+        return Class::Error;
+    }
+    if is_done(data.bytes) {
+        return Class::Done;
+    }
+    if first_token_seen || !data.is_complete() {
+        return if starts_with_error(data.bytes) {
+            Class::Error
+        } else {
+            Class::Token
+        };
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data.bytes) else {
+        // Malformed or cut short: undecidable, so not a token.
+        return Class::Meta;
+    };
+    let Some(object) = value.as_object() else {
+        return Class::Meta;
+    };
+    if object.get("error").is_some_and(|e| !e.is_null()) {
+        return Class::Error;
+    }
+    let has_token = object
+        .get("choices")
+        .and_then(|c| c.as_array())
+        .is_some_and(|choices| choices.iter().any(choice_has_output));
+    if has_token { Class::Token } else { Class::Meta }
+}
+
+fn choice_has_output(choice: &serde_json::Value) -> bool {
+    if non_empty(choice.get("text")) {
+        return true;
+    }
+    let Some(delta) = choice.get("delta") else {
+        return false;
+    };
+    [
+        "content",
+        "reasoning_content",
+        "reasoning",
+        "tool_calls",
+        "refusal",
+        "function_call",
+    ]
+    .iter()
+    .any(|key| non_empty(delta.get(key)))
+}
+
+fn non_empty(value: Option<&serde_json::Value>) -> bool {
+    match value {
+        Some(serde_json::Value::String(s)) => !s.is_empty(),
+        Some(serde_json::Value::Array(a)) => !a.is_empty(),
+        Some(serde_json::Value::Object(o)) => !o.is_empty(),
+        _ => false,
+    }
+}
+
+fn anthropic(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class {
+    if let Some(class) = anthropic_event(name) {
+        return class;
+    }
+    if name.is_empty() && !first_token_seen && data.is_complete() {
+        let typ = serde_json::from_slice::<serde_json::Value>(data.bytes)
+            .ok()
+            .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_owned));
+        if let Some(class) = typ.and_then(|t| anthropic_event(t.as_bytes())) {
+            return class;
+        }
+    }
+    Class::Meta
+}
+
+fn ndjson(data: &Captured<'_>, first_token_seen: bool) -> Class {
+    if starts_with_error(data.bytes) {
+        return Class::Error;
+    }
+    if first_token_seen || !data.is_complete() {
+        let done = memchr::memmem::find(data.bytes, b"\"done\":true").is_some()
+            || memchr::memmem::find(data.bytes, b"\"done\": true").is_some();
+        return if done { Class::Done } else { Class::Token };
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data.bytes) else {
+        return Class::Token;
+    };
+    if value.get("error").is_some_and(|e| !e.is_null()) {
+        return Class::Error;
+    }
+    let done = value.get("done").and_then(|d| d.as_bool()) == Some(true);
+    if !done {
+        return Class::Token;
+    }
+    let output = non_empty(value.get("response"))
+        || value
+            .get("message")
+            .is_some_and(|m| non_empty(m.get("content")) || non_empty(m.get("tool_calls")));
+    if output { Class::Token } else { Class::Done }
 }

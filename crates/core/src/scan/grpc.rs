@@ -1,23 +1,185 @@
-//! grpc framing (to be implemented).
+//! gRPC length-prefixed message framing.
+
+use bytes::Buf;
 
 use crate::error::ScanError;
-use crate::scan::Event;
+use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, for_each_chunk};
 
-/// Incremental grpc scanner.
-#[derive(Debug, Default)]
+/// Incremental scanner for gRPC bodies: each message is a 1-byte compressed flag, a 4-byte
+/// big-endian length and the message bytes.
+///
+/// A message longer than the cap is an error as soon as its header arrives; the message itself
+/// is never buffered (only its captured prefix is copied out).
+///
+/// ```
+/// use tailguard_core::scan::{Event, GrpcScanner};
+///
+/// let mut scanner = GrpcScanner::new();
+/// let mut lens = Vec::new();
+/// for frame in [&[0u8, 0, 0][..], &[0, 2, b'h'], &[b'i', 1, 0, 0, 0, 0]] {
+///     scanner
+///         .feed(frame, |event| {
+///             if let Event::Grpc { data, .. } = event {
+///                 lens.push(data.len)
+///             }
+///         })
+///         .unwrap();
+/// }
+/// assert_eq!(lens, [2, 0]);
+/// ```
+#[derive(Debug)]
 pub struct GrpcScanner {
-    _private: (),
+    max: usize,
+    capture: usize,
+    header: [u8; 5],
+    header_len: usize,
+    in_message: bool,
+    compressed: bool,
+    message_len: usize,
+    message_read: usize,
+    data: Vec<u8>,
+    pending: usize,
+    error: Option<ScanError>,
+}
+
+impl Default for GrpcScanner {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl GrpcScanner {
-    /// A scanner with the default cap.
+    /// A scanner with the default cap ([`DEFAULT_MAX_EVENT_BYTES`]) that captures whole messages.
     pub fn new() -> Self {
-        Self::default()
+        GrpcScanner {
+            max: DEFAULT_MAX_EVENT_BYTES,
+            capture: usize::MAX,
+            header: [0; 5],
+            header_len: 0,
+            in_message: false,
+            compressed: false,
+            message_len: 0,
+            message_read: 0,
+            data: Vec::new(),
+            pending: 0,
+            error: None,
+        }
     }
 
-    /// Feeds one contiguous chunk; calls `on_event` for each complete event.
-    pub fn feed(&mut self, chunk: &[u8], on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
-        let _ = (chunk, on_event);
-        todo!()
+    /// Sets the cap on one message.
+    pub fn with_max_event_bytes(mut self, max: usize) -> Self {
+        self.max = max;
+        self
+    }
+
+    /// Copies at most `limit` bytes of each message out of the stream; [`Captured::len`] still
+    /// reports the full length. Default: everything (bounded by the cap).
+    pub fn set_capture(&mut self, limit: usize) {
+        self.capture = limit;
+    }
+
+    /// Bytes fed since the last message boundary.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending
+    }
+
+    /// Feeds one contiguous chunk; calls `on_event` for each complete message.
+    ///
+    /// After an error the scanner is spent: every later call returns the same error.
+    pub fn feed(
+        &mut self,
+        chunk: &[u8],
+        mut on_event: impl FnMut(Event<'_>),
+    ) -> Result<(), ScanError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let result = self.feed_inner(chunk, &mut on_event);
+        if let Err(e) = result {
+            self.error = Some(e);
+        }
+        result
+    }
+
+    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`].
+    pub fn feed_buf<B: Buf + ?Sized>(
+        &mut self,
+        buf: &B,
+        mut on_event: impl FnMut(Event<'_>),
+    ) -> Result<(), ScanError> {
+        let mut result = Ok(());
+        for_each_chunk(buf, |chunk| {
+            if result.is_ok() {
+                result = self.feed(chunk, &mut on_event);
+            }
+        });
+        result
+    }
+
+    /// Ends the body. A partial message is discarded (a truncated stream); returns the error the
+    /// scanner met, if any.
+    pub fn finish(&mut self, on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
+        let _ = on_event;
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn feed_inner(
+        &mut self,
+        mut chunk: &[u8],
+        on_event: &mut impl FnMut(Event<'_>),
+    ) -> Result<(), ScanError> {
+        while !chunk.is_empty() {
+            if !self.in_message {
+                let take = (5 - self.header_len).min(chunk.len());
+                self.header[self.header_len..self.header_len + take]
+                    .copy_from_slice(&chunk[..take]);
+                self.header_len += take;
+                self.pending += take;
+                chunk = &chunk[take..];
+                if self.header_len < 5 {
+                    break;
+                }
+                self.header_len = 0;
+                self.compressed = self.header[0] != 0;
+                let len = u32::from_be_bytes([
+                    self.header[1],
+                    self.header[2],
+                    self.header[3],
+                    self.header[4],
+                ]);
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                if len > self.max {
+                    return Err(ScanError::too_long("grpc message", self.max));
+                }
+                self.message_len = len;
+                self.message_read = 0;
+                self.data.clear();
+                self.in_message = true;
+            } else {
+                let take = (self.message_len - self.message_read).min(chunk.len());
+                let room = self.capture.saturating_sub(self.data.len());
+                if room > 0 {
+                    self.data.extend_from_slice(&chunk[..room.min(take)]);
+                }
+                self.message_read += take;
+                self.pending += take;
+                chunk = &chunk[take..];
+            }
+            if self.in_message && self.message_read == self.message_len {
+                self.in_message = false;
+                self.pending = 0;
+                on_event(Event::Grpc {
+                    compressed: self.compressed,
+                    data: Captured {
+                        bytes: &self.data,
+                        len: self.message_len,
+                    },
+                });
+            }
+        }
+        Ok(())
     }
 }

@@ -4,7 +4,7 @@
 //! It never holds on to the frame: what it needs across frames (a partial line, the captured
 //! data of the event being built) lives in buffers it owns and reuses, so once warm it does not
 //! allocate per frame. Fed one byte per frame it stays linear. One line, event or message larger
-//! than the cap ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`], never unbounded
+//! than the cap ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`](crate::ScanError), never unbounded
 //! buffering.
 //!
 //! *Capture*: how much of each event's data the scanner copies out for the classifier. Before
@@ -18,11 +18,9 @@ mod sse;
 
 pub use grpc::GrpcScanner;
 pub use ndjson::NdjsonScanner;
-pub use sse::SseScanner;
+pub use sse::{MAX_EVENT_NAME_BYTES, SseScanner};
 
 use bytes::Buf;
-
-use crate::error::ScanError;
 
 /// Default cap on one SSE line or event, one gRPC message or one NDJSON line: 1 MiB.
 ///
@@ -101,16 +99,4 @@ pub fn for_each_chunk<B: Buf + ?Sized>(buf: &B, mut feed: impl FnMut(&[u8])) {
             feed(s);
         }
     }
-}
-
-/// Internal trait of the three framings, so the tracker can drive any of them.
-pub(crate) trait Scan {
-    fn feed_slice(
-        &mut self,
-        chunk: &[u8],
-        on_event: &mut dyn FnMut(Event<'_>),
-    ) -> Result<(), ScanError>;
-    fn finish(&mut self, on_event: &mut dyn FnMut(Event<'_>)) -> Result<(), ScanError>;
-    fn set_capture(&mut self, limit: usize);
-    fn pending_bytes(&self) -> usize;
 }

@@ -1,23 +1,177 @@
-//! ndjson framing (to be implemented).
+//! Newline-delimited JSON framing.
+
+use bytes::Buf;
+use memchr::memchr;
 
 use crate::error::ScanError;
-use crate::scan::Event;
+use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, for_each_chunk};
 
-/// Incremental ndjson scanner.
-#[derive(Debug, Default)]
+/// Incremental scanner for NDJSON / JSON Lines bodies: each non-blank line (LF or CRLF ended)
+/// is an [`Event::Line`], without its line end. A last line without a line end is reported by
+/// [`finish`](NdjsonScanner::finish).
+///
+/// ```
+/// use tailguard_core::scan::{Event, NdjsonScanner};
+///
+/// let mut scanner = NdjsonScanner::new();
+/// let mut lines = Vec::new();
+/// let mut push = |event: Event<'_>| {
+///     if let Event::Line { data } = event {
+///         lines.push(data.bytes.to_vec())
+///     }
+/// };
+/// scanner.feed(b"{\"a\":1}\r\n\n{\"b\"", &mut push).unwrap();
+/// scanner.feed(b":2}", &mut push).unwrap();
+/// scanner.finish(&mut push).unwrap();
+/// assert_eq!(lines, [b"{\"a\":1}".to_vec(), b"{\"b\":2}".to_vec()]);
+/// ```
+#[derive(Debug)]
 pub struct NdjsonScanner {
-    _private: (),
+    max: usize,
+    capture: usize,
+    line_len: usize,
+    non_blank: bool,
+    last_cr: bool,
+    data: Vec<u8>,
+    pending: usize,
+    error: Option<ScanError>,
+}
+
+impl Default for NdjsonScanner {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl NdjsonScanner {
-    /// A scanner with the default cap.
+    /// A scanner with the default cap ([`DEFAULT_MAX_EVENT_BYTES`]) that captures whole lines.
     pub fn new() -> Self {
-        Self::default()
+        NdjsonScanner {
+            max: DEFAULT_MAX_EVENT_BYTES,
+            capture: usize::MAX,
+            line_len: 0,
+            non_blank: false,
+            last_cr: false,
+            data: Vec::new(),
+            pending: 0,
+            error: None,
+        }
     }
 
-    /// Feeds one contiguous chunk; calls `on_event` for each complete event.
-    pub fn feed(&mut self, chunk: &[u8], on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
-        let _ = (chunk, on_event);
-        todo!()
+    /// Sets the cap on one line.
+    pub fn with_max_event_bytes(mut self, max: usize) -> Self {
+        self.max = max;
+        self
+    }
+
+    /// Copies at most `limit` bytes of each line out of the stream; [`Captured::len`] still
+    /// reports the full length. Default: everything (bounded by the cap).
+    pub fn set_capture(&mut self, limit: usize) {
+        self.capture = limit;
+    }
+
+    /// Bytes fed since the last line end.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending
+    }
+
+    /// Feeds one contiguous chunk; calls `on_event` for each complete non-blank line.
+    ///
+    /// After an error the scanner is spent: every later call returns the same error.
+    pub fn feed(
+        &mut self,
+        chunk: &[u8],
+        mut on_event: impl FnMut(Event<'_>),
+    ) -> Result<(), ScanError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let result = self.feed_inner(chunk, &mut on_event);
+        if let Err(e) = result {
+            self.error = Some(e);
+        }
+        result
+    }
+
+    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`].
+    pub fn feed_buf<B: Buf + ?Sized>(
+        &mut self,
+        buf: &B,
+        mut on_event: impl FnMut(Event<'_>),
+    ) -> Result<(), ScanError> {
+        let mut result = Ok(());
+        for_each_chunk(buf, |chunk| {
+            if result.is_ok() {
+                result = self.feed(chunk, &mut on_event);
+            }
+        });
+        result
+    }
+
+    /// Ends the body: a last non-blank line without a line end is reported.
+    pub fn finish(&mut self, mut on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        self.line_end(&mut on_event);
+        Ok(())
+    }
+
+    fn feed_inner(
+        &mut self,
+        mut chunk: &[u8],
+        on_event: &mut impl FnMut(Event<'_>),
+    ) -> Result<(), ScanError> {
+        while !chunk.is_empty() {
+            match memchr(b'\n', chunk) {
+                Some(i) => {
+                    self.segment(&chunk[..i])?;
+                    self.line_end(on_event);
+                    chunk = &chunk[i + 1..];
+                }
+                None => {
+                    self.segment(chunk)?;
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn segment(&mut self, seg: &[u8]) -> Result<(), ScanError> {
+        self.pending += seg.len();
+        self.line_len += seg.len();
+        if self.line_len > self.max {
+            return Err(ScanError::too_long("ndjson line", self.max));
+        }
+        if let Some(&last) = seg.last() {
+            self.last_cr = last == b'\r';
+            if !self.non_blank {
+                self.non_blank = seg.iter().any(|b| !b.is_ascii_whitespace());
+            }
+            let room = self.capture.saturating_sub(self.data.len());
+            if room > 0 {
+                self.data.extend_from_slice(&seg[..room.min(seg.len())]);
+            }
+        }
+        Ok(())
+    }
+
+    fn line_end(&mut self, on_event: &mut impl FnMut(Event<'_>)) {
+        if self.non_blank {
+            let len = self.line_len - usize::from(self.last_cr);
+            let n = self.data.len().min(len);
+            on_event(Event::Line {
+                data: Captured {
+                    bytes: &self.data[..n],
+                    len,
+                },
+            });
+        }
+        self.line_len = 0;
+        self.non_blank = false;
+        self.last_cr = false;
+        self.data.clear();
+        self.pending = 0;
     }
 }
