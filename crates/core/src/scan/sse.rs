@@ -122,7 +122,8 @@ impl SseScanner {
         }
     }
 
-    /// Sets the cap on one line and on one event (its raw bytes, line ends included).
+    /// Sets the cap on one line and on one event (its raw bytes, with every line end but the
+    /// last one; comments inside the event included).
     pub fn with_max_event_bytes(mut self, max: usize) -> Self {
         self.max = max;
         self
@@ -228,8 +229,10 @@ impl SseScanner {
             }
             match memchr2(b'\n', b'\r', chunk) {
                 Some(i) => {
-                    self.pending += i + 1;
+                    // The line end itself does not count against the cap.
+                    self.pending += i;
                     self.check_line(i)?;
+                    self.pending += 1;
                     self.segment(&chunk[..i]);
                     self.after_cr = chunk[i] == b'\r';
                     self.line_end(on_event);
@@ -302,9 +305,10 @@ impl SseScanner {
     }
 
     fn push_name(&mut self, bytes: &[u8]) {
-        let room = MAX_FIELD_NAME.saturating_sub(self.name_len);
-        let n = room.min(bytes.len());
-        self.name[self.name_len..self.name_len + n].copy_from_slice(&bytes[..n]);
+        if self.name_len < MAX_FIELD_NAME {
+            let n = (MAX_FIELD_NAME - self.name_len).min(bytes.len());
+            self.name[self.name_len..self.name_len + n].copy_from_slice(&bytes[..n]);
+        }
         // Counts past the buffer so that a longer name never matches a known one.
         self.name_len = self.name_len.saturating_add(bytes.len());
     }
@@ -403,5 +407,259 @@ impl SseScanner {
         }
         self.line = Line::Start;
         self.line_len = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, Eq)]
+    enum Ev {
+        Comment(Vec<u8>, usize),
+        Sse(Vec<u8>, Vec<u8>, usize),
+    }
+
+    fn feed_all(scanner: &mut SseScanner, frames: &[&[u8]]) -> Result<Vec<Ev>, ScanError> {
+        let mut out = Vec::new();
+        for frame in frames {
+            scanner.feed(frame, |e| push(&mut out, e))?;
+        }
+        scanner.finish(|e| push(&mut out, e))?;
+        Ok(out)
+    }
+
+    fn push(out: &mut Vec<Ev>, e: Event<'_>) {
+        match e {
+            Event::Comment { text } => out.push(Ev::Comment(text.bytes.to_vec(), text.len)),
+            Event::Sse { name, data } => {
+                out.push(Ev::Sse(name.to_vec(), data.bytes.to_vec(), data.len))
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn events(input: &[u8]) -> Vec<Ev> {
+        let whole = feed_all(&mut SseScanner::new(), &[input]).unwrap();
+        let bytewise: Vec<&[u8]> = input.chunks(1).collect();
+        assert_eq!(feed_all(&mut SseScanner::new(), &bytewise).unwrap(), whole);
+        whole
+    }
+
+    fn sse(name: &str, data: &str) -> Ev {
+        Ev::Sse(name.into(), data.into(), data.len())
+    }
+
+    #[test]
+    fn lf_cr_and_crlf_line_ends() {
+        let want = vec![sse("", "a"), sse("", "b"), sse("", "c")];
+        assert_eq!(events(b"data: a\n\ndata: b\r\rdata: c\r\n\r\n"), want);
+        assert_eq!(events(b"data: a\r\n\r\ndata: b\n\ndata: c\r\r"), want);
+    }
+
+    #[test]
+    fn cr_at_end_of_frame_and_lf_at_start_of_next_are_one_line_end() {
+        let mut s = SseScanner::new();
+        let got = feed_all(&mut s, &[b"data: a\r", b"\n\r", b"\ndata: b\r", b"\r"]).unwrap();
+        assert_eq!(got, vec![sse("", "a"), sse("", "b")]);
+        // A CR then an LF that starts a *blank* line would be two line ends; here it is one,
+        // so `data: a\r` + `\n` + `data: x\n\n` is one event with data `x` after `a`.
+        let got = feed_all(&mut SseScanner::new(), &[b"data: a\r", b"\ndata: x\n\n"]).unwrap();
+        assert_eq!(got, vec![sse("", "a\nx")]);
+    }
+
+    #[test]
+    fn bom_at_start_is_skipped_even_split() {
+        assert_eq!(events(b"\xEF\xBB\xBFdata: a\n\n"), vec![sse("", "a")]);
+        let got = feed_all(
+            &mut SseScanner::new(),
+            &[b"\xEF", b"\xBB", b"\xBFdata: a\n\n"],
+        )
+        .unwrap();
+        assert_eq!(got, vec![sse("", "a")]);
+        // Only at the very start: a second BOM is part of the field name (unknown field).
+        assert_eq!(events(b"\xEF\xBB\xBF\xEF\xBB\xBFdata: a\n\n"), vec![]);
+    }
+
+    #[test]
+    fn partial_bom_is_line_content() {
+        // `\xEF` then `d`: not a BOM; the line's field name is `\xEFdata`, unknown.
+        assert_eq!(events(b"\xEFdata: a\n\ndata: b\n\n"), vec![sse("", "b")]);
+        assert_eq!(events(b"\xEF\xBB:c\n"), vec![]);
+        // `\xEF\xBB` then `:`... the field name is `\xEF\xBB`, not a comment.
+        assert_eq!(events(b":c\n"), vec![Ev::Comment(b"c".to_vec(), 1)]);
+    }
+
+    #[test]
+    fn comments_are_events() {
+        assert_eq!(
+            events(b": keepalive\n:\ndata: a\n: inside\n\n"),
+            vec![
+                Ev::Comment(b" keepalive".to_vec(), 10),
+                Ev::Comment(Vec::new(), 0),
+                Ev::Comment(b" inside".to_vec(), 7),
+                sse("", "a"),
+            ]
+        );
+    }
+
+    #[test]
+    fn multi_line_data_is_joined_with_lf() {
+        assert_eq!(
+            events(b"data: a\ndata:b\ndata:  c\n\n"),
+            vec![sse("", "a\nb\n c")]
+        );
+    }
+
+    #[test]
+    fn only_one_space_after_the_colon_is_dropped() {
+        assert_eq!(events(b"data:  x\n\n"), vec![sse("", " x")]);
+        assert_eq!(events(b"data:x\n\n"), vec![sse("", "x")]);
+        assert_eq!(events(b"data:\tx\n\n"), vec![sse("", "\tx")]);
+    }
+
+    #[test]
+    fn line_without_colon_is_a_field_with_empty_value() {
+        assert_eq!(events(b"data\n\n"), vec![sse("", "")]);
+        assert_eq!(events(b"data\ndata\n\n"), vec![sse("", "\n")]);
+        assert_eq!(events(b"event\ndata: a\n\n"), vec![sse("", "a")]);
+    }
+
+    #[test]
+    fn data_alone_dispatches_empty_data() {
+        assert_eq!(events(b"data:\n\n"), vec![sse("", "")]);
+    }
+
+    #[test]
+    fn events_without_data_are_not_dispatched() {
+        assert_eq!(events(b"event: x\n\nid: 1\n\nretry: 5\n\n\n\n"), vec![]);
+        // ...and the event name does not leak into the next event.
+        assert_eq!(events(b"event: x\n\ndata: a\n\n"), vec![sse("", "a")]);
+    }
+
+    #[test]
+    fn event_field_names_the_event_last_one_wins() {
+        assert_eq!(
+            events(b"event: a\nevent: ping\ndata: {}\n\n"),
+            vec![sse("ping", "{}")]
+        );
+        assert_eq!(events(b"data: {}\nevent: x\n\n"), vec![sse("x", "{}")]);
+    }
+
+    #[test]
+    fn unknown_fields_and_id_retry_are_ignored() {
+        assert_eq!(
+            events(b"foo: bar\nid: 7\nretry: 10\ndatax: y\nDATA: z\ndata: a\n\n"),
+            vec![sse("", "a")]
+        );
+    }
+
+    #[test]
+    fn long_event_name_is_truncated() {
+        let name = "n".repeat(100);
+        let input = format!("event: {name}\ndata: a\n\n");
+        assert_eq!(
+            events(input.as_bytes()),
+            vec![sse(&name[..MAX_EVENT_NAME_BYTES], "a")]
+        );
+    }
+
+    #[test]
+    fn incomplete_event_at_end_is_discarded() {
+        let mut s = SseScanner::new();
+        assert_eq!(
+            feed_all(&mut s, &[b"data: a\n\ndata: b\n"]).unwrap(),
+            vec![sse("", "a")]
+        );
+        assert_eq!(s.pending_bytes(), 8);
+        assert_eq!(
+            feed_all(&mut SseScanner::new(), &[b"data: a"]).unwrap(),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn pending_bytes_count_since_the_last_boundary() {
+        let mut s = SseScanner::new();
+        let mut n = 0;
+        s.feed(b"data: a\n", |_| n += 1).unwrap();
+        assert_eq!(s.pending_bytes(), 8);
+        s.feed(b"\ndata: b", |_| n += 1).unwrap();
+        assert_eq!((n, s.pending_bytes()), (1, 7));
+        s.feed(b"\r\n\r", |_| n += 1).unwrap();
+        assert_eq!((n, s.pending_bytes()), (2, 0));
+        // The LF of a CRLF after a boundary is not pending.
+        s.feed(b"\n", |_| n += 1).unwrap();
+        assert_eq!(s.pending_bytes(), 0);
+        // A comment between events is a boundary of its own...
+        s.feed(b": c\n", |_| n += 1).unwrap();
+        assert_eq!(s.pending_bytes(), 0);
+        // ...but not inside an event.
+        s.feed(b"data: x\n: c\n", |_| n += 1).unwrap();
+        assert_eq!(s.pending_bytes(), 12);
+    }
+
+    #[test]
+    fn capture_limits_the_copy_but_not_the_length() {
+        let mut s = SseScanner::new();
+        s.set_capture(4);
+        let got = feed_all(&mut s, &[b"data: [DONE]xyz\ndata: 12\n\n: comment\n"]).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Ev::Sse(Vec::new(), b"[DON".to_vec(), 12),
+                Ev::Comment(b" com".to_vec(), 8)
+            ]
+        );
+        let mut s = SseScanner::new();
+        s.set_capture(0);
+        let got = feed_all(&mut s, &[b"data: abc\n\n"]).unwrap();
+        assert_eq!(got, vec![Ev::Sse(Vec::new(), Vec::new(), 3)]);
+    }
+
+    #[test]
+    fn line_over_the_cap_is_an_error_even_when_not_capturing() {
+        let mut s = SseScanner::new().with_max_event_bytes(16);
+        s.set_capture(0);
+        let err = s.feed(&[b'x'; 17], |_| {}).unwrap_err();
+        assert_eq!((err.what(), err.limit()), ("sse line", 16));
+        // The scanner is spent.
+        assert_eq!(s.feed(b"\n\n", |_| panic!()).unwrap_err(), err);
+        assert_eq!(s.finish(|_| panic!()).unwrap_err(), err);
+
+        // Fed byte by byte, the same.
+        let mut s = SseScanner::new().with_max_event_bytes(16);
+        let mut result = Ok(());
+        for _ in 0..17 {
+            result = result.and_then(|()| s.feed(b":", |_| {}));
+        }
+        assert_eq!(result.unwrap_err().what(), "sse line");
+        // An event of exactly the cap (line ends but the last included) is fine.
+        let mut s = SseScanner::new().with_max_event_bytes(16);
+        let got = feed_all(&mut s, &[b"data: 012345678", b"\n\n"]).unwrap();
+        assert_eq!(got, vec![sse("", "012345678")]);
+        let mut s = SseScanner::new().with_max_event_bytes(16);
+        let got = feed_all(&mut s, &[b":123456789012345", b"\n"]).unwrap();
+        assert_eq!(got.len(), 1);
+    }
+
+    #[test]
+    fn event_over_the_cap_is_an_error() {
+        let mut s = SseScanner::new().with_max_event_bytes(16);
+        let err = feed_all(&mut s, &[b"data: 12345\ndata: 12345\n"]).unwrap_err();
+        assert_eq!(err.what(), "sse event");
+        // Comments between events do not add up.
+        let mut s = SseScanner::new().with_max_event_bytes(16);
+        let input = b": 0123456789\n".repeat(10);
+        assert_eq!(feed_all(&mut s, &[&input]).unwrap().len(), 10);
+    }
+
+    #[test]
+    fn feed_buf_sees_every_chunk() {
+        let buf = bytes::Buf::chain(&b"data: a"[..], &b"b\n\n"[..]);
+        let mut s = SseScanner::new();
+        let mut out = Vec::new();
+        s.feed_buf(&buf, |e| push(&mut out, e)).unwrap();
+        assert_eq!(out, vec![sse("", "ab")]);
     }
 }
