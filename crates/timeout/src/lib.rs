@@ -1,1 +1,119 @@
-//! tailguard-timeout: under construction.
+//! # tailguard-timeout
+//!
+//! `SseIdleTimeout`: first-token, idle and total timeouts for streamed LLM responses, which
+//! keepalives cannot fool.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tailguard_timeout::SseIdleTimeoutLayer;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tailguard_timeout::error::BoxError> {
+//! let upstream = tower::service_fn(|_req: Request<()>| async {
+//!     let sse = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n";
+//!     let res = Response::builder()
+//!         .header("content-type", "text/event-stream")
+//!         .body(Full::new(Bytes::from_static(sse.as_bytes())))?;
+//!     Ok::<_, http::Error>(res)
+//! });
+//!
+//! let svc = ServiceBuilder::new()
+//!     .layer(
+//!         SseIdleTimeoutLayer::new()
+//!             .with_head_timeout(Duration::from_secs(10))
+//!             .with_first_token_timeout(Duration::from_secs(20))
+//!             .with_idle_timeout(Duration::from_secs(5))
+//!             .with_total_timeout(Duration::from_secs(300)),
+//!     )
+//!     .service(upstream);
+//!
+//! let res = svc.oneshot(Request::new(())).await?;
+//! let body = res.into_body().collect().await?.to_bytes();
+//! assert!(body.ends_with(b"data: [DONE]\n\n"));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Why not tower-http's timeouts
+//!
+//! `TimeoutLayer` stops at response headers, which a streaming LLM server sends at once.
+//! `ResponseBodyTimeoutLayer` restarts on every frame, so an upstream that sends `: keepalive`
+//! comments (TGI and axum every 15 s, OpenRouter's processing comments) while generation is
+//! stalled never times out, and nothing says which phase failed. This layer acts on *events*,
+//! classified by [`tailguard_core`]: tokens, meta events (a role-only first chunk), keepalives
+//! (`:` comments, `event: ping`), the end, and in-band errors.
+//!
+//! ## The four timers
+//!
+//! All optional, all independent; set the layer's defaults with the `with_*` methods, per
+//! [`Priority`](tailguard_core::Priority) with
+//! [`with_priority_timeouts`](SseIdleTimeoutLayer::with_priority_timeouts), per request with a
+//! [`Timeouts`] value in the request extensions or (opt-in) a header carrying milliseconds.
+//!
+//! * **head**: from `call` until response headers.
+//! * **first token**: from `call` (or from the headers, see [`FirstTokenClock`]) until the first
+//!   *token* event. Role-only chunks, usage chunks and keepalives do not count.
+//! * **idle**: after the first token, the longest allowed gap between *progress* events (any
+//!   event that is not a keepalive). Keepalives do not reset it unless
+//!   [`with_keepalive_resets_idle`](SseIdleTimeoutLayer::with_keepalive_resets_idle) says so.
+//! * **total**: from `call` until the end of the body.
+//!
+//! ## What happens on expiry
+//!
+//! Before headers (head, or first token / total when they start at `call`): per
+//! [`BeforeHeaders`], an HTTP 504 with an OpenAI-shaped JSON error (a trailers-only
+//! `grpc-status: 4` response for gRPC requests), or a [`TimeoutError`](error::TimeoutError).
+//!
+//! After headers: per [`OnExpiry`] (default: per dialect), a terminal in-band error event then a
+//! clean end, gRPC trailers `grpc-status: 4`, or a body error. Bytes of an event the client has
+//! not fully received are held back until the event is complete, so an in-band error never lands
+//! in the middle of an event; events that complete within one frame (what LLM servers send) pass
+//! through without being held or copied.
+//!
+//! In every case the inner future or body is dropped at once, which cancels the upstream
+//! request, and the [`EndReason`](tailguard_core::EndReason) is reported to an
+//! [`EndReport`](tailguard_core::EndReport) in the request extensions before the final frame.
+//! After the stream said it was done (`data: [DONE]`, `message_stop`), an expiry ends the body
+//! quietly instead: the client already has the whole answer.
+//!
+//! ## Timing, precisely
+//!
+//! * **What wins a tie.** Each poll first polls the inner future or body; a timer is acted on
+//!   only when the inner side has nothing ready. So response headers or a frame that is ready
+//!   at the instant its timer expires win, and a gap exactly equal to a limit does not fire:
+//!   a timer fires iff the gap *exceeds* its limit.
+//! * **A client that does not read.** The body runs no task of its own: timers are checked only
+//!   when the client polls the body. Time the client spends not reading counts toward the
+//!   *total* deadline (wall-clock since `call`; once it has strictly passed, no further frame is
+//!   delivered even if one is ready). It does not count against the *first-token* and *idle*
+//!   timers as long as the upstream produced in the meantime: frames waiting for the client are
+//!   delivered first, and a progress event restarts the idle timer when the client receives it.
+//!   If the upstream produced nothing while the client was away and the gap since the last
+//!   progress event the client received exceeds the limit, the next poll fires.
+//! * **Cost.** Timers are armed lazily: a deadline is an [`Instant`](tokio::time::Instant), the
+//!   tokio timer is created only when the body has to wait, and re-armed only when it fired
+//!   before the (moved) deadline, so a steady stream costs one clock read and the event scan per
+//!   frame, with no allocation and no timer-wheel operation.
+//!
+//! ## Composition
+//!
+//! The response body is [`SseIdleTimeoutBody<B>`] whose data is
+//! [`Chunk<B::Data>`](tailguard_core::Chunk): the inner body's data untouched, or bytes this layer
+//! produced. Stacks that require `Bytes` data (axum's `Body::new`) take it through
+//! `BodyExt::map_frame` and `Buf::copy_to_bytes`, which is zero-copy for `Bytes`; hyper and tonic
+//! take it as it is. The service's error type is [`BoxError`](error::BoxError).
+
+pub mod body;
+pub mod error;
+pub mod future;
+mod layer;
+mod service;
+
+pub use body::SseIdleTimeoutBody;
+pub use layer::{BeforeHeaders, FirstTokenClock, OnExpiry, SseIdleTimeoutLayer, Timeouts};
+pub use service::SseIdleTimeout;

@@ -1,0 +1,467 @@
+//! [`SseIdleTimeoutBody`]: the response body that runs the first-token, idle and total timers.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tailguard_core::render::{self, RenderError};
+use tailguard_core::{BoxError, Chunk, EndReport, Phase, StreamTracker, TimeoutError, Wire};
+use tokio::time::{Instant, Sleep};
+
+use crate::layer::{Config, FirstTokenClock, OnExpiry, Timeouts};
+
+/// Arms `sleep` for `deadline` lazily and polls it.
+///
+/// The sleep is created on first use and re-armed only when it would fire *after* `deadline`,
+/// or when it already fired early; a sleep that will fire before `deadline` is left alone, and
+/// the caller re-checks the real deadline when it fires. Moving a deadline later (every token
+/// moves the idle deadline) therefore never touches the timer wheel.
+pub(crate) fn arm(
+    mut sleep: Pin<&mut Option<Sleep>>,
+    deadline: Instant,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    match sleep.as_mut().as_pin_mut() {
+        None => sleep.set(Some(tokio::time::sleep_until(deadline))),
+        Some(s) => {
+            let at = s.deadline();
+            if at > deadline || (at < deadline && s.is_elapsed()) {
+                s.reset(deadline);
+            }
+        }
+    }
+    match sleep.as_pin_mut() {
+        Some(s) => s.poll(cx),
+        None => Poll::Pending,
+    }
+}
+
+/// The body timers of one response.
+#[derive(Debug)]
+struct Timers {
+    start: Instant,
+    /// Deadline and limit of the first-token timer; `None` once a token was seen.
+    first_token: Option<(Instant, Duration)>,
+    idle: Option<Duration>,
+    total: Option<(Instant, Duration)>,
+    last_progress: Option<Instant>,
+    first_token_seen: bool,
+    keepalive_resets_idle: bool,
+}
+
+impl Timers {
+    fn active(&self) -> bool {
+        self.first_token.is_some() || self.total.is_some() || self.idle.is_some()
+    }
+
+    /// The next deadline: first token (before it) or idle (after it), then total; on a tie the
+    /// per-phase timer is named.
+    fn next(&self) -> Option<(Instant, Phase, Duration)> {
+        let phase = match (self.first_token_seen, self.first_token, self.idle) {
+            (false, Some((at, limit)), _) => Some((at, Phase::FirstToken, limit)),
+            (true, _, Some(limit)) => self
+                .last_progress
+                .map(|last| (last + limit, Phase::Idle, limit)),
+            _ => None,
+        };
+        match (phase, self.total) {
+            (Some(p), Some((at, limit))) if at < p.0 => Some((at, Phase::Total, limit)),
+            (Some(p), _) => Some(p),
+            (None, Some((at, limit))) => Some((at, Phase::Total, limit)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// What the body yields once the inner body is gone.
+enum End {
+    /// The inner body is still being polled.
+    Streaming,
+    /// A rendered in-band error event, then the end.
+    Local(Bytes),
+    /// Trailers (the inner body's, or rendered gRPC ones), then the end.
+    Trailers(HeaderMap),
+    /// A body error, then the end.
+    Error(BoxError),
+    /// Nothing more.
+    Finished,
+}
+
+impl fmt::Debug for End {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            End::Streaming => f.write_str("Streaming"),
+            End::Local(b) => f.debug_tuple("Local").field(&b.len()).finish(),
+            End::Trailers(_) => f.write_str("Trailers"),
+            End::Error(e) => f.debug_tuple("Error").field(e).finish(),
+            End::Finished => f.write_str("Finished"),
+        }
+    }
+}
+
+pin_project! {
+    /// The response body of [`SseIdleTimeout`](crate::SseIdleTimeout).
+    ///
+    /// Passes the inner body's frames through as [`Chunk::Inner`], runs the first-token, idle
+    /// and total timers on the events it finds in them, and on expiry drops the inner body and
+    /// ends as [`OnExpiry`] says. Error responses produced by the layer itself (a 504 before
+    /// headers) are bodies of this type too, with [`Chunk::Local`] data.
+    ///
+    /// Forwards `size_hint` (plus any bytes it holds back), `is_end_stream` and trailers. A
+    /// timeout ends the body earlier than the inner body's size hint said, as any timeout does.
+    #[project = BodyProj]
+    pub struct SseIdleTimeoutBody<B: Body> {
+        #[pin]
+        inner: Option<B>,
+        #[pin]
+        sleep: Option<Sleep>,
+        tracker: Option<StreamTracker>,
+        timers: Timers,
+        // Bytes of an event not yet complete (when holding back), and how many bytes at the
+        // front of `held` are released for sending.
+        held: VecDeque<B::Data>,
+        held_len: usize,
+        release: usize,
+        hold_back: bool,
+        done: bool,
+        on_expiry: OnExpiry,
+        report: Option<EndReport>,
+        end: End,
+    }
+}
+
+impl<B: Body> fmt::Debug for SseIdleTimeoutBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SseIdleTimeoutBody")
+            .field("timers", &self.timers)
+            .field("held_len", &self.held_len)
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Body> SseIdleTimeoutBody<B> {
+    /// A body that yields `bytes` and ends (the layer's own error responses).
+    pub(crate) fn local(bytes: Bytes) -> Self {
+        SseIdleTimeoutBody {
+            inner: None,
+            sleep: None,
+            tracker: None,
+            timers: Timers {
+                start: Instant::now(),
+                first_token: None,
+                idle: None,
+                total: None,
+                last_progress: None,
+                first_token_seen: false,
+                keepalive_resets_idle: false,
+            },
+            held: VecDeque::new(),
+            held_len: 0,
+            release: 0,
+            hold_back: false,
+            done: false,
+            on_expiry: OnExpiry::Auto,
+            report: None,
+            end: if bytes.is_empty() {
+                End::Finished
+            } else {
+                End::Local(bytes)
+            },
+        }
+    }
+
+    /// The body of a response whose headers arrived now.
+    pub(crate) fn streaming(
+        inner: B,
+        headers: &HeaderMap,
+        config: &Config,
+        t: &Timeouts,
+        start: Instant,
+        report: Option<EndReport>,
+    ) -> Self {
+        let now = Instant::now();
+        let first_token = t.first_token.map(|limit| {
+            let from = match config.first_token_clock {
+                FirstTokenClock::FromHeaders => now,
+                _ => start,
+            };
+            (from + limit, limit)
+        });
+        let timers = Timers {
+            start,
+            first_token,
+            idle: t.idle,
+            total: t.total.map(|limit| (start + limit, limit)),
+            last_progress: None,
+            first_token_seen: false,
+            keepalive_resets_idle: config.keepalive_resets_idle,
+        };
+        let tracker = timers
+            .active()
+            .then(|| StreamTracker::new(&config.dialect, headers));
+        SseIdleTimeoutBody {
+            inner: Some(inner),
+            sleep: None,
+            hold_back: tracker.is_some() && config.on_expiry != OnExpiry::BodyError,
+            tracker,
+            timers,
+            held: VecDeque::new(),
+            held_len: 0,
+            release: 0,
+            done: false,
+            on_expiry: config.on_expiry,
+            report,
+            end: End::Streaming,
+        }
+    }
+}
+
+impl<B> Body for SseIdleTimeoutBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Chunk<B::Data>;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        loop {
+            // 1. Bytes released from the hold-back queue go out first, in order.
+            if *this.release > 0 {
+                let Some(front) = this.held.front_mut() else {
+                    *this.release = 0;
+                    continue;
+                };
+                let len = front.remaining();
+                let chunk = if len <= *this.release {
+                    match this.held.pop_front() {
+                        Some(d) => Chunk::Inner(d),
+                        None => continue,
+                    }
+                } else {
+                    Chunk::Local(front.copy_to_bytes(*this.release))
+                };
+                let n = chunk.remaining();
+                *this.release -= n.min(*this.release);
+                *this.held_len -= n.min(*this.held_len);
+                if n == 0 && *this.release == 0 {
+                    continue;
+                }
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+
+            // 2. After the inner body: what is left to say.
+            match std::mem::replace(this.end, End::Finished) {
+                End::Streaming => *this.end = End::Streaming,
+                End::Local(bytes) => {
+                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Local(bytes)))));
+                }
+                End::Trailers(t) => return Poll::Ready(Some(Ok(Frame::trailers(t)))),
+                End::Error(e) => return Poll::Ready(Some(Err(e))),
+                End::Finished => return Poll::Ready(None),
+            }
+            let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+                *this.end = End::Finished;
+                continue;
+            };
+
+            // 3. The clock is read once per poll, and only while a timer is armed. The total
+            //    deadline is wall-clock: once it has strictly passed nothing more is delivered.
+            let now = this.timers.active().then(Instant::now);
+            if let (Some(now), Some((at, limit))) = (now, this.timers.total)
+                && now > at
+            {
+                this.inner.set(None);
+                this.sleep.set(None);
+                *this.end = expire(&mut this, Phase::Total, limit, now);
+                continue;
+            }
+
+            // 4. A frame that is ready wins over any timer.
+            match inner.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(frame) => {
+                            let Ok(trailers) = frame.into_trailers() else {
+                                continue;
+                            };
+                            if let Some(tracker) = this.tracker.as_mut() {
+                                tracker.observe_trailers(&trailers);
+                            }
+                            // Trailers end the data: release what was held back, then send them.
+                            this.inner.set(None);
+                            this.sleep.set(None);
+                            *this.release = *this.held_len;
+                            *this.end = End::Trailers(trailers);
+                            continue;
+                        }
+                    };
+                    let Some(tracker) = this.tracker.as_mut() else {
+                        return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                    };
+                    let obs = tracker.observe(&data);
+                    let t = &mut *this.timers;
+                    if let Some(now) = now
+                        && (obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0))
+                    {
+                        t.last_progress = Some(now);
+                    }
+                    if obs.first_token {
+                        t.first_token_seen = true;
+                        t.first_token = None;
+                    }
+                    if obs.done {
+                        *this.done = true;
+                    }
+                    if obs.scan_error.is_some() {
+                        // The tracker scans nothing more: stop holding back.
+                        *this.hold_back = false;
+                        *this.release = *this.held_len + data.remaining();
+                    }
+                    if !*this.hold_back && *this.held_len == 0 && *this.release == 0 {
+                        return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                    }
+                    let pending = if *this.hold_back {
+                        tracker.pending_bytes()
+                    } else {
+                        0
+                    };
+                    if *this.held_len == 0 && pending == 0 {
+                        return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                    }
+                    *this.held_len += data.remaining();
+                    this.held.push_back(data);
+                    *this.release = this.held_len.saturating_sub(pending);
+                    continue;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.inner.set(None);
+                    this.sleep.set(None);
+                    this.held.clear();
+                    *this.held_len = 0;
+                    *this.end = End::Finished;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                Poll::Ready(None) => {
+                    // The upstream ended: whatever it sent goes to the client, even a truncated
+                    // event (the upstream cut it, not this layer).
+                    if let Some(tracker) = this.tracker.as_mut() {
+                        tracker.finish();
+                    }
+                    this.inner.set(None);
+                    this.sleep.set(None);
+                    *this.release = *this.held_len;
+                    *this.end = End::Finished;
+                    continue;
+                }
+                Poll::Pending => {}
+            }
+
+            // 5. Nothing ready: check the next deadline, arming the sleep lazily.
+            let (Some(now), Some((deadline, phase, limit))) = (now, this.timers.next()) else {
+                return Poll::Pending;
+            };
+            if now < deadline {
+                if arm(this.sleep.as_mut(), deadline, cx).is_pending() {
+                    return Poll::Pending;
+                }
+                // The sleep fired: re-check against a fresh clock (it may have been armed for an
+                // earlier deadline that has since moved).
+                if Instant::now() < deadline {
+                    continue;
+                }
+            }
+            this.inner.set(None);
+            this.sleep.set(None);
+            let now = Instant::now();
+            *this.end = expire(&mut this, phase, limit, now);
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        if self.release > 0 || self.held_len > 0 {
+            return false;
+        }
+        match &self.end {
+            End::Finished => true,
+            End::Streaming => self.inner.as_ref().is_none_or(Body::is_end_stream),
+            _ => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let queued = self.held.iter().map(Buf::remaining).sum::<usize>() as u64;
+        let mut hint = match (&self.end, &self.inner) {
+            (End::Streaming, Some(inner)) => inner.size_hint(),
+            (End::Local(b), _) => SizeHint::with_exact(b.len() as u64),
+            _ => SizeHint::with_exact(0),
+        };
+        if queued > 0 {
+            let lower = hint.lower() + queued;
+            let upper = hint.upper().map(|u| u + queued);
+            hint = SizeHint::new();
+            hint.set_lower(lower);
+            if let Some(u) = upper {
+                hint.set_upper(u);
+            }
+        }
+        hint
+    }
+}
+
+/// Ends the stream for `phase`. The caller has dropped the inner body; this drops the
+/// held-back bytes of the incomplete event, reports the end reason and returns what the client
+/// gets.
+fn expire<B: Body>(this: &mut BodyProj<'_, B>, phase: Phase, limit: Duration, now: Instant) -> End {
+    this.held.clear();
+    *this.held_len = 0;
+    *this.release = 0;
+    if *this.done {
+        // The stream already said it was complete; anything after that would be noise.
+        return End::Finished;
+    }
+    let events = this.tracker.as_ref().map_or(0, StreamTracker::events);
+    let mut err = TimeoutError::new(
+        phase,
+        limit,
+        now.saturating_duration_since(this.timers.start),
+    )
+    .with_events(events);
+    if let Some(last) = this.timers.last_progress {
+        err = err.with_since_last_event(now.saturating_duration_since(last));
+    }
+    if let Some(report) = this.report.take() {
+        report.report(phase.end_reason());
+    }
+    tracing::debug!(phase = phase.as_str(), limit = ?limit, events, "stream timeout");
+    let wire = this
+        .tracker
+        .as_ref()
+        .map_or(Wire::Opaque, StreamTracker::wire);
+    let info = err.error_info();
+    let mode = match *this.on_expiry {
+        OnExpiry::Auto | OnExpiry::InBand => match render::in_band(wire, &info) {
+            Some(bytes) => return End::Local(bytes),
+            None if wire == Wire::Grpc => OnExpiry::GrpcTrailers,
+            None => OnExpiry::BodyError,
+        },
+        other => other,
+    };
+    match mode {
+        OnExpiry::GrpcTrailers => End::Trailers(render::grpc_trailers(info.grpc, &info.message)),
+        _ => End::Error(Box::new(err)),
+    }
+}

@@ -1,0 +1,162 @@
+//! The response future of [`SseIdleTimeout`](crate::SseIdleTimeout).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Response, StatusCode};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tailguard_core::render::{self, RenderError};
+use tailguard_core::{BoxError, EndReport, Phase, TimeoutError};
+use tokio::time::{Instant, Sleep};
+
+use crate::body::{SseIdleTimeoutBody, arm};
+use crate::layer::{BeforeHeaders, Config, FirstTokenClock, Timeouts};
+
+pin_project! {
+    /// The response future of [`SseIdleTimeout`](crate::SseIdleTimeout).
+    ///
+    /// Runs the head timer, and the first-token and total timers where they start at `call`.
+    /// The inner future is polled before the timer, so response headers that are ready when the
+    /// future is polled win over a timer that expires at the same instant. On expiry the inner
+    /// future is dropped at once.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: Option<F>,
+        #[pin]
+        sleep: Option<Sleep>,
+        config: Arc<Config>,
+        timeouts: Timeouts,
+        start: Instant,
+        report: Option<EndReport>,
+        grpc: bool,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn new(
+        inner: F,
+        config: Arc<Config>,
+        timeouts: Timeouts,
+        start: Instant,
+        report: Option<EndReport>,
+        grpc: bool,
+    ) -> Self {
+        ResponseFuture {
+            inner: Some(inner),
+            sleep: None,
+            config,
+            timeouts,
+            start,
+            report,
+            grpc,
+        }
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("timeouts", &self.timeouts)
+            .field("start", &self.start)
+            .field("done", &self.inner.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The earliest deadline before headers and the phase it belongs to; on a tie the more specific
+/// phase is named (head, then first token, then total).
+fn head_deadline(
+    t: &Timeouts,
+    clock: FirstTokenClock,
+    start: Instant,
+) -> Option<(Instant, Phase, Duration)> {
+    let mut best: Option<(Instant, Phase, Duration)> = None;
+    let mut consider = |limit: Option<Duration>, phase: Phase| {
+        if let Some(limit) = limit {
+            let at = start + limit;
+            if best.is_none_or(|(b, _, _)| at < b) {
+                best = Some((at, phase, limit));
+            }
+        }
+    };
+    consider(t.head, Phase::Head);
+    if clock == FirstTokenClock::FromCall {
+        consider(t.first_token, Phase::FirstToken);
+    }
+    consider(t.total, Phase::Total);
+    best
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    B: Body,
+{
+    type Output = Result<Response<SseIdleTimeoutBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            panic!("ResponseFuture polled after completion");
+        };
+        if let Poll::Ready(res) = inner.poll(cx) {
+            this.inner.set(None);
+            this.sleep.set(None);
+            let res = res.map_err(Into::into)?;
+            let (parts, body) = res.into_parts();
+            let body = SseIdleTimeoutBody::streaming(
+                body,
+                &parts.headers,
+                this.config,
+                this.timeouts,
+                *this.start,
+                this.report.take(),
+            );
+            return Poll::Ready(Ok(Response::from_parts(parts, body)));
+        }
+        let Some((deadline, phase, limit)) =
+            head_deadline(this.timeouts, this.config.first_token_clock, *this.start)
+        else {
+            return Poll::Pending;
+        };
+        if Instant::now() < deadline {
+            ready!(arm(this.sleep.as_mut(), deadline, cx));
+        }
+        // Expired: cancel the upstream at once.
+        this.inner.set(None);
+        this.sleep.set(None);
+        let now = Instant::now();
+        let err = TimeoutError::new(phase, limit, now.saturating_duration_since(*this.start));
+        if let Some(report) = this.report.take() {
+            report.report(phase.end_reason());
+        }
+        tracing::debug!(phase = phase.as_str(), limit = ?limit, "timeout before response headers");
+        Poll::Ready(match this.config.before_headers {
+            BeforeHeaders::Error => Err(Box::new(err)),
+            _ if *this.grpc => Ok(grpc_trailers_only(&err)),
+            _ => Ok(render::error_response(
+                &err.error_info(),
+                SseIdleTimeoutBody::local,
+            )),
+        })
+    }
+}
+
+/// A trailers-only gRPC response: status 200, `content-type: application/grpc`, and the
+/// `grpc-status` / `grpc-message` in the headers, with an empty body.
+fn grpc_trailers_only<B: Body>(err: &TimeoutError) -> Response<SseIdleTimeoutBody<B>> {
+    let info = err.error_info();
+    let mut res = Response::new(SseIdleTimeoutBody::local(bytes::Bytes::new()));
+    *res.status_mut() = StatusCode::OK;
+    let h = res.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.extend(render::grpc_trailers(info.grpc, &info.message));
+    res
+}

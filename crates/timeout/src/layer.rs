@@ -1,0 +1,377 @@
+//! [`SseIdleTimeoutLayer`]: the configuration of the timeouts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use tailguard_core::{ClassPolicy, Dialect, Phase, Priority};
+use tower_layer::Layer;
+
+use crate::service::SseIdleTimeout;
+
+/// The four timers of one request; each is optional.
+///
+/// Used three ways: as the layer's defaults, as per-[`Priority`] defaults
+/// ([`SseIdleTimeoutLayer::with_priority_timeouts`]), and as a per-request override inserted into
+/// the request extensions. In the last two, a field left `None` falls through to the next source
+/// (see [`SseIdleTimeoutLayer`] for the order); to switch a timer off for one request, give it a
+/// duration longer than the request can last.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Timeouts {
+    /// From `call` until response headers.
+    pub head: Option<Duration>,
+    /// Until the first token (from `call` or from the headers, per [`FirstTokenClock`]).
+    pub first_token: Option<Duration>,
+    /// The longest gap between progress events after the first token.
+    pub idle: Option<Duration>,
+    /// From `call` until the end of the body.
+    pub total: Option<Duration>,
+}
+
+impl Timeouts {
+    /// No timer set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the head timeout.
+    pub fn with_head(mut self, d: Duration) -> Self {
+        self.head = Some(d);
+        self
+    }
+
+    /// Sets the first-token timeout.
+    pub fn with_first_token(mut self, d: Duration) -> Self {
+        self.first_token = Some(d);
+        self
+    }
+
+    /// Sets the idle timeout.
+    pub fn with_idle(mut self, d: Duration) -> Self {
+        self.idle = Some(d);
+        self
+    }
+
+    /// Sets the total deadline.
+    pub fn with_total(mut self, d: Duration) -> Self {
+        self.total = Some(d);
+        self
+    }
+
+    /// The timer of `phase`.
+    pub fn get(&self, phase: Phase) -> Option<Duration> {
+        match phase {
+            Phase::Head => self.head,
+            Phase::FirstToken => self.first_token,
+            Phase::Idle => self.idle,
+            _ => self.total,
+        }
+    }
+
+    fn slot(&mut self, phase: Phase) -> &mut Option<Duration> {
+        match phase {
+            Phase::Head => &mut self.head,
+            Phase::FirstToken => &mut self.first_token,
+            Phase::Idle => &mut self.idle,
+            _ => &mut self.total,
+        }
+    }
+
+    /// Field by field: `self`'s value where it has one, `other`'s otherwise.
+    pub fn or(self, other: Timeouts) -> Timeouts {
+        Timeouts {
+            head: self.head.or(other.head),
+            first_token: self.first_token.or(other.first_token),
+            idle: self.idle.or(other.idle),
+            total: self.total.or(other.total),
+        }
+    }
+
+    fn from_policy(p: &ClassPolicy) -> Timeouts {
+        Timeouts {
+            head: p.head_timeout,
+            first_token: p.first_token_timeout,
+            idle: p.idle_timeout,
+            total: p.total_timeout,
+        }
+    }
+}
+
+/// Where the first-token timer starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FirstTokenClock {
+    /// At `call` (the default): the limit is the time to first token as the caller sees it,
+    /// queueing and time to headers included, which is what a person waiting for an answer
+    /// experiences. The timer also runs before headers: if it expires first, the request ends
+    /// as a first-token timeout before headers.
+    #[default]
+    FromCall,
+    /// When the response headers arrive: the limit covers prefill and nothing before it (pair it
+    /// with a head timeout).
+    FromHeaders,
+}
+
+/// What the caller gets when a timer expires *before* response headers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BeforeHeaders {
+    /// A response (the default, because a gateway's clients expect an HTTP answer): status 504
+    /// with an OpenAI-shaped JSON error body; for a gRPC request (`content-type:
+    /// application/grpc*`) a trailers-only gRPC response with `grpc-status: 4`
+    /// (`DEADLINE_EXCEEDED`), which a gRPC client reads as that status.
+    #[default]
+    Response,
+    /// An error: the service returns a boxed [`TimeoutError`](crate::error::TimeoutError), for
+    /// stacks (tonic, `BoxError` clients) that handle errors themselves.
+    Error,
+}
+
+/// How a stream ends when a timer expires *after* response headers.
+///
+/// Whatever the choice, the inner body is dropped at once (the upstream sees the request
+/// cancelled) and the end reason is reported to an [`EndReport`](tailguard_core::EndReport) in
+/// the request extensions before the final frame is yielded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OnExpiry {
+    /// Per stream dialect (the default, so one layer serves SSE, NDJSON and gRPC alike):
+    /// SSE and NDJSON end with [`InBand`](OnExpiry::InBand), gRPC with
+    /// [`GrpcTrailers`](OnExpiry::GrpcTrailers), other bodies with
+    /// [`BodyError`](OnExpiry::BodyError).
+    #[default]
+    Auto,
+    /// A terminal in-band error event in the stream's dialect, then a clean end: OpenAI
+    /// `data: {"error":{..}}` and `data: [DONE]`, Anthropic `event: error`, an NDJSON error line.
+    /// The bytes of an event the client has not fully received are held back, so the client
+    /// never sees half an event. Falls back as `Auto` does where the dialect has no in-band form.
+    InBand,
+    /// Trailers `grpc-status: 4` and a `grpc-message`, so a gRPC client gets a
+    /// `DEADLINE_EXCEEDED` status; a partly received message is held back as above.
+    GrpcTrailers,
+    /// A body error of type [`TimeoutError`](crate::error::TimeoutError) with the phase, the
+    /// elapsed time, the events seen and the time since the last event. Nothing is held back.
+    BodyError,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) defaults: Timeouts,
+    pub(crate) per_priority: Vec<(Priority, Timeouts)>,
+    pub(crate) headers: Vec<(Phase, HeaderName)>,
+    pub(crate) first_token_clock: FirstTokenClock,
+    pub(crate) keepalive_resets_idle: bool,
+    pub(crate) dialect: Dialect,
+    pub(crate) on_expiry: OnExpiry,
+    pub(crate) before_headers: BeforeHeaders,
+}
+
+impl Config {
+    /// The timers in force for a request: the override in the extensions, then the opt-in
+    /// headers, then the request's [`ClassPolicy`], then the per-[`Priority`] defaults, then the
+    /// layer's defaults, field by field.
+    pub(crate) fn resolve<B>(&self, req: &http::Request<B>) -> Timeouts {
+        let ext = req.extensions();
+        let mut t = ext.get::<Timeouts>().copied().unwrap_or_default();
+        for (phase, name) in &self.headers {
+            let slot = t.slot(*phase);
+            if slot.is_none() {
+                *slot = req
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .map(Duration::from_millis);
+            }
+        }
+        if let Some(policy) = ext.get::<ClassPolicy>() {
+            t = t.or(Timeouts::from_policy(policy));
+        }
+        if !self.per_priority.is_empty()
+            && let Some(prio) = ext.get::<Priority>()
+            && let Some((_, pt)) = self.per_priority.iter().find(|(p, _)| p == prio)
+        {
+            t = t.or(*pt);
+        }
+        t.or(self.defaults)
+    }
+}
+
+/// Applies first-token, idle, total and head timeouts to streamed responses.
+///
+/// See the [crate documentation](crate) for the behaviour. The layer is a cheap-to-clone
+/// configuration value; with [`new`](SseIdleTimeoutLayer::new) no timer is set and the layer
+/// passes everything through untouched, because the right limits depend on the model, the
+/// hardware and the traffic class: set them with the `with_*` methods.
+///
+/// The timers of a request are chosen field by field, first match wins:
+/// 1. a [`Timeouts`] value in the request extensions (set by trusted server code);
+/// 2. the opt-in override headers ([`with_override_header`](Self::with_override_header));
+/// 3. a [`ClassPolicy`] in the request extensions (written by `PriorityClass`);
+/// 4. the defaults for the request's [`Priority`]
+///    ([`with_priority_timeouts`](Self::with_priority_timeouts));
+/// 5. the layer's defaults.
+#[derive(Clone, Debug)]
+pub struct SseIdleTimeoutLayer {
+    config: Arc<Config>,
+}
+
+impl Default for SseIdleTimeoutLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SseIdleTimeoutLayer {
+    /// A layer with no timer set, [`Dialect::Auto`], first-token timing from `call`,
+    /// keepalives that do not reset the idle timer, [`OnExpiry::Auto`] and
+    /// [`BeforeHeaders::Response`].
+    pub fn new() -> Self {
+        SseIdleTimeoutLayer {
+            config: Arc::new(Config {
+                defaults: Timeouts::default(),
+                per_priority: Vec::new(),
+                headers: Vec::new(),
+                first_token_clock: FirstTokenClock::FromCall,
+                keepalive_resets_idle: false,
+                dialect: Dialect::Auto,
+                on_expiry: OnExpiry::Auto,
+                before_headers: BeforeHeaders::Response,
+            }),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// Sets the default time allowed from `call` until response headers (default: none).
+    pub fn with_head_timeout(self, d: Duration) -> Self {
+        self.edit(|c| c.defaults.head = Some(d))
+    }
+
+    /// Sets the default time allowed until the first token (default: none).
+    pub fn with_first_token_timeout(self, d: Duration) -> Self {
+        self.edit(|c| c.defaults.first_token = Some(d))
+    }
+
+    /// Sets the default longest gap between progress events after the first token
+    /// (default: none).
+    pub fn with_idle_timeout(self, d: Duration) -> Self {
+        self.edit(|c| c.defaults.idle = Some(d))
+    }
+
+    /// Sets the default deadline for the whole request, body included (default: none).
+    pub fn with_total_timeout(self, d: Duration) -> Self {
+        self.edit(|c| c.defaults.total = Some(d))
+    }
+
+    /// Sets all default timers at once (fields left `None` switch that timer off).
+    pub fn with_timeouts(self, t: Timeouts) -> Self {
+        self.edit(|c| c.defaults = t)
+    }
+
+    /// Sets the defaults for requests whose extensions carry `priority` (replacing an earlier
+    /// entry of the same level). Fields left `None` fall through to the layer's defaults.
+    pub fn with_priority_timeouts(self, priority: Priority, t: Timeouts) -> Self {
+        self.edit(|c| {
+            c.per_priority.retain(|(p, _)| *p != priority);
+            c.per_priority.push((priority, t));
+        })
+    }
+
+    /// Lets requests set the timer of `phase` with header `name`, whose value is a whole number
+    /// of milliseconds (off by default: the header comes from the client, so enable it only
+    /// where clients are trusted to choose their limits). Values that do not parse are ignored.
+    pub fn with_override_header(self, phase: Phase, name: HeaderName) -> Self {
+        self.edit(|c| {
+            c.headers.retain(|(p, _)| *p != phase);
+            c.headers.push((phase, name));
+        })
+    }
+
+    /// Sets where the first-token timer starts (default [`FirstTokenClock::FromCall`]).
+    pub fn with_first_token_clock(self, clock: FirstTokenClock) -> Self {
+        self.edit(|c| c.first_token_clock = clock)
+    }
+
+    /// Whether keepalives (SSE comments, `event: ping`) reset the idle timer (default `false`:
+    /// the point of this layer is that a stalled generation behind keepalives still times out).
+    /// Keepalives never count as the first token.
+    pub fn with_keepalive_resets_idle(self, resets: bool) -> Self {
+        self.edit(|c| c.keepalive_resets_idle = resets)
+    }
+
+    /// Sets how tokens are found in response bodies (default [`Dialect::Auto`], which chooses
+    /// per response from its `content-type`).
+    pub fn with_dialect(self, dialect: Dialect) -> Self {
+        self.edit(|c| c.dialect = dialect)
+    }
+
+    /// Sets how a stream ends on expiry after headers (default [`OnExpiry::Auto`]).
+    pub fn with_on_expiry(self, on_expiry: OnExpiry) -> Self {
+        self.edit(|c| c.on_expiry = on_expiry)
+    }
+
+    /// Sets what the caller gets on expiry before headers (default
+    /// [`BeforeHeaders::Response`]).
+    pub fn with_before_headers(self, before_headers: BeforeHeaders) -> Self {
+        self.edit(|c| c.before_headers = before_headers)
+    }
+}
+
+impl<S> Layer<S> for SseIdleTimeoutLayer {
+    type Service = SseIdleTimeout<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SseIdleTimeout::from_config(inner, self.config.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolution_order_is_field_by_field() {
+        let layer = SseIdleTimeoutLayer::new()
+            .with_head_timeout(Duration::from_secs(1))
+            .with_first_token_timeout(Duration::from_secs(2))
+            .with_idle_timeout(Duration::from_secs(3))
+            .with_total_timeout(Duration::from_secs(4))
+            .with_priority_timeouts(
+                Priority::batch(),
+                Timeouts::new()
+                    .with_first_token(Duration::from_secs(20))
+                    .with_idle(Duration::from_secs(30)),
+            )
+            .with_override_header(Phase::Idle, HeaderName::from_static("x-idle-ms"));
+        let c = &layer.config;
+
+        let plain = http::Request::new(());
+        assert_eq!(c.resolve(&plain), c.defaults);
+
+        let mut req = http::Request::builder()
+            .header("x-idle-ms", "750")
+            .body(())
+            .unwrap();
+        req.extensions_mut().insert(Priority::batch());
+        req.extensions_mut()
+            .insert(ClassPolicy::new().with_total_timeout(Duration::from_secs(40)));
+        req.extensions_mut()
+            .insert(Timeouts::new().with_head(Duration::from_millis(10)));
+        let t = c.resolve(&req);
+        assert_eq!(t.head, Some(Duration::from_millis(10)));
+        assert_eq!(t.first_token, Some(Duration::from_secs(20)));
+        assert_eq!(t.idle, Some(Duration::from_millis(750)));
+        assert_eq!(t.total, Some(Duration::from_secs(40)));
+
+        let bad = http::Request::builder()
+            .header("x-idle-ms", "soon")
+            .body(())
+            .unwrap();
+        assert_eq!(c.resolve(&bad).idle, Some(Duration::from_secs(3)));
+    }
+}
