@@ -1,0 +1,254 @@
+//! What a replica saw: counters and a per-request log.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How a request ended, as the mock saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Still being served.
+    InFlight,
+    /// The whole response (body to its end) was handed to the connection.
+    Completed,
+    /// The client went away first: it dropped the response body, reset the stream or closed
+    /// the connection before the end (also before the head was sent).
+    Cancelled,
+    /// Answered with this error status (scripted).
+    Status(u16),
+    /// The connection was broken on purpose before the head.
+    ResetBeforeHeaders,
+    /// The connection was broken on purpose after this many tokens.
+    ResetAfterTokens(u32),
+    /// The stream ended with an in-band error event after this many tokens.
+    ErrorEvent(u32),
+    /// The request was not understood (unknown route, bad JSON, bad script header): 4xx.
+    BadRequest(u16),
+}
+
+/// One request as the mock saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestRecord {
+    /// Arrival order on this replica, from 0.
+    pub index: u64,
+    /// Request path.
+    pub path: String,
+    /// Value of the `x-tailguard-attempt` header, if any.
+    pub attempt: Option<String>,
+    /// When the request arrived.
+    pub started: Instant,
+    /// When the response head was handed to hyper.
+    pub headers_sent: Option<Instant>,
+    /// When the first token was produced.
+    pub first_token: Option<Instant>,
+    /// When the request ended (body end, drop, error); `None` while in flight.
+    pub ended: Option<Instant>,
+    /// Tokens produced.
+    pub tokens_sent: u32,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// A snapshot of a replica's counters and log.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Requests received (all routes).
+    pub requests: u64,
+    /// Responses served to their end ([`Outcome::Completed`]).
+    pub completed: u64,
+    /// Requests the client abandoned before the end ([`Outcome::Cancelled`]).
+    pub cancelled: u64,
+    /// Scripted error statuses sent.
+    pub status_errors: u64,
+    /// Scripted connection resets (before or after the head).
+    pub resets: u64,
+    /// Streams ended with a scripted in-band error event.
+    pub error_events: u64,
+    /// Requests being served now (from arrival until the body ends or is dropped).
+    pub in_flight: u64,
+    /// The most requests ever in flight at once.
+    pub peak_concurrent: u64,
+    /// Every request, in arrival order.
+    pub log: Vec<RequestRecord>,
+}
+
+impl Stats {
+    /// The records whose attempt header had this value.
+    pub fn by_attempt<'a>(&'a self, attempt: &'a str) -> impl Iterator<Item = &'a RequestRecord> {
+        self.log
+            .iter()
+            .filter(move |r| r.attempt.as_deref() == Some(attempt))
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    stats: Stats,
+    /// Index of the next request (never reset, so indices stay unique).
+    next_index: u64,
+    /// Index of `stats.log[0]`.
+    log_base: u64,
+}
+
+impl State {
+    fn record(&mut self, index: u64) -> Option<&mut RequestRecord> {
+        let i = usize::try_from(index.checked_sub(self.log_base)?).ok()?;
+        self.stats.log.get_mut(i)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    stats: Mutex<State>,
+    in_flight: watch::Sender<u64>,
+}
+
+impl Shared {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Shared {
+            stats: Mutex::new(State::default()),
+            in_flight: watch::Sender::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the counters half-updated in a way that
+        // matters to a test; keep serving.
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        self.lock().stats.clone()
+    }
+
+    pub(crate) fn reset(&self) {
+        let mut st = self.lock();
+        st.log_base = st.next_index;
+        let in_flight = st.stats.in_flight;
+        st.stats = Stats {
+            in_flight,
+            peak_concurrent: in_flight,
+            ..Stats::default()
+        };
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.in_flight.subscribe()
+    }
+
+    /// Registers a new request; the guard ends it.
+    pub(crate) fn begin(self: &Arc<Self>, path: &str, attempt: Option<String>) -> RequestGuard {
+        let mut st = self.lock();
+        let index = st.next_index;
+        st.next_index += 1;
+        let s = &mut st.stats;
+        s.requests += 1;
+        s.in_flight += 1;
+        s.peak_concurrent = s.peak_concurrent.max(s.in_flight);
+        let n = s.in_flight;
+        s.log.push(RequestRecord {
+            index,
+            path: path.to_owned(),
+            attempt,
+            started: Instant::now(),
+            headers_sent: None,
+            first_token: None,
+            ended: None,
+            tokens_sent: 0,
+            outcome: Outcome::InFlight,
+        });
+        drop(st);
+        self.in_flight.send_replace(n);
+        RequestGuard {
+            shared: self.clone(),
+            index,
+            done: false,
+        }
+    }
+}
+
+/// Ends one request's record exactly once: explicitly with [`RequestGuard::finish`], or on drop
+/// as [`Outcome::Cancelled`].
+#[derive(Debug)]
+pub(crate) struct RequestGuard {
+    shared: Arc<Shared>,
+    index: u64,
+    done: bool,
+}
+
+/// Marks progress of one request (held by its producer task).
+#[derive(Debug, Clone)]
+pub(crate) struct Recorder {
+    shared: Arc<Shared>,
+    index: u64,
+}
+
+impl Recorder {
+    fn with_record(&self, f: impl FnOnce(&mut RequestRecord)) {
+        // The log can be cleared by `MockServer::reset_stats`; then the record is gone.
+        if let Some(r) = self.shared.lock().record(self.index) {
+            f(r);
+        }
+    }
+
+    pub(crate) fn token(&self) {
+        self.with_record(|r| {
+            if r.first_token.is_none() {
+                r.first_token = Some(Instant::now());
+            }
+            r.tokens_sent += 1;
+        });
+    }
+}
+
+impl RequestGuard {
+    pub(crate) fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub(crate) fn recorder(&self) -> Recorder {
+        Recorder {
+            shared: self.shared.clone(),
+            index: self.index,
+        }
+    }
+
+    pub(crate) fn headers_sent(&self) {
+        self.recorder()
+            .with_record(|r| r.headers_sent = Some(Instant::now()));
+    }
+
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let mut st = self.shared.lock();
+        let s = &mut st.stats;
+        match outcome {
+            Outcome::Completed => s.completed += 1,
+            Outcome::Cancelled => s.cancelled += 1,
+            Outcome::Status(_) => s.status_errors += 1,
+            Outcome::ResetBeforeHeaders | Outcome::ResetAfterTokens(_) => s.resets += 1,
+            Outcome::ErrorEvent(_) => s.error_events += 1,
+            Outcome::BadRequest(_) | Outcome::InFlight => {}
+        }
+        s.in_flight = s.in_flight.saturating_sub(1);
+        let n = s.in_flight;
+        if let Some(r) = st.record(self.index) {
+            r.ended = Some(Instant::now());
+            r.outcome = outcome;
+        }
+        drop(st);
+        self.shared.in_flight.send_replace(n);
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.finish(Outcome::Cancelled);
+    }
+}
