@@ -1,1 +1,140 @@
-//! tailguard-phases: under construction.
+//! # tailguard-phases
+//!
+//! [`LatencyPhaseRecorderLayer`] records every phase of every LLM request that passes through
+//! it — admission queue wait, time to headers, time to first *token*, every gap between output
+//! events, time per output token, total, output events, usage, end reason, hedge outcome — as
+//! [`metrics`] histograms and counters, as a [`tracing`] span with one event at the end, and as a
+//! plain [`PhaseReport`] handed to any [`PhaseSink`] of your own (access logs, billing).
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::sync::{Arc, Mutex};
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tailguard_core::RequestFacts;
+//! use tailguard_phases::{LatencyPhaseRecorderLayer, PhaseReport};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let reports = Arc::new(Mutex::new(Vec::<PhaseReport>::new()));
+//! let sink = reports.clone();
+//! let svc = ServiceBuilder::new()
+//!     .layer(
+//!         LatencyPhaseRecorderLayer::new()
+//!             .with_routes(["/v1/chat/completions"])
+//!             .with_models(["gpt-4o"])
+//!             .with_upstream("vllm")
+//!             .with_sink(move |r: &PhaseReport| sink.lock().unwrap().push(r.clone())),
+//!     )
+//!     .service(service_fn(|_req: Request<Full<Bytes>>| async {
+//!         let sse = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n\
+//!                    data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+//!                    data: [DONE]\n\n";
+//!         let res = Response::builder()
+//!             .header("content-type", "text/event-stream")
+//!             .body(Full::new(Bytes::from(sse)))
+//!             .unwrap();
+//!         Ok::<_, Infallible>(res)
+//!     }));
+//!
+//! let mut req = Request::post("/v1/chat/completions").body(Full::default()).unwrap();
+//! req.extensions_mut().insert(RequestFacts::new().with_model("gpt-4o-2024-08-06"));
+//! let res = svc.oneshot(req).await.unwrap();
+//! assert!(res.headers().contains_key("x-request-id"));
+//! res.into_body().collect().await.unwrap();
+//!
+//! let reports = reports.lock().unwrap();
+//! let r = &reports[0];
+//! assert_eq!(r.end_reason.as_str(), "completed");
+//! assert_eq!(r.output_events, 1); // the role-only chunk is not a token
+//! assert_eq!(r.labels.model(), "gpt-4o");
+//! assert_eq!(r.labels.route(), "/v1/chat/completions");
+//! assert!(r.time_to_first_token.is_some());
+//! # }
+//! ```
+//!
+//! ## Where it goes
+//!
+//! Outermost: its clock starts before admission queueing, and it creates the
+//! [`EndReport`](tailguard_core::EndReport) through which inner layers (timeouts, admission,
+//! hedging) tell it why they ended a stream. It reads [`AdmissionOutcome`], [`HedgeOutcome`],
+//! [`Priority`] and [`RequestFacts`] from the request extensions, or from the response
+//! extensions when an inner layer put them there.
+//!
+//! ## What is measured
+//!
+//! All durations run from the recorder's `call`:
+//!
+//! * **queue wait**: [`AdmissionOutcome::queue_wait`];
+//! * **time to headers**: until the inner response future resolves;
+//! * **time to first token** (TTFT): until the body frame that completes the first *token*
+//!   event as the core classifier sees it (a role-only first chunk, a keepalive or a `ping` is
+//!   not a token); streamed responses only;
+//! * **gaps**: one per body frame carrying output events after the first token, measured from the
+//!   previous such frame; events completing in the same frame are one arrival (see
+//!   [`GapStats`]);
+//! * **time per output token**: `(total - TTFT) / (output events - 1)`, only with more than one;
+//! * **total**: until the body ended, failed, or was dropped;
+//! * **output events**: token events (every gRPC message is one); **usage** when the stream
+//!   reports it.
+//!
+//! A response is *streamed* when its `content-type` is SSE, gRPC or NDJSON (or any success
+//! response under an explicit [`with_dialect`](LatencyPhaseRecorderLayer::with_dialect)); other
+//! responses (a JSON completion, an error page) get no TTFT, gaps or events: total only.
+//!
+//! ## End reasons
+//!
+//! The first reason an inner layer reported wins; then a rejection seen in the
+//! [`AdmissionOutcome`] (`rejected`), an error status (`upstream_error_4xx` / `_5xx`), or a
+//! gRPC error status in the headers; then what the recorder saw itself: `completed` (the body
+//! ended; `upstream_error_in_band` if the stream carried an error event or a non-zero
+//! `grpc-status` trailer), `upstream_error_transport` (the body or the service failed), or
+//! `client_disconnect` (the body, or the response future, was dropped before the end).
+//!
+//! ## Labels
+//!
+//! Metric labels are bounded: `route` (a [`Route`] request extension, a
+//! [route function](LatencyPhaseRecorderLayer::with_route_fn) such as axum's `MatchedPath`, or
+//! the [configured routes](LatencyPhaseRecorderLayer::with_routes), else `other`), `model`
+//! (normalised against the [configured models](LatencyPhaseRecorderLayer::with_models), else
+//! `other`), `upstream`, `priority`, `end_reason` ([`end_reason_label`]) and `streamed`. Request
+//! ids and raw client strings appear in traces and reports only.
+//!
+//! ## Request ids
+//!
+//! `x-request-id` is taken from the request when it is short printable ASCII, else generated
+//! ([`RequestId::generate`]); it is set on the request sent inward, inserted into its
+//! extensions, and set on the response unless the response already has one.
+//!
+//! ## Cost
+//!
+//! Per request: a few small allocations (the state box, labels, the report). Per data frame: one
+//! incremental scan of the frame, and a clock read only when the frame carried tokens; no lock,
+//! no allocation. Gaps reach histograms as they happen through handles registered once per
+//! request ([`PhaseSink::gap_histogram`]); everything else is emitted once, at the end.
+
+mod body;
+pub mod future;
+mod labels;
+mod layer;
+mod metrics_sink;
+mod recording;
+mod report;
+mod request_id;
+mod service;
+mod sink;
+
+pub use body::LatencyPhaseRecorderBody;
+pub use labels::{OTHER, Route, UNKNOWN, Upstream};
+pub use layer::LatencyPhaseRecorderLayer;
+pub use metrics_sink::{MetricNames, MetricsSink, buckets};
+pub use report::{GapStats, PhaseLabels, PhaseReport, end_reason_label};
+pub use request_id::{MAX_REQUEST_ID_LEN, RequestId, X_REQUEST_ID};
+pub use service::LatencyPhaseRecorder;
+pub use sink::{PhaseSink, TracingSink};
+
+#[cfg(doc)]
+use tailguard_core::{AdmissionOutcome, HedgeOutcome, Priority, RequestFacts};

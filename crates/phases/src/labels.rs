@@ -1,0 +1,167 @@
+//! Bounded metric labels: route, model, upstream.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+
+/// The label value used when a route or model is not in the configured list.
+pub const OTHER: &str = "other";
+
+/// The label value used when a request carries no model, or no priority.
+pub const UNKNOWN: &str = "unknown";
+
+/// The route of a request, as a bounded label (a route template such as
+/// `/v1/chat/completions`, never a raw path with ids in it).
+///
+/// Insert it into the request extensions to set the route of a request directly; it wins over
+/// the [route function](crate::LatencyPhaseRecorderLayer::with_route_fn) and the
+/// [configured routes](crate::LatencyPhaseRecorderLayer::with_routes).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Route(Arc<str>);
+
+impl Route {
+    /// A route label.
+    pub fn new(route: impl Into<Arc<str>>) -> Self {
+        Route(route.into())
+    }
+
+    /// The label value.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub(crate) fn into_arc(self) -> Arc<str> {
+        self.0
+    }
+}
+
+impl From<&str> for Route {
+    fn from(s: &str) -> Self {
+        Route::new(s)
+    }
+}
+
+impl fmt::Debug for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Route({})", &*self.0)
+    }
+}
+
+/// The name of the upstream that served a request, as a bounded label.
+///
+/// Set per layer with [`with_upstream`](crate::LatencyPhaseRecorderLayer::with_upstream); an
+/// inner service that picks among several upstreams may insert an `Upstream` into the
+/// *response* extensions to override it (the set of names must stay bounded).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Upstream(Arc<str>);
+
+impl Upstream {
+    /// An upstream label.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Upstream(name.into())
+    }
+
+    /// The label value.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub(crate) fn arc(&self) -> Arc<str> {
+        self.0.clone()
+    }
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Upstream({})", &*self.0)
+    }
+}
+
+/// A user function that names the route of a request (e.g. from axum's `MatchedPath`).
+pub(crate) type RouteFn = Arc<dyn Fn(&Parts) -> Option<Route> + Send + Sync>;
+
+/// Maps request paths to configured route labels: a path matches a configured route when it is
+/// equal to it or continues it after a `/`; the longest match wins.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RouteTable {
+    routes: Vec<Arc<str>>,
+}
+
+impl RouteTable {
+    pub(crate) fn new(routes: impl IntoIterator<Item = Arc<str>>) -> Self {
+        let mut routes: Vec<_> = routes.into_iter().collect();
+        // Longest first, so the first match is the longest.
+        routes.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        routes.dedup();
+        RouteTable { routes }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    pub(crate) fn find(&self, path: &str) -> Option<&Arc<str>> {
+        self.routes.iter().find(|r| {
+            let r = r.trim_end_matches('/');
+            path == r || (path.starts_with(r) && path.as_bytes().get(r.len()) == Some(&b'/'))
+        })
+    }
+}
+
+/// Normalises client-supplied model names against a configured list.
+///
+/// A model matches a configured name when it is equal to it (ASCII case-insensitively) or
+/// continues it after `-`, `:`, `@` or `.` (so `gpt-4o` covers `gpt-4o-2024-08-06`; configure
+/// `gpt-4o-mini` too if it must be told apart: the longest match wins). Anything else is
+/// [`OTHER`], so a client cannot create label values.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ModelTable {
+    models: Vec<Arc<str>>,
+}
+
+impl ModelTable {
+    pub(crate) fn new(models: impl IntoIterator<Item = Arc<str>>) -> Self {
+        let mut models: Vec<_> = models.into_iter().collect();
+        models.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        models.dedup();
+        ModelTable { models }
+    }
+
+    pub(crate) fn normalise(&self, model: &str) -> Option<&Arc<str>> {
+        self.models.iter().find(|m| {
+            let m = m.as_bytes();
+            let s = model.as_bytes();
+            s.len() >= m.len()
+                && s[..m.len()].eq_ignore_ascii_case(m)
+                && (s.len() == m.len() || matches!(s[m.len()], b'-' | b':' | b'@' | b'.'))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_match_on_segment_boundaries_longest_first() {
+        let t = RouteTable::new(["/v1".into(), "/v1/chat/completions".into()]);
+        assert_eq!(&**t.find("/v1/chat/completions").unwrap(), "/v1/chat/completions");
+        assert_eq!(&**t.find("/v1/chat/completions/x").unwrap(), "/v1/chat/completions");
+        assert_eq!(&**t.find("/v1/models").unwrap(), "/v1");
+        assert!(t.find("/v10").is_none());
+        assert!(t.find("/").is_none());
+    }
+
+    #[test]
+    fn models_normalise_to_the_configured_list() {
+        let t = ModelTable::new(["gpt-4o".into(), "gpt-4o-mini".into(), "llama3".into()]);
+        assert_eq!(&**t.normalise("gpt-4o").unwrap(), "gpt-4o");
+        assert_eq!(&**t.normalise("GPT-4o-2024-08-06").unwrap(), "gpt-4o");
+        assert_eq!(&**t.normalise("gpt-4o-mini-2024").unwrap(), "gpt-4o-mini");
+        assert_eq!(&**t.normalise("llama3:8b").unwrap(), "llama3");
+        assert!(t.normalise("gpt-4").is_none());
+        assert!(t.normalise("gpt-4ox").is_none());
+        assert!(t.normalise("").is_none());
+    }
+}

@@ -1,0 +1,209 @@
+//! [`LatencyPhaseRecorderLayer`]: the configuration.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderName;
+use http::request::Parts;
+use tailguard_core::Dialect;
+use tower_layer::Layer;
+
+use crate::labels::{ModelTable, OTHER, Route, RouteFn, RouteTable, UNKNOWN};
+use crate::metrics_sink::MetricsSink;
+use crate::request_id::X_REQUEST_ID;
+use crate::service::LatencyPhaseRecorder;
+use crate::sink::{PhaseSink, Sinks, TracingSink};
+
+/// Records every phase of every request: wraps services in [`LatencyPhaseRecorder`].
+///
+/// Meant as the outermost tailguard layer, so that its clock starts before admission queueing
+/// and it sees what every inner layer did.
+///
+/// Defaults, each chosen so that a bare `LatencyPhaseRecorderLayer::new()` is useful and safe:
+///
+/// * dialect [`Dialect::Auto`]: the framing follows each response's `content-type`, which is
+///   right for any mix of OpenAI, Anthropic, gRPC and NDJSON upstreams;
+/// * usage extraction on: billing needs it, and it costs only the capture of events that can
+///   carry usage (see [`StreamTracker::with_usage`](tailguard_core::StreamTracker::with_usage));
+/// * sinks: a [`MetricsSink`] (the [`MetricNames::tailguard`](crate::MetricNames::tailguard)
+///   scheme, to the `metrics` facade's recorder) and a [`TracingSink`]: with no recorder and no
+///   subscriber installed both cost next to nothing;
+/// * no configured routes and no route function: every route is `other` unless the request
+///   carries a [`Route`] extension, because a raw path would be an unbounded label;
+/// * no configured models: every model is `other` (or `unknown` when the request carries
+///   none), for the same reason;
+/// * upstream label `default`;
+/// * request ids in `x-request-id`, the de-facto standard header (nginx, Envoy, Heroku);
+/// * one span per request (`llm_request`, INFO).
+#[derive(Clone)]
+pub struct LatencyPhaseRecorderLayer {
+    pub(crate) cfg: Arc<Config>,
+}
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) dialect: Dialect,
+    pub(crate) usage: bool,
+    pub(crate) sinks: Sinks,
+    pub(crate) routes: RouteTable,
+    pub(crate) route_fn: Option<RouteFn>,
+    pub(crate) models: ModelTable,
+    pub(crate) upstream: Arc<str>,
+    pub(crate) request_id_header: Option<HeaderName>,
+    pub(crate) span: bool,
+    pub(crate) other: Arc<str>,
+    pub(crate) unknown: Arc<str>,
+}
+
+impl fmt::Debug for LatencyPhaseRecorderLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.cfg;
+        f.debug_struct("LatencyPhaseRecorderLayer")
+            .field("dialect", &c.dialect)
+            .field("usage", &c.usage)
+            .field("sinks", &c.sinks)
+            .field("routes", &c.routes)
+            .field("route_fn", &c.route_fn.is_some())
+            .field("models", &c.models)
+            .field("upstream", &c.upstream)
+            .field("request_id_header", &c.request_id_header)
+            .field("span", &c.span)
+            .finish()
+    }
+}
+
+impl Default for LatencyPhaseRecorderLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LatencyPhaseRecorderLayer {
+    /// A recorder with the defaults listed above.
+    pub fn new() -> Self {
+        LatencyPhaseRecorderLayer {
+            cfg: Arc::new(Config {
+                dialect: Dialect::Auto,
+                usage: true,
+                sinks: Sinks(vec![Arc::new(MetricsSink::new()), Arc::new(TracingSink::new())]),
+                routes: RouteTable::default(),
+                route_fn: None,
+                models: ModelTable::default(),
+                upstream: Arc::from("default"),
+                request_id_header: Some(HeaderName::from_static(X_REQUEST_ID)),
+                span: true,
+                other: Arc::from(OTHER),
+                unknown: Arc::from(UNKNOWN),
+            }),
+        }
+    }
+
+    fn cfg(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.cfg)
+    }
+
+    /// How tokens are found in response bodies.
+    pub fn with_dialect(mut self, dialect: Dialect) -> Self {
+        self.cfg().dialect = dialect;
+        self
+    }
+
+    /// Whether to extract the usage the stream reports.
+    pub fn with_usage(mut self, usage: bool) -> Self {
+        self.cfg().usage = usage;
+        self
+    }
+
+    /// Adds a sink (after the ones already configured).
+    pub fn with_sink(mut self, sink: impl PhaseSink) -> Self {
+        self.cfg().sinks.0.push(Arc::new(sink));
+        self
+    }
+
+    /// Adds a shared sink.
+    pub fn with_shared_sink(mut self, sink: Arc<dyn PhaseSink>) -> Self {
+        self.cfg().sinks.0.push(sink);
+        self
+    }
+
+    /// Removes every sink, the default metrics and tracing sinks included (add your own with
+    /// [`with_sink`](Self::with_sink), e.g. a [`MetricsSink`] with other names).
+    pub fn without_sinks(mut self) -> Self {
+        self.cfg().sinks.0.clear();
+        self
+    }
+
+    /// Configures the route labels: a request whose path equals a route, or continues it after a
+    /// `/`, gets that route as its label (the longest match wins); any other path is `other`.
+    pub fn with_routes<I, R>(mut self, routes: I) -> Self
+    where
+        I: IntoIterator<Item = R>,
+        R: Into<Arc<str>>,
+    {
+        self.cfg().routes = RouteTable::new(routes.into_iter().map(Into::into));
+        self
+    }
+
+    /// Names the route of a request with a function of its head, consulted before the
+    /// configured routes (a [`Route`] request extension still wins). What it returns must come
+    /// from a bounded set.
+    ///
+    /// axum's `MatchedPath` plugs in here (apply the recorder with `Router::layer`, so it runs
+    /// after routing and the extension is present):
+    ///
+    /// ```ignore
+    /// use axum::extract::MatchedPath;
+    /// use tailguard_phases::{LatencyPhaseRecorderLayer, Route};
+    ///
+    /// let layer = LatencyPhaseRecorderLayer::new().with_route_fn(|parts| {
+    ///     parts.extensions.get::<MatchedPath>().map(|p| Route::from(p.as_str()))
+    /// });
+    /// ```
+    pub fn with_route_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<Route> + Send + Sync + 'static,
+    {
+        self.cfg().route_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Configures the model labels: [`RequestFacts::model`](tailguard_core::RequestFacts) is
+    /// normalised against `models` (equal ignoring ASCII case, or continuing a name after `-`,
+    /// `:`, `@` or `.`, the longest match winning); any other model is `other`.
+    pub fn with_models<I, M>(mut self, models: I) -> Self
+    where
+        I: IntoIterator<Item = M>,
+        M: Into<Arc<str>>,
+    {
+        self.cfg().models = ModelTable::new(models.into_iter().map(Into::into));
+        self
+    }
+
+    /// The upstream label of this stack (an inner service may override it per response with an
+    /// [`Upstream`](crate::Upstream) response extension).
+    pub fn with_upstream(mut self, upstream: impl Into<Arc<str>>) -> Self {
+        self.cfg().upstream = upstream.into();
+        self
+    }
+
+    /// The header that carries request ids (`None` turns request ids off: nothing is read,
+    /// generated or added).
+    pub fn with_request_id_header(mut self, header: Option<HeaderName>) -> Self {
+        self.cfg().request_id_header = header;
+        self
+    }
+
+    /// Whether to open a span per request.
+    pub fn with_span(mut self, span: bool) -> Self {
+        self.cfg().span = span;
+        self
+    }
+}
+
+impl<S> Layer<S> for LatencyPhaseRecorderLayer {
+    type Service = LatencyPhaseRecorder<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LatencyPhaseRecorder::new(inner, self.clone())
+    }
+}

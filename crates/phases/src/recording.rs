@@ -1,0 +1,284 @@
+//! The per-request state shared by the response future and the body.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Buf;
+use http::{HeaderMap, Response, StatusCode, header};
+use tailguard_core::{
+    AdmissionOutcome, Dialect, EndReason, EndReport, HedgeOutcome, Observation, Priority,
+    RequestFacts, StreamTracker, UpstreamFailure,
+};
+use tokio::time::Instant;
+use tracing::Span;
+
+use crate::labels::Upstream;
+use crate::layer::Config;
+use crate::report::{GapStats, PhaseLabels, PhaseReport};
+use crate::request_id::RequestId;
+
+/// How the recorder itself saw the request end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Observed {
+    /// The body ended: `None`, trailers, or `is_end_stream` after a frame.
+    End,
+    /// The body yielded an error.
+    BodyError,
+    /// The body or the response future was dropped before the end.
+    Dropped,
+    /// The inner service failed before headers.
+    ServiceError,
+}
+
+pub(crate) struct Recording {
+    cfg: Arc<Config>,
+    start: Instant,
+    request_id: Option<RequestId>,
+    end_report: EndReport,
+    route: Arc<str>,
+    priority: Option<Priority>,
+    facts: Option<RequestFacts>,
+    upstream: Arc<str>,
+    streamed: bool,
+    status: Option<StatusCode>,
+    head_reason: Option<EndReason>,
+    time_to_headers: Option<Duration>,
+    admission: Option<AdmissionOutcome>,
+    hedge: Option<HedgeOutcome>,
+    tracker: Option<StreamTracker>,
+    ttft: Option<Duration>,
+    last_token: Instant,
+    gaps: GapStats,
+    gap_hists: Vec<metrics::Histogram>,
+    output_events: u64,
+    events: u64,
+    done_seen: bool,
+    in_band_error: bool,
+}
+
+impl Recording {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cfg: Arc<Config>,
+        start: Instant,
+        request_id: Option<RequestId>,
+        end_report: EndReport,
+        route: Arc<str>,
+        priority: Option<Priority>,
+        facts: Option<RequestFacts>,
+    ) -> Self {
+        let upstream = cfg.upstream.clone();
+        let streamed = facts.as_ref().and_then(|f| f.stream).unwrap_or(false);
+        Recording {
+            cfg,
+            start,
+            request_id,
+            end_report,
+            route,
+            priority,
+            facts,
+            upstream,
+            streamed,
+            status: None,
+            head_reason: None,
+            time_to_headers: None,
+            admission: None,
+            hedge: None,
+            tracker: None,
+            ttft: None,
+            last_token: start,
+            gaps: GapStats::default(),
+            gap_hists: Vec::new(),
+            output_events: 0,
+            events: 0,
+            done_seen: false,
+            in_band_error: false,
+        }
+    }
+
+    fn labels(&self) -> PhaseLabels {
+        let model = match self.facts.as_ref().and_then(|f| f.model.as_deref()) {
+            None => self.cfg.unknown.clone(),
+            Some(m) => self
+                .cfg
+                .models
+                .normalise(m)
+                .unwrap_or(&self.cfg.other)
+                .clone(),
+        };
+        PhaseLabels {
+            route: self.route.clone(),
+            model,
+            upstream: self.upstream.clone(),
+            priority: self.priority.clone(),
+            streamed: self.streamed,
+        }
+    }
+
+    /// Takes in the response head: status, extensions, and the request id header.
+    pub(crate) fn on_headers<B>(&mut self, res: &mut Response<B>) {
+        let now = Instant::now();
+        self.time_to_headers = Some(now.saturating_duration_since(self.start));
+        let status = res.status();
+        self.status = Some(status);
+        let ext = res.extensions();
+        self.admission = ext.get::<AdmissionOutcome>().cloned();
+        self.hedge = ext.get::<HedgeOutcome>().cloned();
+        if self.priority.is_none() {
+            self.priority = ext.get::<Priority>().cloned();
+        }
+        if self.facts.is_none() {
+            self.facts = ext.get::<RequestFacts>().cloned();
+        }
+        if let Some(u) = ext.get::<Upstream>() {
+            self.upstream = u.arc();
+        }
+        if let (Some(h), Some(id)) = (&self.cfg.request_id_header, &self.request_id) {
+            if !res.headers().contains_key(h) {
+                res.headers_mut().insert(h.clone(), id.header_value().clone());
+            }
+        }
+
+        let headers = res.headers();
+        self.head_reason = if self.admission.as_ref().is_some_and(|a| a.rejected.is_some()) {
+            Some(EndReason::Rejected)
+        } else if status.is_client_error() || status.is_server_error() {
+            Some(EndReason::UpstreamError(UpstreamFailure::Status(status)))
+        } else if grpc_error(headers) {
+            // A trailers-only gRPC error: the status travels in the headers.
+            Some(EndReason::UpstreamError(UpstreamFailure::InBand))
+        } else {
+            None
+        };
+        self.streamed = self.head_reason.is_none()
+            && status.is_success()
+            && (!matches!(self.cfg.dialect, Dialect::Auto) || is_stream(headers));
+        if self.streamed {
+            self.tracker =
+                Some(StreamTracker::new(&self.cfg.dialect, headers).with_usage(self.cfg.usage));
+            let labels = self.labels();
+            self.gap_hists = self
+                .cfg
+                .sinks
+                .0
+                .iter()
+                .filter_map(|s| s.gap_histogram(&labels))
+                .collect();
+        }
+    }
+
+    /// Scans one data frame: no allocation, no lock, the clock read only for frames with tokens.
+    #[inline]
+    pub(crate) fn on_data<D: Buf>(&mut self, data: &D) {
+        if let Some(t) = self.tracker.as_mut() {
+            let obs = t.observe(data);
+            self.apply(obs);
+        }
+    }
+
+    pub(crate) fn on_trailers(&mut self, trailers: &HeaderMap) {
+        if let Some(t) = self.tracker.as_mut() {
+            let obs = t.observe_trailers(trailers);
+            self.apply(obs);
+        } else if grpc_error(trailers) {
+            self.in_band_error = true;
+        }
+    }
+
+    #[inline]
+    fn apply(&mut self, obs: Observation) {
+        self.events += u64::from(obs.events);
+        self.done_seen |= obs.done;
+        self.in_band_error |= obs.error;
+        if obs.tokens == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if self.ttft.is_none() {
+            self.ttft = Some(now.saturating_duration_since(self.start));
+        } else {
+            let gap = now.saturating_duration_since(self.last_token);
+            self.gaps.add(gap);
+            let secs = gap.as_secs_f64();
+            for h in &self.gap_hists {
+                h.record(secs);
+            }
+        }
+        self.last_token = now;
+        self.output_events += u64::from(obs.tokens);
+    }
+
+    /// Ends the recording and hands the report to every sink. Consumes the state, so it runs
+    /// at most once.
+    pub(crate) fn finish(mut self: Box<Self>, observed: Observed, span: &Span) {
+        if observed == Observed::End {
+            if let Some(t) = self.tracker.as_mut() {
+                let obs = t.finish();
+                self.apply(obs);
+            }
+        }
+        let total = Instant::now().saturating_duration_since(self.start);
+        let own = match observed {
+            Observed::End if self.in_band_error => EndReason::UpstreamError(UpstreamFailure::InBand),
+            Observed::End => EndReason::Completed,
+            Observed::BodyError | Observed::ServiceError => {
+                EndReason::UpstreamError(UpstreamFailure::Transport)
+            }
+            Observed::Dropped => EndReason::ClientDisconnect,
+        };
+        let reported = self.end_report.get();
+        let end_reason = reported.or(self.head_reason).unwrap_or(own);
+        let time_per_output_token = match (self.ttft, self.output_events) {
+            (Some(ttft), n) if n > 1 => {
+                Some(total.saturating_sub(ttft).div_f64((n - 1) as f64))
+            }
+            _ => None,
+        };
+        let usage = self.tracker.as_ref().and_then(StreamTracker::usage);
+        let labels = self.labels();
+        let report = PhaseReport {
+            request_id: self.request_id.take(),
+            labels,
+            end_reason,
+            end_reason_reported: reported.is_some(),
+            status: self.status,
+            queue_wait: self.admission.as_ref().map(|a| a.queue_wait),
+            time_to_headers: self.time_to_headers,
+            time_to_first_token: self.ttft,
+            gaps: self.gaps,
+            time_per_output_token,
+            total,
+            output_events: self.output_events,
+            events: self.events,
+            done_seen: self.done_seen,
+            usage,
+            admission: self.admission.take(),
+            hedge: self.hedge.take(),
+            priority: self.priority.take(),
+            facts: self.facts.take(),
+            span: span.clone(),
+        };
+        for sink in &self.cfg.sinks.0 {
+            sink.on_report(&report);
+        }
+    }
+}
+
+fn is_stream(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let ct = ct.trim_start();
+    let starts = |p: &str| ct.len() >= p.len() && ct[..p.len()].eq_ignore_ascii_case(p);
+    starts("text/event-stream")
+        || starts("application/grpc")
+        || starts("application/x-ndjson")
+        || starts("application/ndjson")
+        || starts("application/jsonl")
+}
+
+fn grpc_error(headers: &HeaderMap) -> bool {
+    headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() != b"0")
+}

@@ -1,0 +1,145 @@
+//! Where reports go: the [`PhaseSink`] trait and the tracing sink.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tailguard_core::EndReason;
+
+use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
+
+/// Receives one [`PhaseReport`] per request; the metrics and tracing outputs are sinks, and so is
+/// anything of the user's own (access logs, billing).
+///
+/// Any `Fn(&PhaseReport) + Send + Sync + 'static` closure is a sink.
+///
+/// [`on_report`](PhaseSink::on_report) runs exactly once per request, on the task that ended it
+/// (the one polling or dropping the response), so keep it short: hand heavy work to a channel.
+pub trait PhaseSink: Send + Sync + 'static {
+    /// Called once, when the request ended.
+    fn on_report(&self, report: &PhaseReport);
+
+    /// Called once per streamed response when its headers arrive; a histogram returned here
+    /// receives every inter-token gap (in seconds) as it happens, without waiting for the end.
+    ///
+    /// Gaps are the only per-frame output, so they bypass the report: the report carries a
+    /// [`GapStats`](crate::GapStats) summary instead of every gap, which keeps the body path free
+    /// of allocation. `labels` are final except that the end reason is not known yet.
+    /// The default returns `None`.
+    fn gap_histogram(&self, labels: &PhaseLabels) -> Option<metrics::Histogram> {
+        let _ = labels;
+        None
+    }
+}
+
+impl<F> PhaseSink for F
+where
+    F: Fn(&PhaseReport) + Send + Sync + 'static,
+{
+    fn on_report(&self, report: &PhaseReport) {
+        self(report)
+    }
+}
+
+/// A shared list of sinks.
+#[derive(Clone, Default)]
+pub(crate) struct Sinks(pub(crate) Vec<Arc<dyn PhaseSink>>);
+
+impl fmt::Debug for Sinks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{} sinks]", self.0.len())
+    }
+}
+
+/// The tracing output: records every phase as a field of the request's span and emits one
+/// event at the end, inside that span.
+///
+/// The span (`llm_request`, level INFO, target `tailguard_phases`) is opened by the recorder in
+/// `call` and entered around every poll of the inner service, so inner layers' spans and events
+/// nest inside it. Its fields are declared at creation and filled here:
+/// `request_id`, `route`, `model`, `requested_model`, `priority`, `upstream`, `streamed`,
+/// `status`, `end_reason`, `queue_wait_s`, `time_to_headers_s`, `ttft_s`, `tpot_s`, `total_s`,
+/// `output_events`, `events`, `gaps`, `max_gap_s`, `prompt_tokens`, `completion_tokens`,
+/// `max_tokens`, `prompt_bytes`, `hedge_attempts`, `hedge_winner`.
+///
+/// The end event (message `"llm request finished"`) is INFO for a completed request and WARN
+/// otherwise.
+#[derive(Clone, Debug, Default)]
+pub struct TracingSink {
+    _private: (),
+}
+
+impl TracingSink {
+    /// The tracing sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn secs(d: Option<std::time::Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64())
+}
+
+impl PhaseSink for TracingSink {
+    fn on_report(&self, r: &PhaseReport) {
+        let span = &r.span;
+        if !span.is_disabled() {
+            span.record("upstream", r.labels.upstream());
+            span.record("priority", r.labels.priority());
+            span.record("streamed", r.labels.streamed());
+            if let Some(s) = r.status {
+                span.record("status", s.as_u16());
+            }
+            span.record("end_reason", end_reason_label(&r.end_reason));
+            span.record("queue_wait_s", secs(r.queue_wait));
+            span.record("time_to_headers_s", secs(r.time_to_headers));
+            span.record("ttft_s", secs(r.time_to_first_token));
+            span.record("tpot_s", secs(r.time_per_output_token));
+            span.record("total_s", r.total.as_secs_f64());
+            span.record("output_events", r.output_events);
+            span.record("events", r.events);
+            span.record("gaps", r.gaps.count);
+            if r.gaps.count > 0 {
+                span.record("max_gap_s", r.gaps.max.as_secs_f64());
+            }
+            if let Some(u) = r.usage {
+                span.record("prompt_tokens", u.prompt_tokens);
+                span.record("completion_tokens", u.completion_tokens);
+            }
+            if let Some(f) = &r.facts {
+                span.record("max_tokens", f.max_tokens);
+                span.record("prompt_bytes", f.prompt_bytes);
+            }
+            if let Some(h) = &r.hedge {
+                span.record("hedge_attempts", h.attempts);
+                span.record("hedge_winner", h.winner);
+            }
+        }
+        let reason = end_reason_label(&r.end_reason);
+        let total_s = r.total.as_secs_f64();
+        let ttft_s = secs(r.time_to_first_token);
+        let id = r.request_id.as_ref().map(|id| id.as_str());
+        if r.end_reason == EndReason::Completed {
+            tracing::info!(
+                target: "tailguard_phases",
+                parent: span,
+                request_id = id,
+                end_reason = reason,
+                total_s,
+                ttft_s,
+                output_events = r.output_events,
+                "llm request finished"
+            );
+        } else {
+            tracing::warn!(
+                target: "tailguard_phases",
+                parent: span,
+                request_id = id,
+                end_reason = reason,
+                total_s,
+                ttft_s,
+                output_events = r.output_events,
+                "llm request finished"
+            );
+        }
+    }
+}
