@@ -439,3 +439,244 @@ fn ndjson(data: &Captured<'_>, first_token_seen: bool) -> Class {
             .is_some_and(|m| non_empty(m.get("content")) || non_empty(m.get("tool_calls")));
     if output { Class::Token } else { Class::Done }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sse<'a>(name: &'a [u8], data: &'a [u8]) -> Event<'a> {
+        Event::Sse {
+            name,
+            data: Captured {
+                bytes: data,
+                len: data.len(),
+            },
+        }
+    }
+
+    fn openai(data: &str, first: bool) -> Class {
+        OpenAiClassifier.classify(&sse(b"", data.as_bytes()), first)
+    }
+
+    #[test]
+    fn openai_tokens() {
+        for data in [
+            r#"{"choices":[{"delta":{"content":"Hi"}}]}"#,
+            r#"{"choices":[{"text":" the","index":0}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"hmm"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":""}}]}}]}"#,
+            r#"{"choices":[{"delta":{"refusal":"no"}}]}"#,
+            r#"{"choices":[{"delta":{}},{"delta":{"content":"second choice"}}]}"#,
+        ] {
+            assert_eq!(openai(data, false), Class::Token, "{data}");
+        }
+    }
+
+    #[test]
+    fn openai_meta() {
+        for data in [
+            r#"{"choices":[{"delta":{"role":"assistant"}}]}"#,
+            r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"delta":{"role":"assistant","content":null}}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":12}}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"text":"","finish_reason":"length"}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#,
+            r#"{"id":"x","object":"chat.completion.chunk","#,
+            r#"not json"#,
+            r#"[1,2]"#,
+            r#""#,
+            r#"{"error":null,"choices":[]}"#,
+        ] {
+            assert_eq!(openai(data, false), Class::Meta, "{data}");
+        }
+    }
+
+    #[test]
+    fn openai_done_and_errors() {
+        assert_eq!(openai("[DONE]", false), Class::Done);
+        assert_eq!(openai("[DONE]", true), Class::Done);
+        assert_eq!(openai(" [DONE] ", true), Class::Done);
+        let err = r#"{"error":{"message":"overloaded","type":"server_error"}}"#;
+        assert_eq!(openai(err, false), Class::Error);
+        assert_eq!(openai(err, true), Class::Error);
+        assert_eq!(openai(r#"{ "error" : {}}"#, true), Class::Error);
+        assert_eq!(
+            OpenAiClassifier.classify(&sse(b"error", b"{}"), true),
+            Class::Error
+        );
+    }
+
+    #[test]
+    fn openai_after_first_token_decides_from_syntax() {
+        // Meta before the first token, token after: JSON is not parsed any more.
+        let finish = r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#;
+        assert_eq!(openai(finish, false), Class::Meta);
+        assert_eq!(openai(finish, true), Class::Token);
+        // A captured prefix is enough.
+        let prefix = Event::Sse {
+            name: b"",
+            data: Captured {
+                bytes: br#"{"id":"chatcmpl-"#,
+                len: 300,
+            },
+        };
+        assert_eq!(OpenAiClassifier.classify(&prefix, true), Class::Token);
+        // An incomplete capture before the first token is never parsed either.
+        assert_eq!(OpenAiClassifier.classify(&prefix, false), Class::Token);
+    }
+
+    #[test]
+    fn comments_are_keepalives_everywhere() {
+        let comment = Event::Comment {
+            text: Captured {
+                bytes: b" keepalive",
+                len: 10,
+            },
+        };
+        let presets: [&dyn Classify; 7] = [
+            &OpenAiClassifier,
+            &AnthropicClassifier,
+            &LlmSseClassifier,
+            &AnySseClassifier,
+            &AnyByteClassifier,
+            &GrpcClassifier,
+            &NdjsonClassifier,
+        ];
+        for c in presets {
+            assert_eq!(c.classify(&comment, false), Class::Keepalive);
+            assert_eq!(c.classify(&comment, true), Class::Keepalive);
+        }
+    }
+
+    #[test]
+    fn anthropic_by_event_name() {
+        let cases: [(&[u8], Class); 8] = [
+            (b"message_start", Class::Meta),
+            (b"content_block_start", Class::Meta),
+            (b"ping", Class::Keepalive),
+            (b"content_block_delta", Class::Token),
+            (b"content_block_stop", Class::Meta),
+            (b"message_delta", Class::Meta),
+            (b"message_stop", Class::Done),
+            (b"error", Class::Error),
+        ];
+        for (name, class) in cases {
+            for first in [false, true] {
+                assert_eq!(
+                    AnthropicClassifier.classify(&sse(name, b"{}"), first),
+                    class
+                );
+                assert_eq!(LlmSseClassifier.classify(&sse(name, b"{}"), first), class);
+            }
+        }
+        // Without a name, the JSON type decides before the first token.
+        let unnamed = sse(b"", br#"{"type":"content_block_delta","delta":{}}"#);
+        assert_eq!(AnthropicClassifier.classify(&unnamed, false), Class::Token);
+        assert_eq!(
+            AnthropicClassifier.classify(&sse(b"", b"{broken"), false),
+            Class::Meta
+        );
+        assert_eq!(
+            AnthropicClassifier.classify(&sse(b"something_new", b"{}"), false),
+            Class::Meta
+        );
+    }
+
+    #[test]
+    fn llm_sse_falls_back_to_openai() {
+        let data = br#"{"choices":[{"delta":{"content":"x"}}]}"#;
+        assert_eq!(
+            LlmSseClassifier.classify(&sse(b"", data), false),
+            Class::Token
+        );
+        assert_eq!(
+            LlmSseClassifier.classify(&sse(b"message", b"[DONE]"), true),
+            Class::Done
+        );
+    }
+
+    #[test]
+    fn any_sse_any_byte_grpc() {
+        assert_eq!(
+            AnySseClassifier.classify(&sse(b"", b""), false),
+            Class::Token
+        );
+        assert_eq!(
+            AnyByteClassifier.classify(&Event::Bytes { len: 1 }, false),
+            Class::Token
+        );
+        let msg = Event::Grpc {
+            compressed: false,
+            data: Captured { bytes: b"", len: 0 },
+        };
+        assert_eq!(GrpcClassifier.classify(&msg, false), Class::Token);
+    }
+
+    #[test]
+    fn ndjson_lines() {
+        let line = |s: &'static str| Event::Line {
+            data: Captured {
+                bytes: s.as_bytes(),
+                len: s.len(),
+            },
+        };
+        let c = NdjsonClassifier;
+        assert_eq!(
+            c.classify(&line(r#"{"response":"Hi","done":false}"#), false),
+            Class::Token
+        );
+        assert_eq!(
+            c.classify(&line(r#"{"response":"","done":true}"#), false),
+            Class::Done
+        );
+        assert_eq!(
+            c.classify(&line(r#"{"message":{"content":""},"done": true}"#), true),
+            Class::Done
+        );
+        assert_eq!(
+            c.classify(&line(r#"{"error":"boom"}"#), false),
+            Class::Error
+        );
+        assert_eq!(c.classify(&line(r#"{"error":"boom"}"#), true), Class::Error);
+        assert_eq!(c.classify(&line("garbage"), false), Class::Token);
+        assert_eq!(c.capture_after_first_token(), usize::MAX);
+    }
+
+    #[test]
+    fn closures_are_classifiers() {
+        let c = |e: &Event<'_>, _first: bool| match e {
+            Event::Line { .. } => Class::Token,
+            _ => Class::Meta,
+        };
+        assert_eq!(c.classify(&sse(b"", b""), false), Class::Meta);
+        assert_eq!(c.capture_after_first_token(), 16);
+        let dialect = Dialect::custom(Framing::Ndjson, c);
+        assert_eq!(dialect.framing(), Some(Framing::Ndjson));
+        assert!(format!("{dialect:?}").contains("Ndjson"));
+    }
+
+    #[test]
+    fn auto_resolves_from_content_type() {
+        let resolve = |ct: Option<&str>| {
+            let mut h = http::HeaderMap::new();
+            if let Some(ct) = ct {
+                h.insert(http::header::CONTENT_TYPE, ct.parse().unwrap());
+            }
+            format!("{:?}", Dialect::Auto.resolve(&h))
+        };
+        assert_eq!(resolve(Some("text/event-stream")), "LlmSse");
+        assert_eq!(resolve(Some("Text/Event-Stream; charset=utf-8")), "LlmSse");
+        assert_eq!(resolve(Some("application/grpc")), "Grpc");
+        assert_eq!(resolve(Some("application/grpc+proto")), "Grpc");
+        assert_eq!(resolve(Some("application/x-ndjson")), "Ndjson");
+        assert_eq!(resolve(Some("application/jsonl")), "Ndjson");
+        assert_eq!(resolve(Some("application/json")), "AnyByte");
+        assert_eq!(resolve(None), "AnyByte");
+        let h = http::HeaderMap::new();
+        assert_eq!(format!("{:?}", Dialect::OpenAi.resolve(&h)), "OpenAi");
+        assert_eq!(Dialect::Auto.framing(), None);
+        assert_eq!(Dialect::Anthropic.framing(), Some(Framing::Sse));
+    }
+}

@@ -443,3 +443,200 @@ impl UsageState {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn headers(ct: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, ct.parse().unwrap());
+        h
+    }
+
+    fn b(s: &'static str) -> Bytes {
+        Bytes::from_static(s.as_bytes())
+    }
+
+    const ROLE: &str = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+    const TOKEN: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+
+    #[test]
+    fn counts_and_first_token_once() {
+        let mut t = StreamTracker::new(&Dialect::Auto, &headers("text/event-stream"));
+        let obs = t.observe(&b(": keepalive\n\n"));
+        assert_eq!((obs.events, obs.keepalives), (1, 1));
+        assert!(!obs.progress());
+        let obs = t.observe(&b(ROLE));
+        assert_eq!((obs.events, obs.meta, obs.tokens), (1, 1, 0));
+        assert!(obs.progress() && !obs.first_token);
+        let two = Bytes::from(format!("{TOKEN}{TOKEN}"));
+        let obs = t.observe(&two);
+        assert_eq!((obs.events, obs.tokens, obs.first_token), (2, 2, true));
+        let obs = t.observe(&b(TOKEN));
+        assert_eq!((obs.tokens, obs.first_token), (1, false));
+        assert_eq!((t.events(), t.tokens()), (5, 3));
+        assert!(t.first_token_seen());
+        assert_eq!(t.wire(), Wire::OpenAiSse);
+        let obs = t.observe(&b("data: [DONE]\n\n"));
+        assert!(obs.done && !obs.error);
+        assert_eq!(t.finish(), Observation::default());
+    }
+
+    #[test]
+    fn capture_is_lowered_after_the_first_token() {
+        let seen: Arc<Mutex<Vec<(usize, usize, bool)>>> = Arc::default();
+        let log = seen.clone();
+        let dialect = Dialect::custom(Framing::Sse, move |e: &Event<'_>, first: bool| {
+            if let Event::Sse { data, .. } = e {
+                log.lock()
+                    .unwrap()
+                    .push((data.bytes.len(), data.len, first));
+            }
+            Class::Token
+        });
+        let mut t = StreamTracker::new(&dialect, &HeaderMap::new());
+        assert_eq!(t.wire(), Wire::Sse);
+        let long = "data: 0123456789012345678901234567890123456789\n\n";
+        t.observe(&b(long));
+        t.observe(&b(long));
+        assert_eq!(*seen.lock().unwrap(), [(40, 40, false), (16, 40, true)]);
+
+        // With usage on, data stays whole.
+        seen.lock().unwrap().clear();
+        let mut t = StreamTracker::new(&dialect, &HeaderMap::new()).with_usage(true);
+        t.observe(&b(long));
+        t.observe(&b(long));
+        assert_eq!(*seen.lock().unwrap(), [(40, 40, false), (40, 40, true)]);
+    }
+
+    #[test]
+    fn scan_error_is_reported_once_then_nothing_is_scanned() {
+        let mut t =
+            StreamTracker::new(&Dialect::OpenAi, &HeaderMap::new()).with_max_event_bytes(64);
+        let obs = t.observe(&b(TOKEN));
+        assert_eq!(obs.tokens, 1);
+        let big = Bytes::from(format!("data: {}\n\n", "x".repeat(100)));
+        let obs = t.observe(&big);
+        let err = obs.scan_error.expect("scan error");
+        assert_eq!((err.what(), err.limit()), ("sse line", 64));
+        assert_eq!(t.observe(&b(TOKEN)), Observation::default());
+        assert_eq!(t.finish(), Observation::default());
+        assert_eq!(t.tokens(), 1);
+    }
+
+    #[test]
+    fn events_before_a_scan_error_in_the_same_frame_count() {
+        let mut t =
+            StreamTracker::new(&Dialect::OpenAi, &HeaderMap::new()).with_max_event_bytes(64);
+        let frame = Bytes::from(format!("{TOKEN}data: {}", "x".repeat(100)));
+        let obs = t.observe(&frame);
+        assert_eq!(obs.tokens, 1);
+        assert!(obs.first_token && obs.scan_error.is_some());
+    }
+
+    #[test]
+    fn pending_bytes_follow_the_scanner() {
+        let mut t = StreamTracker::new(&Dialect::Auto, &headers("text/event-stream"));
+        t.observe(&b("data: {\"cho"));
+        assert_eq!(t.pending_bytes(), 11);
+        t.observe(&b("ices\":[]}\n\n"));
+        assert_eq!(t.pending_bytes(), 0);
+        let mut t = StreamTracker::new(&Dialect::Auto, &HeaderMap::new());
+        t.observe(&b("{\"cho"));
+        assert_eq!(t.pending_bytes(), 0, "opaque bodies have no events to cut");
+    }
+
+    #[test]
+    fn grpc_messages_and_trailers() {
+        let mut t = StreamTracker::new(&Dialect::Auto, &headers("application/grpc"));
+        assert_eq!(t.wire(), Wire::Grpc);
+        let obs = t.observe(&Bytes::from_static(&[0, 0, 0, 0, 2, 8, 1, 0, 0]));
+        assert_eq!((obs.tokens, obs.first_token), (1, true));
+        assert_eq!(t.pending_bytes(), 2);
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        assert!(!t.observe_trailers(&trailers).error);
+        trailers.insert("grpc-status", "14".parse().unwrap());
+        assert!(t.observe_trailers(&trailers).error);
+    }
+
+    #[test]
+    fn ndjson_last_line_is_flushed_by_finish() {
+        let mut t = StreamTracker::new(&Dialect::Auto, &headers("application/x-ndjson"));
+        assert_eq!(t.wire(), Wire::Ndjson);
+        assert!(
+            t.observe(&b("{\"response\":\"Hi\",\"done\":false}\n"))
+                .first_token
+        );
+        assert_eq!(t.observe(&b("{\"response\":\"\",\"done\":true}")).events, 0);
+        assert!(t.finish().done);
+    }
+
+    #[test]
+    fn wire_follows_the_dialect_and_anthropic_names() {
+        let sse = headers("text/event-stream");
+        let mut t = StreamTracker::new(&Dialect::Auto, &sse);
+        assert_eq!(t.wire(), Wire::OpenAiSse);
+        t.observe(&b("event: error\ndata: {}\n\n"));
+        assert_eq!(t.wire(), Wire::OpenAiSse, "`error` is not only Anthropic's");
+        let obs = t.observe(&b("event: ping\ndata: {\"type\":\"ping\"}\n\n"));
+        assert_eq!(obs.keepalives, 1);
+        assert_eq!(t.wire(), Wire::AnthropicSse);
+        let mut t = StreamTracker::new(&Dialect::OpenAi, &sse);
+        t.observe(&b("event: ping\ndata: {}\n\n"));
+        assert_eq!(t.wire(), Wire::OpenAiSse);
+        assert_eq!(
+            StreamTracker::new(&Dialect::Anthropic, &sse).wire(),
+            Wire::AnthropicSse
+        );
+        assert_eq!(StreamTracker::new(&Dialect::AnySse, &sse).wire(), Wire::Sse);
+        assert_eq!(
+            StreamTracker::new(&Dialect::AnyByte, &sse).wire(),
+            Wire::Opaque
+        );
+        // A fixed dialect ignores the content-type.
+        let mut t = StreamTracker::new(&Dialect::OpenAi, &headers("application/json"));
+        assert!(t.observe(&b(TOKEN)).first_token);
+    }
+
+    #[test]
+    fn usage_from_openai_and_anthropic() {
+        let sse = headers("text/event-stream");
+        let mut t = StreamTracker::new(&Dialect::Auto, &sse).with_usage(true);
+        t.observe(&b(TOKEN));
+        t.observe(&b("data: {\"choices\":[],\"usage\":null}\n\n"));
+        assert_eq!(t.usage(), None);
+        t.observe(&b(
+            "data: {\"choices\":[],\"usage\": {\"prompt_tokens\":5,\"completion_tokens\":12}}\n\n",
+        ));
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: Some(5),
+                completion_tokens: Some(12)
+            })
+        );
+        let mut t = StreamTracker::new(&Dialect::Auto, &sse).with_usage(true);
+        t.observe(&b("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n"));
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: Some(7),
+                completion_tokens: None
+            })
+        );
+        t.observe(&b("event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n"));
+        assert_eq!(t.usage().unwrap().completion_tokens, Some(15));
+        // Off by default.
+        let mut t = StreamTracker::new(&Dialect::Auto, &sse);
+        t.observe(&b(
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5}}\n\n",
+        ));
+        assert_eq!(t.usage(), None);
+    }
+}

@@ -183,3 +183,85 @@ impl GrpcScanner {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(flag: u8, msg: &[u8]) -> Vec<u8> {
+        let mut v = vec![flag];
+        v.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+        v.extend_from_slice(msg);
+        v
+    }
+
+    fn collect(
+        s: &mut GrpcScanner,
+        frames: &[&[u8]],
+    ) -> Result<Vec<(bool, Vec<u8>, usize)>, ScanError> {
+        let mut out = Vec::new();
+        for f in frames {
+            s.feed(f, |e| match e {
+                Event::Grpc { compressed, data } => {
+                    out.push((compressed, data.bytes.to_vec(), data.len))
+                }
+                other => panic!("{other:?}"),
+            })?;
+        }
+        s.finish(|_| panic!("grpc finish emits nothing"))?;
+        Ok(out)
+    }
+
+    #[test]
+    fn messages_across_frames_and_empty_messages() {
+        let mut bytes = frame(0, b"hello");
+        bytes.extend(frame(1, b""));
+        bytes.extend(frame(0, b"x"));
+        let want = vec![
+            (false, b"hello".to_vec(), 5),
+            (true, Vec::new(), 0),
+            (false, b"x".to_vec(), 1),
+        ];
+        assert_eq!(collect(&mut GrpcScanner::new(), &[&bytes]).unwrap(), want);
+        let bytewise: Vec<&[u8]> = bytes.chunks(1).collect();
+        assert_eq!(collect(&mut GrpcScanner::new(), &bytewise).unwrap(), want);
+    }
+
+    #[test]
+    fn pending_bytes_and_truncation() {
+        let bytes = frame(0, b"hello");
+        let mut s = GrpcScanner::new();
+        s.feed(&bytes[..3], |_| panic!()).unwrap();
+        assert_eq!(s.pending_bytes(), 3);
+        s.feed(&bytes[3..7], |_| panic!()).unwrap();
+        assert_eq!(s.pending_bytes(), 7);
+        // A body that ends here is truncated: nothing more is reported.
+        assert!(s.finish(|_| panic!()).is_ok());
+        let mut n = 0;
+        s.feed(&bytes[7..], |_| n += 1).unwrap();
+        assert_eq!((n, s.pending_bytes()), (1, 0));
+    }
+
+    #[test]
+    fn capture_limits_the_copy() {
+        let mut s = GrpcScanner::new();
+        s.set_capture(2);
+        let got = collect(&mut s, &[&frame(0, b"hello")]).unwrap();
+        assert_eq!(got, vec![(false, b"he".to_vec(), 5)]);
+    }
+
+    #[test]
+    fn message_over_the_cap_fails_at_its_header() {
+        let mut s = GrpcScanner::new().with_max_event_bytes(4);
+        // Only the header is fed: the error comes before any of the message.
+        let err = s.feed(&[0, 0, 0, 0, 5], |_| panic!()).unwrap_err();
+        assert_eq!((err.what(), err.limit()), ("grpc message", 4));
+        assert_eq!(s.feed(&[0], |_| panic!()).unwrap_err(), err);
+        // A 4 GiB length is refused the same way.
+        let mut s = GrpcScanner::new();
+        assert!(s.feed(&[0, 0xff, 0xff, 0xff, 0xff], |_| panic!()).is_err());
+        // Exactly the cap is fine.
+        let mut s = GrpcScanner::new().with_max_event_bytes(4);
+        assert_eq!(collect(&mut s, &[&frame(0, b"abcd")]).unwrap().len(), 1);
+    }
+}

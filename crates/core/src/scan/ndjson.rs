@@ -175,3 +175,72 @@ impl NdjsonScanner {
         self.pending = 0;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(
+        s: &mut NdjsonScanner,
+        frames: &[&[u8]],
+    ) -> Result<Vec<(Vec<u8>, usize)>, ScanError> {
+        let mut out = Vec::new();
+        let mut push = |e: Event<'_>| match e {
+            Event::Line { data } => out.push((data.bytes.to_vec(), data.len)),
+            other => panic!("{other:?}"),
+        };
+        for f in frames {
+            s.feed(f, &mut push)?;
+        }
+        s.finish(&mut push)?;
+        Ok(out)
+    }
+
+    fn lines(input: &[u8]) -> Vec<(Vec<u8>, usize)> {
+        let whole = collect(&mut NdjsonScanner::new(), &[input]).unwrap();
+        let bytewise: Vec<&[u8]> = input.chunks(1).collect();
+        assert_eq!(
+            collect(&mut NdjsonScanner::new(), &bytewise).unwrap(),
+            whole
+        );
+        whole
+    }
+
+    fn line(s: &str) -> (Vec<u8>, usize) {
+        (s.into(), s.len())
+    }
+
+    #[test]
+    fn lf_and_crlf_lines_blank_lines_skipped() {
+        assert_eq!(
+            lines(b"{\"a\":1}\n\n  \r\n{\"b\":2}\r\n\r\n{\"c\":3}"),
+            vec![line("{\"a\":1}"), line("{\"b\":2}"), line("{\"c\":3}")]
+        );
+    }
+
+    #[test]
+    fn last_line_without_newline_is_flushed_by_finish() {
+        let mut s = NdjsonScanner::new();
+        let mut n = 0;
+        s.feed(b"{}\n{\"x\"", |_| n += 1).unwrap();
+        assert_eq!((n, s.pending_bytes()), (1, 4));
+        s.finish(|_| n += 1).unwrap();
+        assert_eq!((n, s.pending_bytes()), (2, 0));
+        // A last line that ends in a bare CR loses it.
+        assert_eq!(lines(b"{}\r"), vec![line("{}")]);
+    }
+
+    #[test]
+    fn capture_and_cap() {
+        let mut s = NdjsonScanner::new();
+        s.set_capture(3);
+        assert_eq!(
+            collect(&mut s, &[b"{\"done\":true}\r\n"]).unwrap(),
+            vec![(b"{\"d".to_vec(), 13)]
+        );
+        let mut s = NdjsonScanner::new().with_max_event_bytes(4);
+        let err = collect(&mut s, &[b"1234", b"5\n"]).unwrap_err();
+        assert_eq!((err.what(), err.limit()), ("ndjson line", 4));
+        assert_eq!(s.feed(b"\n", |_| panic!()).unwrap_err(), err);
+    }
+}
