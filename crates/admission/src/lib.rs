@@ -1,1 +1,110 @@
-//! tailguard-admission: under construction.
+//! # tailguard-admission
+//!
+//! `BoundedAdmission`: bounded work, honest fast failure. A tower layer for LLM streaming calls
+//! that bounds the capacity in use *through the end of each response body* and the queue in
+//! front of it, and refuses what it cannot take fast, with an honest `Retry-After`.
+//!
+//! ```
+//! use std::convert::Infallible;
+//!
+//! use bytes::Bytes;
+//! use http_body_util::{BodyExt, Full};
+//! use tailguard_admission::BoundedAdmissionLayer;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let admission = BoundedAdmissionLayer::new(64).with_queue_len(128);
+//! let handle = admission.handle();
+//! let svc = ServiceBuilder::new()
+//!     .layer(admission)
+//!     .service(service_fn(|_req: http::Request<()>| async {
+//!         let body = Full::new(Bytes::from_static(b"data: [DONE]\n\n"));
+//!         Ok::<_, Infallible>(http::Response::new(body))
+//!     }));
+//!
+//! let res = svc.oneshot(http::Request::new(())).await.unwrap();
+//! // The permit is held while the body streams...
+//! assert_eq!(handle.in_flight(), 1);
+//! let bytes = res.into_body().collect().await.unwrap().to_bytes();
+//! assert_eq!(&bytes[..], b"data: [DONE]\n\n");
+//! // ...and released when it ends.
+//! assert_eq!(handle.in_flight(), 0);
+//! # }
+//! ```
+//!
+//! ## Why `ConcurrencyLimit` is not enough
+//!
+//! `tower::limit::ConcurrencyLimit` releases its permit when the response *headers* exist, so
+//! for a streamed generation it bounds nothing; it also queues without bound in `poll_ready`
+//! and never refuses. `LoadShed` refuses but has no queue, no deadline, no status code and no
+//! `Retry-After`.
+//!
+//! ## Semantics
+//!
+//! * **Capacity in units.** Each request holds [`Cost`] units (1 by default) from admission
+//!   until its response body ends: the last frame, `is_end_stream()` turning true after a
+//!   frame, a body error, or the body dropped. A response whose body is empty at once releases
+//!   at once; an inner error releases at once. One request holds at most
+//!   [`with_max_request_share`](BoundedAdmissionLayer::with_max_request_share) of the capacity
+//!   (its cost is capped, never refused), so a huge prompt neither monopolises the gate nor
+//!   waits forever for it to empty.
+//! * **Bounded queue with deadlines.** A request that does not fit waits in a queue of
+//!   [`with_queue_len`](BoundedAdmissionLayer::with_queue_len) requests, inside the response
+//!   future (decisions are made in `call`; `poll_ready` only forwards the inner service's
+//!   readiness). Each waiter has a deadline; at the deadline it is refused with **503**. A
+//!   waiter whose caller goes away (the future is dropped) leaves the queue at once and holds
+//!   nothing.
+//! * **CoDel.** When a request arrives at a queue that has not been empty for the CoDel
+//!   interval (100 ms), its allowed wait shrinks to the target (5 ms): under a standing queue
+//!   the gate fails fast instead of letting latency build. Once the queue drains, arrivals get
+//!   the full deadline again. Optional adaptive LIFO serves the newest waiter of a class first
+//!   while the queue is standing.
+//! * **Refusals.** A full queue refuses at once with **429** (configurable to 503). Bodies are
+//!   OpenAI-style JSON (`{"error":{"message":..,"type":..,"param":null,"code":"queue_full"}}`);
+//!   `Retry-After` is estimated from the observed drain rate (the backlog in units divided by
+//!   the units released per second, decayed over 5 s; the queue deadline before anything was
+//!   released), in whole seconds, rounded up, never 0, at most 60. The error flavour
+//!   ([`BoundedAdmissionLayer::with_error_flavour`]) returns
+//!   [`Overloaded`](tailguard_core::Overloaded) as a `BoxError` instead, for tonic stacks.
+//!   If the request carries an [`EndReport`](tailguard_core::EndReport), a refusal reports
+//!   [`EndReason::Rejected`](tailguard_core::EndReason::Rejected).
+//! * **Priority.** The [`Priority`](tailguard_core::Priority) in the request extensions (written
+//!   by `tailguard-priority`, or anyone) picks the class; requests without one are `standard`.
+//!   The queue serves higher classes first; each aging period a waiter has waited raises its
+//!   effective level by 10 (one step of the standard set), so lower classes cannot starve.
+//!   A class can have a reserved share of the capacity
+//!   ([`ClassPolicy::reserved_share`](tailguard_core::ClassPolicy) in the request extensions, or
+//!   [`with_reserved_share`](BoundedAdmissionLayer::with_reserved_share)): it binds only under
+//!   contention — while a class holds less than its share and has waiters, its waiters are
+//!   served before everyone else's; idle reserved capacity is borrowed freely (running streams
+//!   are never pre-empted). When the queue is full, an arriving request evicts the youngest
+//!   waiter of the lowest class below its own, which gets the refusal (`evicted`) instead.
+//!   The queue is served head-of-line: if the next waiter in order does not fit, later ones
+//!   wait too, so large requests are not starved by small ones.
+//! * **Outcome and metrics.** [`AdmissionOutcome`](tailguard_core::AdmissionOutcome) (queue
+//!   wait, units, refusal reason) goes into the response extensions. Metrics (`metrics` crate,
+//!   label `priority` = class name, bounded by configuration):
+//!   `tailguard_admission_in_flight` and `tailguard_admission_queued` (gauges),
+//!   `tailguard_admission_admitted_total` (counter, label `path` = `immediate`|`queued`),
+//!   `tailguard_admission_rejected_total` (counter, label `reason` = `queue_full`|
+//!   `queue_timeout`|`evicted`), `tailguard_admission_queue_wait_seconds` (histogram, admitted
+//!   requests).
+//!
+//! One layer value is one gate: clones of the layer and every service it builds share it.
+
+mod body;
+mod cost;
+pub mod error;
+pub mod future;
+mod gate;
+mod layer;
+mod service;
+
+pub use body::AdmissionBody;
+pub use cost::Cost;
+pub use layer::{
+    AdmissionHandle, BoundedAdmissionLayer, Codel, DEFAULT_AGING, DEFAULT_CODEL_INTERVAL,
+    DEFAULT_CODEL_TARGET, DEFAULT_MAX_REQUEST_SHARE, DEFAULT_QUEUE_TIMEOUT, Fail, Respond,
+};
+pub use service::BoundedAdmission;

@@ -1,0 +1,309 @@
+//! [`ResponseFuture`]: admission waits inside the response future.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tailguard_core::render::error_response;
+use tailguard_core::{
+    AdmissionOutcome, BoxError, EndReason, EndReport, OverloadReason, Overloaded, RenderError,
+};
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use crate::body::AdmissionBody;
+use crate::gate::{Grant, Permit, Queued, Rejection};
+use crate::layer::{Config, Fail, Respond};
+
+pin_project! {
+    /// The response future of [`BoundedAdmission`](crate::BoundedAdmission).
+    ///
+    /// A request that had to queue waits here (not in `poll_ready`) until it is admitted, refused
+    /// or its deadline passes; dropping the future removes it from the queue at once. Generic over
+    /// the inner service and the request body because a queued request is sent only once it is
+    /// admitted.
+    pub struct ResponseFuture<S, ReqB, M = Respond>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        #[pin]
+        state: State<S, ReqB>,
+        _flavour: PhantomData<fn() -> M>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    pub(crate) enum State<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        Called {
+            #[pin]
+            fut: S::Future,
+            permit: Option<Permit>,
+            outcome: Option<AdmissionOutcome>,
+        },
+        Waiting {
+            wait: Box<Wait<S, ReqB>>,
+        },
+        Refused {
+            refusal: Option<Refusal>,
+        },
+    }
+}
+
+/// A queued request: its queue entry, the ready service and the request to send it.
+pub(crate) struct Wait<S, ReqB> {
+    // Declared first so the queue entry is removed before anything else is dropped.
+    queued: Queued,
+    sleep: Option<Pin<Box<Sleep>>>,
+    expired: bool,
+    svc: Option<S>,
+    req: Option<Request<ReqB>>,
+    units: u32,
+    full_status: StatusCode,
+}
+
+/// A refusal on its way to the caller.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    overloaded: Overloaded,
+    outcome: AdmissionOutcome,
+}
+
+impl Refusal {
+    pub(crate) fn new(
+        cfg_full_status: StatusCode,
+        r: Rejection,
+        waited: Duration,
+        units: u32,
+    ) -> Self {
+        let status = match r.reason {
+            OverloadReason::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
+            _ => cfg_full_status,
+        };
+        Refusal {
+            overloaded: Overloaded::new(r.reason, status)
+                .with_retry_after(r.retry_after)
+                .with_queue_wait(waited),
+            outcome: AdmissionOutcome::rejected(waited, units, r.reason),
+        }
+    }
+
+    fn into_response<B>(self) -> Response<AdmissionBody<B>>
+    where
+        B: Body,
+        B::Data: From<Bytes>,
+    {
+        let mut res = error_response(&self.overloaded.error_info(), |b| {
+            AdmissionBody::local(B::Data::from(b))
+        });
+        res.extensions_mut().insert(self.outcome);
+        res
+    }
+}
+
+impl<S, ReqB> State<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    pub(crate) fn called(fut: S::Future, permit: Permit, units: u32) -> Self {
+        State::Called {
+            fut,
+            permit: Some(permit),
+            outcome: Some(AdmissionOutcome::admitted(Duration::ZERO, units)),
+        }
+    }
+
+    pub(crate) fn waiting(queued: Queued, svc: S, req: Request<ReqB>, units: u32, cfg: &Config) -> Self {
+        State::Waiting {
+            wait: Box::new(Wait {
+                queued,
+                sleep: None,
+                expired: false,
+                svc: Some(svc),
+                req: Some(req),
+                units,
+                full_status: cfg.full_status,
+            }),
+        }
+    }
+
+    pub(crate) fn refused(refusal: Refusal) -> Self {
+        State::Refused {
+            refusal: Some(refusal),
+        }
+    }
+}
+
+impl<S, ReqB> Wait<S, ReqB> {
+    /// Waits for the gate's decision or the deadline, whichever comes first.
+    fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Grant> {
+        loop {
+            if let Poll::Ready(r) = Pin::new(&mut self.queued.rx).poll(cx) {
+                self.queued.guard.disarm();
+                return Poll::Ready(r.unwrap_or(Err(Rejection {
+                    reason: OverloadReason::QueueTimeout,
+                    retry_after: Duration::from_secs(1),
+                })));
+            }
+            if self.expired {
+                // The gate decided while the deadline fired; its message is on the way.
+                return Poll::Pending;
+            }
+            let deadline = self.queued.deadline;
+            let sleep = self
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            ready!(sleep.as_mut().poll(cx));
+            self.expired = true;
+            if let Some(r) = self.queued.guard.expire() {
+                return Poll::Ready(Err(r));
+            }
+        }
+    }
+}
+
+/// Why the state machine stopped without a response of the inner service.
+pub(crate) enum Failure<E> {
+    Inner(E),
+    Refused(Refusal),
+}
+
+fn poll_state<S, ReqB, ResB>(
+    mut state: Pin<&mut State<S, ReqB>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<AdmissionBody<ResB>>, Failure<S::Error>>>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: Body,
+{
+    loop {
+        match state.as_mut().project() {
+            StateProj::Called {
+                fut,
+                permit,
+                outcome,
+            } => {
+                return Poll::Ready(match ready!(fut.poll(cx)) {
+                    Ok(res) => {
+                        let (mut parts, body) = res.into_parts();
+                        if let Some(o) = outcome.take() {
+                            parts.extensions.insert(o);
+                        }
+                        let mut permit = permit.take();
+                        if body.is_end_stream() {
+                            // No body to wait for: release at once.
+                            permit = None;
+                        }
+                        Ok(Response::from_parts(
+                            parts,
+                            AdmissionBody::stream(body, permit),
+                        ))
+                    }
+                    Err(e) => {
+                        drop(permit.take());
+                        Err(Failure::Inner(e))
+                    }
+                });
+            }
+            StateProj::Refused { refusal } => {
+                let refusal = refusal
+                    .take()
+                    .expect("ResponseFuture polled after completion");
+                return Poll::Ready(Err(Failure::Refused(refusal)));
+            }
+            StateProj::Waiting { wait } => {
+                let w = &mut **wait;
+                let grant = ready!(w.poll_outcome(cx));
+                let waited = Instant::now().saturating_duration_since(w.queued.enqueued);
+                let req = w.req.take().expect("request present while waiting");
+                let next = match grant {
+                    Ok(permit) => {
+                        let mut svc = w.svc.take().expect("service present while waiting");
+                        State::Called {
+                            fut: svc.call(req),
+                            permit: Some(permit),
+                            outcome: Some(AdmissionOutcome::admitted(waited, w.units)),
+                        }
+                    }
+                    Err(r) => {
+                        EndReport::report_to(req.extensions(), EndReason::Rejected);
+                        State::refused(Refusal::new(w.full_status, r, waited, w.units))
+                    }
+                };
+                state.set(next);
+            }
+        }
+    }
+}
+
+impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, Respond>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: Body,
+    ResB::Data: From<Bytes>,
+{
+    type Output = Result<Response<AdmissionBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
+            Ok(res) => Ok(res),
+            Err(Failure::Inner(e)) => Err(e),
+            Err(Failure::Refused(r)) => Ok(r.into_response()),
+        })
+    }
+}
+
+impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, Fail>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+    ResB: Body,
+{
+    type Output = Result<Response<AdmissionBody<ResB>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
+            Ok(res) => Ok(res),
+            Err(Failure::Inner(e)) => Err(e.into()),
+            Err(Failure::Refused(r)) => Err(Box::new(r.overloaded)),
+        })
+    }
+}
+
+impl<S, ReqB, M> ResponseFuture<S, ReqB, M>
+where
+    S: Service<Request<ReqB>>,
+{
+    pub(crate) fn new(state: State<S, ReqB>) -> Self {
+        ResponseFuture {
+            state,
+            _flavour: PhantomData,
+        }
+    }
+}
+
+impl<S, ReqB, M> fmt::Debug for ResponseFuture<S, ReqB, M>
+where
+    S: Service<Request<ReqB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Called { .. } => "called",
+            State::Waiting { .. } => "waiting",
+            State::Refused { .. } => "refused",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

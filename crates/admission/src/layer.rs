@@ -1,0 +1,302 @@
+//! [`BoundedAdmissionLayer`]: the configuration of one admission gate.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http::StatusCode;
+use tailguard_core::Priority;
+use tower_layer::Layer;
+
+use crate::cost::Cost;
+use crate::gate::Shared;
+use crate::service::BoundedAdmission;
+
+/// Default wait-queue deadline: 2 s.
+///
+/// A person waiting for the first token of a chat answer gains little from a longer wait in the
+/// gateway; a fast 503 with `Retry-After` lets the client retry elsewhere instead.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default CoDel interval: 100 ms, the value from the CoDel paper and Facebook's adaptation.
+pub const DEFAULT_CODEL_INTERVAL: Duration = Duration::from_millis(100);
+/// Default CoDel target: 5 ms, the value from the CoDel paper and Facebook's adaptation.
+pub const DEFAULT_CODEL_TARGET: Duration = Duration::from_millis(5);
+/// Default aging period: 500 ms.
+///
+/// Every period spent waiting raises a waiter's effective level by one step of the standard set
+/// (10), so a `batch` waiter outranks a fresh `interactive` one after a little over 1 s.
+pub const DEFAULT_AGING: Duration = Duration::from_millis(500);
+/// Default cap on one request's cost: a quarter of the capacity, so one huge prompt can neither
+/// monopolise the gate nor wait forever for it to empty.
+pub const DEFAULT_MAX_REQUEST_SHARE: f64 = 0.25;
+
+/// CoDel-style queue-deadline shrinking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Codel {
+    /// The queue is *standing* once it has not been empty for this long.
+    pub interval: Duration,
+    /// The wait allowed to a request that arrives at a standing queue.
+    pub target: Duration,
+}
+
+impl Default for Codel {
+    fn default() -> Self {
+        Codel {
+            interval: DEFAULT_CODEL_INTERVAL,
+            target: DEFAULT_CODEL_TARGET,
+        }
+    }
+}
+
+/// Response flavour (the default): a refusal becomes an HTTP response (429/503, OpenAI-style
+/// JSON body, `Retry-After`); the service's error type is the inner service's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Respond;
+
+/// Error flavour, for tonic and other stacks that handle errors themselves: a refusal becomes
+/// an `Err` holding [`Overloaded`](tailguard_core::Overloaded) as a `BoxError`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fail;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) capacity: u32,
+    pub(crate) queue_len: usize,
+    pub(crate) queue_timeout: Duration,
+    pub(crate) codel: Option<Codel>,
+    pub(crate) lifo: bool,
+    pub(crate) aging: Option<Duration>,
+    pub(crate) max_request_share: f64,
+    pub(crate) full_status: StatusCode,
+    pub(crate) default_priority: Priority,
+    pub(crate) reserved: Vec<(Priority, f64)>,
+    pub(crate) cost: Cost,
+}
+
+impl Config {
+    pub(crate) fn max_units(&self) -> u32 {
+        let cap = (self.max_request_share * f64::from(self.capacity)).floor() as u32;
+        cap.clamp(1, self.capacity.max(1))
+    }
+
+    pub(crate) fn reserved_units(&self, share: f64) -> u32 {
+        (share.clamp(0.0, 1.0) * f64::from(self.capacity)).floor() as u32
+    }
+}
+
+/// Bounds the work in flight and the wait queue in front of it, holding each request's permit
+/// until its response body ends.
+///
+/// One layer value is one gate: every service it produces, and every clone of the layer, shares
+/// the same capacity and queue. Each `with_*` call starts a new gate with the changed
+/// configuration. See the [crate docs](crate) for the semantics.
+pub struct BoundedAdmissionLayer<M = Respond> {
+    cfg: Config,
+    gate: Arc<OnceLock<Arc<Shared>>>,
+    _flavour: PhantomData<fn() -> M>,
+}
+
+impl<M> Clone for BoundedAdmissionLayer<M> {
+    fn clone(&self) -> Self {
+        BoundedAdmissionLayer {
+            cfg: self.cfg.clone(),
+            gate: self.gate.clone(),
+            _flavour: PhantomData,
+        }
+    }
+}
+
+impl<M> fmt::Debug for BoundedAdmissionLayer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundedAdmissionLayer")
+            .field("config", &self.cfg)
+            .field("flavour", &std::any::type_name::<M>())
+            .finish()
+    }
+}
+
+impl BoundedAdmissionLayer<Respond> {
+    /// A gate of `capacity` units (at least 1).
+    ///
+    /// Defaults: cost 1 unit per request ([`Cost::unit`]); a wait queue of `capacity` requests
+    /// (a waiter then needs about one round of completions); queue deadline
+    /// [`DEFAULT_QUEUE_TIMEOUT`]; CoDel on with [`Codel::default`]; FIFO (adaptive LIFO off, since
+    /// it trades fairness for latency and should be a conscious choice); aging
+    /// [`DEFAULT_AGING`]; one request holds at most [`DEFAULT_MAX_REQUEST_SHARE`] of the
+    /// capacity; a full queue answers 429 (the client sent more than we take now); requests
+    /// without a [`Priority`] count as [`Priority::standard`]; no reserved shares.
+    pub fn new(capacity: u32) -> Self {
+        let capacity = capacity.max(1);
+        BoundedAdmissionLayer {
+            cfg: Config {
+                capacity,
+                queue_len: capacity as usize,
+                queue_timeout: DEFAULT_QUEUE_TIMEOUT,
+                codel: Some(Codel::default()),
+                lifo: false,
+                aging: Some(DEFAULT_AGING),
+                max_request_share: DEFAULT_MAX_REQUEST_SHARE,
+                full_status: StatusCode::TOO_MANY_REQUESTS,
+                default_priority: Priority::standard(),
+                reserved: Vec::new(),
+                cost: Cost::unit(),
+            },
+            gate: Arc::default(),
+            _flavour: PhantomData,
+        }
+    }
+
+    /// Switches to the error flavour ([`Fail`]): refusals are `Err(Overloaded)`.
+    pub fn with_error_flavour(self) -> BoundedAdmissionLayer<Fail> {
+        BoundedAdmissionLayer {
+            cfg: self.cfg,
+            gate: Arc::default(),
+            _flavour: PhantomData,
+        }
+    }
+}
+
+impl<M> BoundedAdmissionLayer<M> {
+    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(&mut self.cfg);
+        self.gate = Arc::default();
+        self
+    }
+
+    /// Sets the number of requests that may wait (0: no queue, refuse when full).
+    pub fn with_queue_len(self, len: usize) -> Self {
+        self.with(|c| c.queue_len = len)
+    }
+
+    /// Sets the queue deadline: the longest a request waits for capacity before a 503.
+    pub fn with_queue_timeout(self, timeout: Duration) -> Self {
+        self.with(|c| c.queue_timeout = timeout)
+    }
+
+    /// Sets (`Some`) or disables (`None`) CoDel deadline shrinking: a request arriving at a
+    /// queue that has not been empty for `interval` may wait only `target`.
+    pub fn with_codel(self, codel: Option<Codel>) -> Self {
+        self.with(|c| c.codel = codel)
+    }
+
+    /// Serves the newest waiter of a class first while the queue is standing (needs CoDel).
+    pub fn with_adaptive_lifo(self, lifo: bool) -> Self {
+        self.with(|c| c.lifo = lifo)
+    }
+
+    /// Sets (`Some`) or disables (`None`) aging: each `period` of waiting raises a waiter's
+    /// effective level by 10 (one step of the standard class set).
+    pub fn with_aging(self, period: Option<Duration>) -> Self {
+        self.with(|c| c.aging = period.filter(|p| !p.is_zero()))
+    }
+
+    /// Sets the cost function.
+    pub fn with_cost(self, cost: Cost) -> Self {
+        self.with(|c| c.cost = cost)
+    }
+
+    /// Caps one request's cost at this share of the capacity (`0.0..=1.0`, at least 1 unit).
+    pub fn with_max_request_share(self, share: f64) -> Self {
+        self.with(|c| c.max_request_share = share.clamp(0.0, 1.0))
+    }
+
+    /// Sets the status of a refusal because the queue is full (or the request was evicted):
+    /// 429 by default; 503 is the usual alternative.
+    pub fn with_queue_full_status(self, status: StatusCode) -> Self {
+        self.with(|c| c.full_status = status)
+    }
+
+    /// Sets the class of requests that carry no [`Priority`] extension.
+    pub fn with_default_priority(self, priority: Priority) -> Self {
+        self.with(|c| c.default_priority = priority)
+    }
+
+    /// Reserves `share` of the capacity for `priority` under contention. A
+    /// [`ClassPolicy::reserved_share`](tailguard_core::ClassPolicy) in the request extensions
+    /// takes precedence.
+    pub fn with_reserved_share(self, priority: Priority, share: f64) -> Self {
+        self.with(|c| {
+            c.reserved.retain(|(p, _)| p.level() != priority.level());
+            c.reserved.push((priority, share.clamp(0.0, 1.0)));
+        })
+    }
+
+    fn shared(&self) -> Arc<Shared> {
+        self.gate
+            .get_or_init(|| Shared::new(self.cfg.clone()))
+            .clone()
+    }
+
+    /// A handle to observe this layer's gate.
+    pub fn handle(&self) -> AdmissionHandle {
+        AdmissionHandle {
+            shared: self.shared(),
+        }
+    }
+}
+
+impl<S, M> Layer<S> for BoundedAdmissionLayer<M> {
+    type Service = BoundedAdmission<S, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BoundedAdmission::from_shared(inner, self.shared())
+    }
+}
+
+/// Observes a gate: what is in flight and what waits.
+#[derive(Clone)]
+pub struct AdmissionHandle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for AdmissionHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.shared.fmt(f)
+    }
+}
+
+impl AdmissionHandle {
+    /// The configured capacity in units.
+    pub fn capacity(&self) -> u32 {
+        self.shared.config().capacity
+    }
+
+    /// Requests holding a permit (admitted, body not yet ended).
+    pub fn in_flight(&self) -> usize {
+        self.shared.snapshot().in_flight
+    }
+
+    /// Units held by requests in flight.
+    pub fn in_flight_units(&self) -> u32 {
+        self.shared.snapshot().in_use
+    }
+
+    /// Requests waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.shared.snapshot().queued
+    }
+
+    /// Requests of class `priority` in flight.
+    pub fn in_flight_of(&self, priority: &Priority) -> usize {
+        self.class(priority).map_or(0, |c| c.1)
+    }
+
+    /// Requests of class `priority` waiting.
+    pub fn queued_of(&self, priority: &Priority) -> usize {
+        self.class(priority).map_or(0, |c| c.2)
+    }
+
+    /// Units held by requests of class `priority`.
+    pub fn in_flight_units_of(&self, priority: &Priority) -> u32 {
+        self.class(priority).map_or(0, |c| c.3)
+    }
+
+    fn class(&self, priority: &Priority) -> Option<(Priority, usize, usize, u32)> {
+        self.shared
+            .snapshot()
+            .classes
+            .into_iter()
+            .find(|c| c.0 == *priority)
+    }
+}

@@ -1,0 +1,152 @@
+//! [`BoundedAdmission`]: the admission service.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tailguard_core::{BoxError, ClassPolicy, EndReason, EndReport, Priority};
+use tower_service::Service;
+
+use crate::body::AdmissionBody;
+use crate::future::{Refusal, ResponseFuture, State};
+use crate::gate::{Acquire, Shared};
+use crate::layer::{AdmissionHandle, Fail, Respond};
+
+/// Admission control in front of an inner service; built by
+/// [`BoundedAdmissionLayer`](crate::BoundedAdmissionLayer).
+///
+/// `poll_ready` only forwards the inner service's readiness; the admission decision is made in
+/// `call`, and a queued request waits inside the [`ResponseFuture`]. Clones share the gate.
+pub struct BoundedAdmission<S, M = Respond> {
+    inner: S,
+    shared: Arc<Shared>,
+    _flavour: PhantomData<fn() -> M>,
+}
+
+impl<S: Clone, M> Clone for BoundedAdmission<S, M> {
+    fn clone(&self) -> Self {
+        BoundedAdmission {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+            _flavour: PhantomData,
+        }
+    }
+}
+
+impl<S: fmt::Debug, M> fmt::Debug for BoundedAdmission<S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundedAdmission")
+            .field("inner", &self.inner)
+            .field("gate", &self.shared)
+            .finish()
+    }
+}
+
+impl<S, M> BoundedAdmission<S, M> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
+        BoundedAdmission {
+            inner,
+            shared,
+            _flavour: PhantomData,
+        }
+    }
+
+    /// A handle to observe the gate.
+    pub fn handle(&self) -> AdmissionHandle {
+        AdmissionHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the service, returning the inner one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    fn start<ReqB>(&mut self, req: Request<ReqB>) -> State<S, ReqB>
+    where
+        S: Service<Request<ReqB>> + Clone,
+    {
+        let cfg = self.shared.config();
+        let (cost, req) = if cfg.cost.is_unit() {
+            (1, req)
+        } else {
+            let (parts, body) = req.into_parts();
+            let cost = cfg.cost.units(&parts);
+            (cost, Request::from_parts(parts, body))
+        };
+        let units = self.shared.units_for(cost);
+        let ext = req.extensions();
+        let acquired = self.shared.acquire(
+            ext.get::<Priority>(),
+            ext.get::<ClassPolicy>().and_then(|p| p.reserved_share),
+            units,
+        );
+        match acquired {
+            Acquire::Admitted(permit) => State::called(self.inner.call(req), permit, units),
+            Acquire::Rejected(r) => {
+                EndReport::report_to(req.extensions(), EndReason::Rejected);
+                State::refused(Refusal::new(cfg.full_status, r, Duration::ZERO, units))
+            }
+            Acquire::Queued(q) => {
+                // The ready service goes with the request; the clone is polled next time.
+                let clone = self.inner.clone();
+                let svc = std::mem::replace(&mut self.inner, clone);
+                State::waiting(q, svc, req, units, cfg)
+            }
+        }
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for BoundedAdmission<S, Respond>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    ResB: Body,
+    ResB::Data: From<Bytes>,
+{
+    type Response = Response<AdmissionBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqB, Respond>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        ResponseFuture::new(self.start(req))
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for BoundedAdmission<S, Fail>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError>,
+    ResB: Body,
+{
+    type Response = Response<AdmissionBody<ResB>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, ReqB, Fail>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        ResponseFuture::new(self.start(req))
+    }
+}
