@@ -252,11 +252,16 @@ impl SseScanner {
     /// Adds `n` bytes to the current line and checks both caps.
     fn check_line(&mut self, n: usize) -> Result<(), ScanError> {
         self.line_len += n;
-        if self.line_len > self.max {
-            return Err(ScanError::too_long("sse line", self.max));
-        }
-        if self.pending > self.max {
-            return Err(ScanError::too_long("sse event", self.max));
+        // `pending` (the event so far) is never less than `line_len`, so the event cap is
+        // crossed first, or at the same byte when the line is the whole event: the kind of error
+        // depends on the bytes only, never on how they were split into frames.
+        if self.pending > self.max || self.line_len > self.max {
+            let what = if self.line_len >= self.pending {
+                "sse line"
+            } else {
+                "sse event"
+            };
+            return Err(ScanError::too_long(what, self.max));
         }
         Ok(())
     }
