@@ -1,1 +1,112 @@
-//! tailguard-hedge: under construction.
+//! # tailguard-hedge
+//!
+//! `FirstTokenHedge`: a tower layer that hedges LLM streaming calls on the first *token*, not
+//! on response headers.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tailguard_core::{HedgeOutcome, ReplayBody};
+//! use tailguard_hedge::FirstTokenHedgeLayer;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tailguard_core::BoxError> {
+//! // The upstream: anything that takes `Request<ReplayBody<B>>` (here a closure; in a
+//! // gateway a hyper client, in a gRPC client a tonic `Channel` behind a `map_request`).
+//! let upstream = service_fn(|_req: Request<ReplayBody<Full<Bytes>>>| async {
+//!     let sse = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n\
+//!                data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+//!                data: [DONE]\n\n";
+//!     let res = Response::builder()
+//!         .header("content-type", "text/event-stream")
+//!         .body(Full::new(Bytes::from(sse)))
+//!         .unwrap();
+//!     Ok::<_, std::convert::Infallible>(res)
+//! });
+//!
+//! let client = ServiceBuilder::new()
+//!     .layer(
+//!         FirstTokenHedgeLayer::new()
+//!             .with_delay(Duration::from_millis(800)) // or the adaptive p90 (the default)
+//!             .with_max_attempts(2),
+//!     )
+//!     .service(upstream);
+//!
+//! let req = Request::post("/v1/chat/completions").body(Full::new(Bytes::from("{}")))?;
+//! let res = client.oneshot(req).await?;
+//! // The first token came well within the delay: no backup was sent.
+//! let outcome = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
+//! assert_eq!((outcome.attempts, outcome.winner), (1, 0));
+//! let body = res.into_body().collect().await?.to_bytes();
+//! assert!(body.ends_with(b"data: [DONE]\n\n"));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Why not `tower::hedge`
+//!
+//! Streaming LLM servers send `200 OK` at once and the first token seconds later.
+//! `tower::hedge` measures latency to headers, so its percentile collapses to about zero, and
+//! it commits to whichever replica sent headers first, even one that never emits a token. This
+//! layer races attempts on their first token instead.
+//!
+//! ## How a request goes
+//!
+//! 1. **Eligibility** (one check in `call`): hedging on (at least two attempts), the predicate
+//!    (default: `POST`, not marked non-streaming by
+//!    [`RequestFacts`](tailguard_core::RequestFacts)), no opt-out header
+//!    ([`OPT_OUT_HEADER`]), the per-[`Priority`](tailguard_core::Priority) switch
+//!    ([`ClassPolicy::hedge`](tailguard_core::ClassPolicy), or
+//!    [`with_priorities`](FirstTokenHedgeLayer::with_priorities)), a body size hint within the
+//!    replay cap, and the rollout fraction. Anything else goes straight to the inner service.
+//! 2. The request body is buffered for replay (core's
+//!    [`ReplayBody`](tailguard_core::ReplayBody)); a body that turns out larger than the cap is
+//!    sent once, intact and unhedged.
+//! 3. The primary is sent; its response head is checked (a retryable status fails it at once,
+//!    other non-`2xx` statuses are returned as they are) and its body read through a
+//!    [`StreamTracker`](tailguard_core::StreamTracker), holding the frames.
+//! 4. No token within the delay: a backup is sent (if the [`HedgeBudget`] allows), with an
+//!    [`Attempt`] in its extensions and the [`ATTEMPT_HEADER`], so a router (or a
+//!    [`ReplicaSet`]) sends it to another replica. An attempt that fails before its first
+//!    token (transport error, reset, retryable status, in-band error, end with no token) makes
+//!    the next go out at once.
+//! 5. The first attempt to produce a token wins: the response future resolves with its head,
+//!    a [`HedgeBody`] that replays what it sent so far and then continues live, and a
+//!    [`HedgeOutcome`](tailguard_core::HedgeOutcome) in the response extensions. The others
+//!    are dropped, cancelling their upstream requests.
+//!
+//! Headers therefore reach the client only once a winner is committed or every attempt failed.
+//!
+//! ## Metrics
+//!
+//! * `tailguard_hedge_sent_total{trigger="delay"|"failure"}`: extra attempts sent;
+//! * `tailguard_hedge_won_total`: races won by a backup's first token;
+//! * `tailguard_hedge_budget_exhausted_total`: extra attempts refused by the budget;
+//! * `tailguard_hedge_all_failed_total`: requests whose every attempt failed;
+//! * `tailguard_hedge_delay_seconds{key}` (gauge): the adaptive delay in force, per estimate
+//!   key (bounded by [`AdaptiveDelay::with_max_keys`]), or `key="fixed"`;
+//! * `tailguard_hedge_delay_used_seconds` (histogram): the delay when a hedge fired.
+//!
+//! `tracing` debug events mark each attempt sent, failed, cancelled and committed.
+
+mod attempt;
+mod body;
+mod budget;
+mod delay;
+pub mod error;
+pub mod future;
+mod layer;
+mod replicas;
+mod service;
+
+pub use attempt::{ATTEMPT_HEADER, Attempt, ReplicaId};
+pub use body::HedgeBody;
+pub use budget::HedgeBudget;
+pub use delay::{AdaptiveDelay, DelayKey, HedgeDelay};
+pub use layer::{FirstTokenHedgeLayer, MAX_ATTEMPTS, OPT_OUT_HEADER};
+pub use replicas::ReplicaSet;
+pub use service::FirstTokenHedge;

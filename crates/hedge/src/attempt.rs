@@ -1,0 +1,119 @@
+//! What each attempt of a hedged request tells the services below it.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::HeaderValue;
+
+/// The header `FirstTokenHedge` sets on every attempt it sends: the attempt index, `0` for the
+/// primary, `1` for the first backup, and so on.
+pub const ATTEMPT_HEADER: &str = "x-tailguard-attempt";
+
+/// Header values `"0"`..`"4"` for the attempt header.
+pub(crate) fn attempt_header_value(index: u8) -> HeaderValue {
+    const VALUES: [&str; 5] = ["0", "1", "2", "3", "4"];
+    HeaderValue::from_static(VALUES[usize::from(index).min(VALUES.len() - 1)])
+}
+
+/// Identifies one replica (an upstream endpoint) for the purpose of "not tried yet".
+///
+/// A routing layer chooses what the number means: an index into its endpoint list, a hash of
+/// the endpoint address, a key from service discovery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReplicaId(pub u64);
+
+/// Which attempt of a hedged request this is, and which replicas earlier attempts went to.
+///
+/// `FirstTokenHedge` inserts an `Attempt` into the request extensions of every attempt it sends
+/// (the primary included). A routing layer below it (a balancer, [`ReplicaSet`]) reads it to
+/// send a backup to a replica that has not been tried, and [`record`](Attempt::record)s the
+/// replica it picked so that later attempts of the same request can avoid it. All attempts of
+/// one request share the record.
+///
+/// [`ReplicaSet`]: crate::ReplicaSet
+#[derive(Clone)]
+pub struct Attempt {
+    number: u8,
+    tried: Arc<Mutex<Vec<ReplicaId>>>,
+}
+
+impl Attempt {
+    /// The primary attempt of a new request, with nothing tried yet.
+    pub fn primary() -> Self {
+        Attempt {
+            number: 0,
+            tried: Arc::default(),
+        }
+    }
+
+    /// The next attempt of the same request, sharing the record of replicas tried.
+    pub(crate) fn with_number(&self, number: u8) -> Self {
+        Attempt {
+            number,
+            tried: self.tried.clone(),
+        }
+    }
+
+    /// The attempt index: `0` for the primary, `1` for the first backup, and so on.
+    pub fn number(&self) -> u8 {
+        self.number
+    }
+
+    /// Whether this attempt is a backup (not the primary).
+    pub fn is_backup(&self) -> bool {
+        self.number > 0
+    }
+
+    /// Records that this attempt went to `replica`.
+    pub fn record(&self, replica: ReplicaId) {
+        let mut tried = self.tried.lock().unwrap_or_else(PoisonError::into_inner);
+        if !tried.contains(&replica) {
+            tried.push(replica);
+        }
+    }
+
+    /// Whether an attempt of this request already went to `replica`.
+    pub fn was_tried(&self, replica: ReplicaId) -> bool {
+        self.tried
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&replica)
+    }
+
+    /// The replicas attempts of this request went to, in the order they were recorded.
+    pub fn tried(&self) -> Vec<ReplicaId> {
+        self.tried
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Attempt")
+            .field("number", &self.number)
+            .field("tried", &self.tried())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempts_share_the_tried_record() {
+        let primary = Attempt::primary();
+        assert!(!primary.is_backup());
+        primary.record(ReplicaId(3));
+        let backup = primary.with_number(1);
+        assert!(backup.is_backup());
+        assert!(backup.was_tried(ReplicaId(3)));
+        backup.record(ReplicaId(1));
+        backup.record(ReplicaId(1));
+        assert_eq!(primary.tried(), vec![ReplicaId(3), ReplicaId(1)]);
+        assert_eq!(attempt_header_value(1), "1");
+        assert_eq!(attempt_header_value(9), "4");
+    }
+}

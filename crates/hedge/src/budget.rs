@@ -1,0 +1,207 @@
+//! The hedge budget: a token bucket that bounds extra attempts to a share of requests.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use tokio::time::Instant;
+
+/// One token, in the bucket's fixed-point unit.
+const UNIT: i64 = 1_000_000;
+
+/// Limits the extra attempts (hedges and failovers) a layer sends.
+///
+/// A token bucket: every eligible request deposits [`ratio`](HedgeBudget::with_ratio) of a
+/// token, time deposits [`floor`](HedgeBudget::with_floor) tokens per second (so that a
+/// lightly loaded service can still hedge), the balance never exceeds
+/// [`max_balance`](HedgeBudget::with_max_balance), and every extra attempt withdraws one
+/// token. When the bucket is empty no extra attempt is sent, the request goes on with the
+/// attempts it has, and `tailguard_hedge_budget_exhausted_total` counts the refusal. Over any
+/// period the extra attempts are at most `ratio × requests + floor × seconds + max_balance`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HedgeBudget {
+    pub(crate) ratio: f64,
+    pub(crate) floor_per_sec: f64,
+    pub(crate) max_balance: f64,
+    pub(crate) unlimited: bool,
+}
+
+impl Default for HedgeBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HedgeBudget {
+    /// The defaults:
+    ///
+    /// * ratio **0.1**: at most one extra attempt per ten requests, so hedging can never add
+    ///   more than 10% load to an upstream that is already slow;
+    /// * floor **1 per second**: a service at a few requests per second still gets an
+    ///   occasional hedge, yet an idle one cannot store up a burst beyond the max balance;
+    /// * max balance **10 tokens**, and the bucket starts full: enough for a short burst of slow
+    ///   first tokens, small enough that a long quiet period does not license a hedge storm.
+    pub fn new() -> Self {
+        HedgeBudget {
+            ratio: 0.1,
+            floor_per_sec: 1.0,
+            max_balance: 10.0,
+            unlimited: false,
+        }
+    }
+
+    /// No budget: every extra attempt the delay and failures call for is sent.
+    pub fn unlimited() -> Self {
+        HedgeBudget {
+            unlimited: true,
+            ..Self::new()
+        }
+    }
+
+    /// Sets the share of requests that may be hedged (clamped to `0.0..=4.0`: with five
+    /// attempts a request can use four extra ones).
+    pub fn with_ratio(mut self, ratio: f64) -> Self {
+        self.ratio = if ratio.is_nan() {
+            0.0
+        } else {
+            ratio.clamp(0.0, 4.0)
+        };
+        self
+    }
+
+    /// Sets the floor rate, in tokens per second.
+    pub fn with_floor(mut self, per_sec: f64) -> Self {
+        self.floor_per_sec = if per_sec.is_nan() {
+            0.0
+        } else {
+            per_sec.max(0.0)
+        };
+        self
+    }
+
+    /// Sets the largest balance the bucket holds (at least one token, and the initial balance).
+    pub fn with_max_balance(mut self, tokens: f64) -> Self {
+        self.max_balance = if tokens.is_nan() { 1.0 } else { tokens.max(1.0) };
+        self
+    }
+}
+
+/// The shared state of one budget.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    unlimited: bool,
+    per_request: i64,
+    floor_per_sec: f64,
+    max: i64,
+    balance: AtomicI64,
+    last_floor: Mutex<Instant>,
+}
+
+impl Bucket {
+    pub(crate) fn new(b: &HedgeBudget) -> Self {
+        let max = (b.max_balance * UNIT as f64) as i64;
+        Bucket {
+            unlimited: b.unlimited,
+            per_request: (b.ratio * UNIT as f64) as i64,
+            floor_per_sec: b.floor_per_sec,
+            max,
+            balance: AtomicI64::new(max),
+            last_floor: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn add(&self, amount: i64) {
+        if amount <= 0 {
+            return;
+        }
+        let _ = self
+            .balance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                (b < self.max).then(|| b.saturating_add(amount).min(self.max))
+            });
+    }
+
+    /// An eligible request arrived.
+    pub(crate) fn deposit(&self) {
+        if !self.unlimited {
+            self.add(self.per_request);
+        }
+    }
+
+    /// Takes one token for an extra attempt; `false` when the bucket is empty.
+    pub(crate) fn withdraw(&self, now: Instant) -> bool {
+        if self.unlimited {
+            return true;
+        }
+        {
+            let mut last = self.last_floor.lock().unwrap_or_else(PoisonError::into_inner);
+            let elapsed = now.saturating_duration_since(*last);
+            let earned = (elapsed.as_secs_f64() * self.floor_per_sec * UNIT as f64) as i64;
+            if earned > 0 {
+                self.add(earned);
+                *last = now;
+            }
+        }
+        self.balance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                (b >= UNIT).then_some(b - UNIT)
+            })
+            .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn ratio_and_floor_bound_withdrawals() {
+        let b = Bucket::new(
+            &HedgeBudget::new()
+                .with_ratio(0.1)
+                .with_floor(0.0)
+                .with_max_balance(2.0),
+        );
+        let now = Instant::now();
+        // Starts full.
+        assert!(b.withdraw(now));
+        assert!(b.withdraw(now));
+        assert!(!b.withdraw(now));
+        // Ten requests earn one token.
+        for _ in 0..10 {
+            b.deposit();
+        }
+        assert!(b.withdraw(now));
+        assert!(!b.withdraw(now));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn floor_refills_with_time_up_to_the_cap() {
+        let b = Bucket::new(
+            &HedgeBudget::new()
+                .with_ratio(0.0)
+                .with_floor(2.0)
+                .with_max_balance(3.0),
+        );
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert!(b.withdraw(t0));
+        }
+        assert!(!b.withdraw(t0));
+        assert!(b.withdraw(t0 + Duration::from_millis(500)));
+        assert!(!b.withdraw(t0 + Duration::from_millis(500)));
+        let later = t0 + Duration::from_secs(100);
+        for _ in 0..3 {
+            assert!(b.withdraw(later));
+        }
+        assert!(!b.withdraw(later));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unlimited_never_refuses() {
+        let b = Bucket::new(&HedgeBudget::unlimited());
+        for _ in 0..100 {
+            assert!(b.withdraw(Instant::now()));
+        }
+    }
+}

@@ -1,0 +1,587 @@
+//! The hedge delay: fixed, or a percentile of recent times to first token.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use http::request::Parts;
+use tailguard_core::RequestFacts;
+use tokio::time::Instant;
+
+/// How long `FirstTokenHedge` waits for the first token of an attempt before it sends the next.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum HedgeDelay {
+    /// Always the same delay.
+    Fixed(Duration),
+    /// A percentile of recent times to first token (see [`AdaptiveDelay`]).
+    Adaptive(AdaptiveDelay),
+}
+
+impl HedgeDelay {
+    /// A fixed delay.
+    pub fn fixed(delay: Duration) -> Self {
+        HedgeDelay::Fixed(delay)
+    }
+
+    /// An adaptive delay with the defaults of [`AdaptiveDelay::new`].
+    pub fn adaptive() -> Self {
+        HedgeDelay::Adaptive(AdaptiveDelay::new())
+    }
+}
+
+impl Default for HedgeDelay {
+    /// [`HedgeDelay::adaptive`]: a fixed delay is right for one upstream and one load level
+    /// only; a percentile follows both.
+    fn default() -> Self {
+        HedgeDelay::adaptive()
+    }
+}
+
+impl From<AdaptiveDelay> for HedgeDelay {
+    fn from(a: AdaptiveDelay) -> Self {
+        HedgeDelay::Adaptive(a)
+    }
+}
+
+impl From<Duration> for HedgeDelay {
+    fn from(d: Duration) -> Self {
+        HedgeDelay::Fixed(d)
+    }
+}
+
+type KeyFn = dyn for<'a> Fn(&'a Parts) -> Option<Cow<'a, str>> + Send + Sync;
+
+/// Which requests share one TTFT estimate.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum DelayKey {
+    /// One estimate for every request through the layer.
+    #[default]
+    Global,
+    /// One estimate per request path (`/v1/chat/completions`, a gRPC method path).
+    Route,
+    /// One estimate per [`RequestFacts::model`] found in the request extensions; requests
+    /// without facts share the global estimate.
+    Model,
+    /// One estimate per key the function returns (`None`: the global estimate).
+    Custom(Arc<KeyFn>),
+}
+
+impl DelayKey {
+    /// A key computed by `f` from the request head.
+    pub fn custom<F>(f: F) -> Self
+    where
+        F: for<'a> Fn(&'a Parts) -> Option<Cow<'a, str>> + Send + Sync + 'static,
+    {
+        DelayKey::Custom(Arc::new(f))
+    }
+
+    fn key<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, str>> {
+        match self {
+            DelayKey::Global => None,
+            DelayKey::Route => Some(Cow::Borrowed(parts.uri.path())),
+            DelayKey::Model => parts
+                .extensions
+                .get::<RequestFacts>()
+                .and_then(|f| f.model.as_deref())
+                .map(Cow::Borrowed),
+            DelayKey::Custom(f) => f(parts),
+        }
+    }
+}
+
+impl fmt::Debug for DelayKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DelayKey::Global => f.write_str("Global"),
+            DelayKey::Route => f.write_str("Route"),
+            DelayKey::Model => f.write_str("Model"),
+            DelayKey::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// A hedge delay that follows a percentile of recent times to first token (TTFT).
+///
+/// Every attempt that produces a first token records its TTFT (from the moment it was sent).
+/// Every attempt cancelled before its first token (the loser of a race, or every attempt of a
+/// request whose client went away) records a *censored* sample: its true TTFT is at least the
+/// time it waited. The percentile is computed with the Kaplan–Meier estimator over a log-scale
+/// histogram (4% wide buckets), so losers do not bias the estimate low, which a plain
+/// percentile of winners would (a hedge only wins when the primary was slow).
+///
+/// Samples live in a rotating window: a current and a previous histogram, the previous one
+/// dropped every [`window`](AdaptiveDelay::with_window), so the estimate covers the last one to
+/// two windows.
+#[derive(Clone, Debug)]
+pub struct AdaptiveDelay {
+    pub(crate) percentile: f64,
+    pub(crate) window: Duration,
+    pub(crate) min_samples: u32,
+    pub(crate) min: Duration,
+    pub(crate) max: Duration,
+    pub(crate) key: DelayKey,
+    pub(crate) max_keys: usize,
+}
+
+impl Default for AdaptiveDelay {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AdaptiveDelay {
+    /// The defaults:
+    ///
+    /// * percentile **0.9**: hedge the slowest 10% of first tokens, which bounds the extra load
+    ///   of delay-triggered hedges to about 10% (the budget's default ratio);
+    /// * window **30 s**: long enough for hundreds of samples on a busy route, short enough to
+    ///   follow a load change within a minute;
+    /// * min samples **20**: below that a p90 is one or two samples, too noisy to act on; no
+    ///   delay-triggered hedge is sent until then;
+    /// * min delay **50 ms**: hedging sooner doubles prefill work for gains below what a
+    ///   person notices;
+    /// * max delay **10 s**: beyond that a hedge is sent anyway, since a first token that late
+    ///   is a stuck replica, not a slow one;
+    /// * key [`DelayKey::Global`], at most **64** keys (requests with more keys share the
+    ///   global estimate, so a metric label stays bounded).
+    pub fn new() -> Self {
+        AdaptiveDelay {
+            percentile: 0.9,
+            window: Duration::from_secs(30),
+            min_samples: 20,
+            min: Duration::from_millis(50),
+            max: Duration::from_secs(10),
+            key: DelayKey::Global,
+            max_keys: 64,
+        }
+    }
+
+    /// Sets the percentile, in `(0, 1)` (clamped to `0.01..=0.999`).
+    pub fn with_percentile(mut self, percentile: f64) -> Self {
+        self.percentile = if percentile.is_nan() {
+            0.9
+        } else {
+            percentile.clamp(0.01, 0.999)
+        };
+        self
+    }
+
+    /// Sets the rotation period of the sample window (at least 1 ms).
+    pub fn with_window(mut self, window: Duration) -> Self {
+        self.window = window.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Sets how many samples the window must hold before any delay-triggered hedge is sent.
+    pub fn with_min_samples(mut self, n: u32) -> Self {
+        self.min_samples = n;
+        self
+    }
+
+    /// Sets the clamps of the estimate.
+    pub fn with_bounds(mut self, min: Duration, max: Duration) -> Self {
+        self.min = min.min(max);
+        self.max = max.max(min);
+        self
+    }
+
+    /// Keeps one estimate per key.
+    pub fn with_key(mut self, key: DelayKey) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Sets the maximum number of keyed estimates.
+    pub fn with_max_keys(mut self, n: usize) -> Self {
+        self.max_keys = n;
+        self
+    }
+}
+
+/// Number of histogram buckets: bucket 0 is `[0, 1 ms)`, bucket `k` is
+/// `[1.04^(k-1), 1.04^k)` ms; the last one reaches past 10 minutes.
+const BUCKETS: usize = 344;
+const RATIO: f64 = 1.04;
+
+fn bucket_of(d: Duration) -> usize {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms < 1.0 {
+        return 0;
+    }
+    let k = (ms.ln() / RATIO.ln()).floor() as usize + 1;
+    k.min(BUCKETS - 1)
+}
+
+/// The geometric middle of bucket `k`.
+fn bucket_value(k: usize) -> Duration {
+    if k == 0 {
+        return Duration::from_micros(500);
+    }
+    let ms = RATIO.powf(k as f64 - 0.5);
+    Duration::from_secs_f64(ms / 1000.0)
+}
+
+#[derive(Clone)]
+struct Hist {
+    events: Box<[u32; BUCKETS]>,
+    censored: Box<[u32; BUCKETS]>,
+    total: u32,
+}
+
+impl Hist {
+    fn new() -> Self {
+        Hist {
+            events: Box::new([0; BUCKETS]),
+            censored: Box::new([0; BUCKETS]),
+            total: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.events.fill(0);
+        self.censored.fill(0);
+        self.total = 0;
+    }
+}
+
+struct State {
+    current: Hist,
+    previous: Hist,
+    rotated_at: Instant,
+    cached: Option<Duration>,
+    dirty: u32,
+}
+
+/// One TTFT estimate.
+pub(crate) struct Estimator {
+    config: AdaptiveDelay,
+    label: Arc<str>,
+    state: Mutex<State>,
+}
+
+impl fmt::Debug for Estimator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Estimator")
+            .field("key", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Estimator {
+    pub(crate) fn new(config: AdaptiveDelay, label: Arc<str>) -> Self {
+        Estimator {
+            config,
+            label,
+            state: Mutex::new(State {
+                current: Hist::new(),
+                previous: Hist::new(),
+                rotated_at: Instant::now(),
+                cached: None,
+                dirty: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn rotate(&self, st: &mut State, now: Instant) {
+        let since = now.saturating_duration_since(st.rotated_at);
+        if since < self.config.window {
+            return;
+        }
+        if since >= self.config.window * 2 {
+            st.previous.clear();
+            st.current.clear();
+        } else {
+            std::mem::swap(&mut st.previous, &mut st.current);
+            st.current.clear();
+        }
+        st.rotated_at = now;
+        st.dirty += 1;
+    }
+
+    /// Records a time to first token; `censored` when the attempt was cancelled before its
+    /// first token and `ttft` is only a lower bound.
+    pub(crate) fn record(&self, ttft: Duration, censored: bool, now: Instant) {
+        let mut st = self.lock();
+        self.rotate(&mut st, now);
+        let k = bucket_of(ttft);
+        let h = &mut st.current;
+        if censored {
+            h.censored[k] = h.censored[k].saturating_add(1);
+        } else {
+            h.events[k] = h.events[k].saturating_add(1);
+        }
+        h.total = h.total.saturating_add(1);
+        st.dirty += 1;
+    }
+
+    /// The delay in force, `None` while the window holds fewer than the minimum samples.
+    pub(crate) fn current(&self, now: Instant) -> Option<Duration> {
+        let mut st = self.lock();
+        self.rotate(&mut st, now);
+        let samples = st.current.total.saturating_add(st.previous.total);
+        // Recomputing walks the histogram (a few hundred buckets); amortise it over 16 samples
+        // once the window is warm.
+        if st.dirty > 0 && (st.dirty >= 16 || samples <= 256 || st.cached.is_none()) {
+            st.dirty = 0;
+            st.cached = if samples < self.config.min_samples.max(1) {
+                None
+            } else {
+                Some(
+                    kaplan_meier(&st.current, &st.previous, self.config.percentile)
+                        .clamp(self.config.min, self.config.max),
+                )
+            };
+            if let Some(d) = st.cached {
+                metrics::gauge!("tailguard_hedge_delay_seconds", "key" => self.label.to_string())
+                    .set(d.as_secs_f64());
+            }
+        }
+        st.cached
+    }
+}
+
+/// The `p` quantile of the merged histograms by the product-limit estimator: at a bucket
+/// with `d` events and `n` samples still at risk, survival is multiplied by `1 - d/n`;
+/// censored samples leave the risk set after the events of their bucket.
+fn kaplan_meier(a: &Hist, b: &Hist, p: f64) -> Duration {
+    let mut at_risk = f64::from(a.total) + f64::from(b.total);
+    let mut survival = 1.0f64;
+    let mut last = 0;
+    for k in 0..BUCKETS {
+        let d = f64::from(a.events[k]) + f64::from(b.events[k]);
+        let c = f64::from(a.censored[k]) + f64::from(b.censored[k]);
+        if d + c == 0.0 {
+            continue;
+        }
+        last = k;
+        if d > 0.0 && at_risk > 0.0 {
+            survival *= 1.0 - d / at_risk;
+            if 1.0 - survival >= p - 1e-9 {
+                return bucket_value(k);
+            }
+        }
+        at_risk -= d + c;
+    }
+    // Censoring left the quantile above every observation: the best lower bound is the
+    // largest time seen.
+    bucket_value(last)
+}
+
+/// The delay source of one layer: fixed, or one or more estimators.
+#[derive(Debug)]
+pub(crate) enum DelaySource {
+    Fixed(Duration),
+    Adaptive(Estimators),
+}
+
+pub(crate) struct Estimators {
+    config: AdaptiveDelay,
+    global: Arc<Estimator>,
+    keyed: RwLock<HashMap<Box<str>, Arc<Estimator>>>,
+}
+
+impl fmt::Debug for Estimators {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Estimators")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DelaySource {
+    pub(crate) fn new(delay: &HedgeDelay) -> Self {
+        match delay {
+            HedgeDelay::Fixed(d) => {
+                metrics::gauge!("tailguard_hedge_delay_seconds", "key" => "fixed")
+                    .set(d.as_secs_f64());
+                DelaySource::Fixed(*d)
+            }
+            HedgeDelay::Adaptive(a) => DelaySource::Adaptive(Estimators {
+                config: a.clone(),
+                global: Arc::new(Estimator::new(a.clone(), Arc::from("global"))),
+                keyed: RwLock::default(),
+            }),
+        }
+    }
+
+    /// The estimator a request records into (`None` for a fixed delay).
+    pub(crate) fn estimator(&self, parts: &Parts) -> Option<Arc<Estimator>> {
+        let DelaySource::Adaptive(e) = self else {
+            return None;
+        };
+        let Some(key) = e.config.key.key(parts) else {
+            return Some(e.global.clone());
+        };
+        if let Some(est) = e
+            .keyed
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key.as_ref())
+        {
+            return Some(est.clone());
+        }
+        let mut map = e.keyed.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(est) = map.get(key.as_ref()) {
+            return Some(est.clone());
+        }
+        if map.len() >= e.config.max_keys {
+            return Some(e.global.clone());
+        }
+        let est = Arc::new(Estimator::new(e.config.clone(), Arc::from(key.as_ref())));
+        map.insert(Box::from(key.as_ref()), est.clone());
+        Some(est)
+    }
+
+    /// The delay in force for a request that records into `estimator`.
+    pub(crate) fn delay(&self, estimator: Option<&Estimator>, now: Instant) -> Option<Duration> {
+        match (self, estimator) {
+            (DelaySource::Fixed(d), _) => Some(*d),
+            (DelaySource::Adaptive(_), Some(e)) => e.current(now),
+            (DelaySource::Adaptive(e), None) => e.global.current(now),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn est(p: f64) -> Estimator {
+        Estimator::new(
+            AdaptiveDelay::new()
+                .with_percentile(p)
+                .with_min_samples(10)
+                .with_bounds(Duration::ZERO, Duration::from_secs(600)),
+            Arc::from("t"),
+        )
+    }
+
+    #[test]
+    fn buckets_are_monotonic_and_close() {
+        let mut prev = 0;
+        for ms in [0u64, 1, 2, 5, 10, 99, 100, 101, 1000, 30_000, 600_000, 10_000_000] {
+            let k = bucket_of(Duration::from_millis(ms));
+            assert!(k >= prev);
+            prev = k;
+            if (1..600_000).contains(&ms) {
+                let v = bucket_value(k).as_secs_f64() * 1000.0;
+                assert!((v / ms as f64 - 1.0).abs() < 0.04, "{ms} -> {v}");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_estimate_before_min_samples() {
+        let e = est(0.5);
+        let now = Instant::now();
+        for i in 0..9 {
+            e.record(Duration::from_millis(100 + i), false, now);
+            assert_eq!(e.current(now), None);
+        }
+        e.record(Duration::from_millis(100), false, now);
+        assert!(e.current(now).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn percentile_of_uniform_samples() {
+        let e = est(0.9);
+        let now = Instant::now();
+        for ms in 1..=1000u64 {
+            e.record(Duration::from_millis(ms), false, now);
+        }
+        let d = e.current(now).unwrap().as_secs_f64() * 1000.0;
+        assert!((d - 900.0).abs() < 900.0 * 0.03, "{d}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn censored_samples_push_the_estimate_up() {
+        // 80 fast samples at 100 ms; 20 attempts cancelled after 500 ms (their true TTFT is
+        // unknown but at least 500 ms). A p90 must lie beyond 500 ms, not at 100 ms.
+        let e = est(0.9);
+        let now = Instant::now();
+        for _ in 0..80 {
+            e.record(Duration::from_millis(100), false, now);
+        }
+        for _ in 0..20 {
+            e.record(Duration::from_millis(500), true, now);
+        }
+        let d = e.current(now).unwrap();
+        assert!(d >= Duration::from_millis(480), "{d:?}");
+        // Ignoring them would have said ~100 ms.
+        let naive = est(0.9);
+        for _ in 0..80 {
+            naive.record(Duration::from_millis(100), false, now);
+        }
+        assert!(naive.current(now).unwrap() < Duration::from_millis(105));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn window_rotates_old_samples_out() {
+        let e = Estimator::new(
+            AdaptiveDelay::new()
+                .with_min_samples(5)
+                .with_window(Duration::from_secs(10))
+                .with_bounds(Duration::ZERO, Duration::from_secs(600)),
+            Arc::from("t"),
+        );
+        let t0 = Instant::now();
+        for _ in 0..50 {
+            e.record(Duration::from_millis(1000), false, t0);
+        }
+        let t1 = t0 + Duration::from_secs(11);
+        for _ in 0..50 {
+            e.record(Duration::from_millis(100), false, t1);
+        }
+        // Both windows: p90 is the slow mode.
+        assert!(e.current(t1).unwrap() > Duration::from_millis(900));
+        // After another window the slow samples are gone.
+        let t2 = t1 + Duration::from_secs(10);
+        for _ in 0..50 {
+            e.record(Duration::from_millis(100), false, t2);
+        }
+        assert!(e.current(t2).unwrap() < Duration::from_millis(110));
+        // Silence for two windows drops everything.
+        assert_eq!(e.current(t2 + Duration::from_secs(25)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clamps_apply() {
+        let e = Estimator::new(
+            AdaptiveDelay::new()
+                .with_min_samples(1)
+                .with_bounds(Duration::from_millis(200), Duration::from_secs(1)),
+            Arc::from("t"),
+        );
+        let now = Instant::now();
+        e.record(Duration::from_millis(5), false, now);
+        assert_eq!(e.current(now), Some(Duration::from_millis(200)));
+        for _ in 0..10 {
+            e.record(Duration::from_secs(50), false, now);
+        }
+        assert_eq!(e.current(now), Some(Duration::from_secs(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keyed_estimators_are_separate_and_bounded() {
+        let src = DelaySource::new(&HedgeDelay::Adaptive(
+            AdaptiveDelay::new()
+                .with_key(DelayKey::Route)
+                .with_max_keys(1),
+        ));
+        let parts = |path: &str| http::Request::post(path).body(()).unwrap().into_parts().0;
+        let a1 = src.estimator(&parts("/a")).unwrap();
+        let a2 = src.estimator(&parts("/a")).unwrap();
+        let b = src.estimator(&parts("/b")).unwrap();
+        assert!(Arc::ptr_eq(&a1, &a2));
+        assert!(!Arc::ptr_eq(&a1, &b));
+        assert_eq!(&*b.label, "global");
+    }
+}

@@ -1,0 +1,39 @@
+//! Errors of `FirstTokenHedge`.
+//!
+//! The response future's error is a [`BoxError`]. It is the inner service's own error when
+//! every attempt failed in transport (see [`FirstTokenHedge`](crate::FirstTokenHedge) for the
+//! rule), recovered with `downcast_ref`, or a [`RequestBodyError`] when the request body failed
+//! while it was being buffered for replay.
+
+use std::fmt;
+
+pub use tailguard_core::BoxError;
+
+/// The request body failed while it was being buffered for replay; no attempt was sent.
+#[derive(Debug)]
+pub struct RequestBodyError {
+    source: BoxError,
+}
+
+impl RequestBodyError {
+    pub(crate) fn new(source: BoxError) -> Self {
+        RequestBodyError { source }
+    }
+
+    /// The body's own error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+}
+
+impl fmt::Display for RequestBodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "request body failed while buffered for replay: {}", self.source)
+    }
+}
+
+impl std::error::Error for RequestBodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}

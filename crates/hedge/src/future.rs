@@ -1,0 +1,763 @@
+//! The response future of [`FirstTokenHedge`](crate::FirstTokenHedge), and the race it runs.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Buf;
+use http::request::Parts;
+use http::{HeaderMap, Request, Response, response};
+use http_body::{Body, Frame};
+use pin_project_lite::pin_project;
+use tailguard_core::replay::Buffering;
+use tailguard_core::{
+    BoxError, EndReason, EndReport, HedgeOutcome, ReplayBody, StreamTracker, UpstreamFailure,
+};
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use crate::attempt::{Attempt, attempt_header_value};
+use crate::body::HedgeBody;
+use crate::delay::Estimator;
+use crate::error::RequestBodyError;
+use crate::service::Shared;
+
+pin_project! {
+    /// The response future of [`FirstTokenHedge`](crate::FirstTokenHedge).
+    ///
+    /// Resolves when a winner is committed (its first token arrived) or every attempt failed.
+    /// Dropping it drops every attempt in flight, which cancels their upstream requests.
+    pub struct ResponseFuture<S, B, RB>
+    where
+        S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+        B: Body,
+        RB: Body,
+    {
+        #[pin]
+        kind: Kind<S::Future, Box<Race<S, B, RB>>>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, R> {
+        Direct { #[pin] fut: F },
+        Hedged { race: R },
+    }
+}
+
+impl<S, B, RB> ResponseFuture<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    B: Body,
+    RB: Body,
+{
+    pub(crate) fn direct(fut: S::Future) -> Self {
+        ResponseFuture {
+            kind: Kind::Direct { fut },
+        }
+    }
+
+    pub(crate) fn hedged(race: Race<S, B, RB>) -> Self {
+        ResponseFuture {
+            kind: Kind::Hedged {
+                race: Box::new(race),
+            },
+        }
+    }
+}
+
+impl<S, B, RB> fmt::Debug for ResponseFuture<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    B: Body,
+    RB: Body,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Direct { .. } => f.write_str("ResponseFuture::Direct"),
+            Kind::Hedged { race } => f
+                .debug_struct("ResponseFuture::Hedged")
+                .field("sent", &race.sent)
+                .field("in_flight", &race.attempts.len())
+                .field("delay", &race.delay)
+                .finish(),
+        }
+    }
+}
+
+impl<S, B, RB> Future for ResponseFuture<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+    RB: Body,
+{
+    type Output = Result<Response<HedgeBody<RB>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Direct { fut } => Poll::Ready(match ready!(fut.poll(cx)) {
+                Ok(res) => Ok(res.map(HedgeBody::direct)),
+                Err(e) => Err(e.into()),
+            }),
+            KindProj::Hedged { race } => race.poll(cx),
+        }
+    }
+}
+
+/// What caused an attempt after the primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trigger {
+    Primary,
+    Delay,
+    Failure,
+}
+
+impl Trigger {
+    fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Primary => "primary",
+            Trigger::Delay => "delay",
+            Trigger::Failure => "failure",
+        }
+    }
+}
+
+/// An attempt whose response head arrived: the head, the frames it sent so far (all before
+/// its first token), and its body.
+struct Streaming<RB: Body> {
+    head: response::Parts,
+    body: Option<Pin<Box<RB>>>,
+    /// `None` for a response returned as it is (no token tracking).
+    tracker: Option<StreamTracker>,
+    frames: VecDeque<Frame<RB::Data>>,
+    bytes: u64,
+}
+
+impl<RB: Body> Streaming<RB> {
+    fn into_response(self, error: Option<RB::Error>) -> Response<HedgeBody<RB>> {
+        Response::from_parts(
+            self.head,
+            HedgeBody::raced(self.frames, self.bytes, error, self.body),
+        )
+    }
+}
+
+enum SlotState<F, RB: Body> {
+    Head(Pin<Box<F>>),
+    Body(Box<Streaming<RB>>),
+    Taken,
+}
+
+struct Slot<F, RB: Body> {
+    index: u8,
+    sent_at: Instant,
+    state: SlotState<F, RB>,
+}
+
+/// An attempt that failed before its first token.
+enum Failure<RB: Body, E> {
+    Response {
+        kind: UpstreamFailure,
+        rank: u8,
+        stream: Box<Streaming<RB>>,
+        error: Option<RB::Error>,
+    },
+    Service(E),
+}
+
+impl<RB: Body, E> Failure<RB, E> {
+    fn kind(&self) -> UpstreamFailure {
+        match self {
+            Failure::Response { kind, .. } => *kind,
+            Failure::Service(_) => UpstreamFailure::Transport,
+        }
+    }
+
+    fn rank(&self) -> u8 {
+        match self {
+            Failure::Response { rank, .. } => *rank,
+            Failure::Service(_) => 0,
+        }
+    }
+}
+
+/// In-band error event or retryable gRPC status: the upstream's own words.
+const RANK_IN_BAND: u8 = 3;
+/// A retryable HTTP status with its body.
+const RANK_STATUS: u8 = 2;
+/// A `2xx` stream that ended or broke before its first token.
+const RANK_NO_TOKEN: u8 = 1;
+
+enum Step<RB: Body, E> {
+    Pending,
+    /// Commit this attempt; `token` when it produced a first token (a TTFT sample).
+    Commit(Box<Streaming<RB>>, bool),
+    Failed(Failure<RB, E>),
+}
+
+enum Phase<F, B> {
+    Buffering(Buffering<B>),
+    Single(Pin<Box<F>>),
+    Racing,
+    Done,
+}
+
+/// The race of one eligible request.
+pub(crate) struct Race<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    B: Body,
+    RB: Body,
+{
+    shared: Arc<Shared>,
+    service: S,
+    /// Whether `service` is ready for a call (it is for the first: `call` took the ready one).
+    ready: bool,
+    phase: Phase<S::Future, B>,
+    parts: Parts,
+    body: Option<ReplayBody<B>>,
+    record: Attempt,
+    estimator: Option<Arc<Estimator>>,
+    delay: Option<Duration>,
+    timer: Option<Pin<Box<Sleep>>>,
+    attempts: Vec<Slot<S::Future, RB>>,
+    sent: u8,
+    pending_send: Option<Trigger>,
+    best: Option<(u8, Failure<RB, S::Error>)>,
+    budget_exhausted: bool,
+}
+
+impl<S, B, RB> Race<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+    RB: Body,
+{
+    pub(crate) fn new(shared: Arc<Shared>, service: S, parts: Parts, body: B) -> Self {
+        shared.budget.deposit();
+        let estimator = shared.delay.estimator(&parts);
+        let cap = shared.config.replay_cap;
+        Race {
+            shared,
+            service,
+            ready: true,
+            phase: Phase::Buffering(ReplayBody::buffer(body, cap)),
+            parts,
+            body: None,
+            record: Attempt::primary(),
+            estimator,
+            delay: None,
+            timer: None,
+            attempts: Vec::new(),
+            sent: 0,
+            pending_send: None,
+            best: None,
+            budget_exhausted: false,
+        }
+    }
+
+    fn request(&self, index: u8, body: ReplayBody<B>) -> Request<ReplayBody<B>> {
+        let mut req = Request::new(body);
+        *req.method_mut() = self.parts.method.clone();
+        *req.uri_mut() = self.parts.uri.clone();
+        *req.version_mut() = self.parts.version;
+        *req.headers_mut() = self.parts.headers.clone();
+        *req.extensions_mut() = self.parts.extensions.clone();
+        if let Some(h) = &self.shared.config.attempt_header {
+            req.headers_mut()
+                .insert(h.clone(), attempt_header_value(index));
+        }
+        req.extensions_mut().insert(self.record.with_number(index));
+        req
+    }
+
+    fn outcome(&self, winner: u8) -> HedgeOutcome {
+        HedgeOutcome::new(self.sent, winner, self.delay).with_budget_exhausted(self.budget_exhausted)
+    }
+
+    fn can_send(&self) -> bool {
+        let pending = u8::from(self.pending_send.is_some());
+        self.sent + pending < self.shared.config.max_attempts
+    }
+
+    /// Sends attempt number `self.sent` on the (ready) service.
+    fn send(&mut self, trigger: Trigger) {
+        let Some(body) = self.body.as_ref().and_then(ReplayBody::try_clone) else {
+            return;
+        };
+        let index = self.sent;
+        let req = self.request(index, body);
+        let fut = self.service.call(req);
+        self.ready = false;
+        let now = Instant::now();
+        self.attempts.push(Slot {
+            index,
+            sent_at: now,
+            state: SlotState::Head(Box::pin(fut)),
+        });
+        self.sent += 1;
+        if index > 0 {
+            metrics::counter!("tailguard_hedge_sent_total", "trigger" => trigger.as_str())
+                .increment(1);
+        }
+        tracing::debug!(
+            attempt = index,
+            trigger = trigger.as_str(),
+            delay_ms = self.delay.map(|d| d.as_millis() as u64),
+            "tailguard-hedge: attempt sent"
+        );
+        // The next delay-triggered attempt goes out `delay` after this one.
+        self.timer = match self.delay {
+            Some(d) if self.sent < self.shared.config.max_attempts => match self.timer.take() {
+                Some(mut t) => {
+                    t.as_mut().reset(now + d);
+                    Some(t)
+                }
+                None => Some(Box::pin(tokio::time::sleep_until(now + d))),
+            },
+            _ => None,
+        };
+    }
+
+    /// Decides to send another attempt, if the budget allows.
+    fn want(&mut self, trigger: Trigger) {
+        if !self.shared.budget.withdraw(Instant::now()) {
+            self.budget_exhausted = true;
+            metrics::counter!("tailguard_hedge_budget_exhausted_total").increment(1);
+            tracing::debug!(
+                trigger = trigger.as_str(),
+                "tailguard-hedge: budget exhausted, no attempt sent"
+            );
+            return;
+        }
+        if trigger == Trigger::Delay
+            && let Some(d) = self.delay
+        {
+            metrics::histogram!("tailguard_hedge_delay_used_seconds").record(d.as_secs_f64());
+        }
+        self.pending_send = Some(trigger);
+    }
+
+    fn keep_failure(&mut self, index: u8, failure: Failure<RB, S::Error>) {
+        tracing::debug!(
+            attempt = index,
+            failure = failure.kind().as_str(),
+            "tailguard-hedge: attempt failed before its first token"
+        );
+        // Ties go to the later attempt: its information is the freshest.
+        if self
+            .best
+            .as_ref()
+            .is_none_or(|(_, b)| failure.rank() >= b.rank())
+        {
+            self.best = Some((index, failure));
+        }
+    }
+
+    /// Drops every attempt still in flight, recording how long each had waited.
+    fn cancel_all(&mut self, now: Instant) {
+        for slot in self.attempts.drain(..) {
+            let waited = now.saturating_duration_since(slot.sent_at);
+            if let Some(e) = &self.estimator {
+                e.record(waited, true, now);
+            }
+            tracing::debug!(
+                attempt = slot.index,
+                waited_ms = waited.as_millis() as u64,
+                "tailguard-hedge: attempt cancelled"
+            );
+        }
+        self.timer = None;
+        self.pending_send = None;
+    }
+
+    fn commit(
+        &mut self,
+        index: u8,
+        sent_at: Instant,
+        stream: Box<Streaming<RB>>,
+        token: bool,
+    ) -> Response<HedgeBody<RB>> {
+        let now = Instant::now();
+        self.cancel_all(now);
+        self.phase = Phase::Done;
+        self.best = None;
+        if token {
+            if let Some(e) = &self.estimator {
+                e.record(now.saturating_duration_since(sent_at), false, now);
+            }
+            if index > 0 {
+                metrics::counter!("tailguard_hedge_won_total").increment(1);
+            }
+        }
+        tracing::debug!(
+            attempt = index,
+            attempts = self.sent,
+            first_token = token,
+            "tailguard-hedge: attempt committed"
+        );
+        let mut res = stream.into_response(None);
+        res.extensions_mut().insert(self.outcome(index));
+        res
+    }
+
+    fn finalize(&mut self) -> Result<Response<HedgeBody<RB>>, BoxError> {
+        self.phase = Phase::Done;
+        self.timer = None;
+        metrics::counter!("tailguard_hedge_all_failed_total").increment(1);
+        let Some((index, failure)) = self.best.take() else {
+            return Err("tailguard-hedge: no attempt completed".into());
+        };
+        EndReport::report_to(
+            &self.parts.extensions,
+            EndReason::UpstreamError(failure.kind()),
+        );
+        tracing::debug!(
+            attempt = index,
+            attempts = self.sent,
+            failure = failure.kind().as_str(),
+            "tailguard-hedge: every attempt failed"
+        );
+        match failure {
+            Failure::Response { stream, error, .. } => {
+                let mut res = stream.into_response(error);
+                res.extensions_mut().insert(self.outcome(index));
+                Ok(res)
+            }
+            Failure::Service(e) => Err(e.into()),
+        }
+    }
+
+    pub(crate) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<HedgeBody<RB>>, BoxError>> {
+        loop {
+            match &mut self.phase {
+                Phase::Buffering(buffering) => {
+                    let body = match ready!(Pin::new(buffering).poll(cx)) {
+                        Ok(body) => body,
+                        Err(e) => {
+                            self.phase = Phase::Done;
+                            return Poll::Ready(Err(RequestBodyError::new(e.into()).into()));
+                        }
+                    };
+                    if body.is_replayable() {
+                        self.body = Some(body);
+                        self.phase = Phase::Racing;
+                        self.delay = self
+                            .shared
+                            .delay
+                            .delay(self.estimator.as_deref(), Instant::now());
+                        self.send(Trigger::Primary);
+                    } else {
+                        // Over the replay cap: one attempt, passed through as it is.
+                        tracing::debug!("tailguard-hedge: request body over the replay cap");
+                        let req = self.request(0, body);
+                        self.sent = 1;
+                        self.phase = Phase::Single(Box::pin(self.service.call(req)));
+                    }
+                }
+                Phase::Single(fut) => {
+                    let res = ready!(fut.as_mut().poll(cx));
+                    self.phase = Phase::Done;
+                    return Poll::Ready(match res {
+                        Ok(res) => {
+                            let mut res = res.map(HedgeBody::direct);
+                            res.extensions_mut().insert(HedgeOutcome::new(1, 0, None));
+                            Ok(res)
+                        }
+                        Err(e) => Err(e.into()),
+                    });
+                }
+                Phase::Racing => return self.poll_race(cx),
+                Phase::Done => return Poll::Pending,
+            }
+        }
+    }
+
+    fn poll_race(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<HedgeBody<RB>>, BoxError>> {
+        loop {
+            let mut progressed = false;
+
+            if let Some(trigger) = self.pending_send {
+                if !self.ready {
+                    match self.service.poll_ready(cx) {
+                        Poll::Pending => {}
+                        Poll::Ready(Ok(())) => self.ready = true,
+                        Poll::Ready(Err(e)) => {
+                            self.pending_send = None;
+                            let index = self.sent;
+                            self.sent += 1;
+                            self.keep_failure(index, Failure::Service(e));
+                            if self.can_send() {
+                                self.want(Trigger::Failure);
+                            }
+                            progressed = true;
+                        }
+                    }
+                }
+                if self.ready && self.pending_send.is_some() {
+                    self.pending_send = None;
+                    self.send(trigger);
+                    progressed = true;
+                }
+            }
+
+            let mut i = 0;
+            while i < self.attempts.len() {
+                let cfg = &self.shared.config;
+                let slot = &mut self.attempts[i];
+                match poll_slot(slot, cx, cfg) {
+                    Step::Pending => i += 1,
+                    Step::Commit(stream, token) => {
+                        let (index, sent_at) = (slot.index, slot.sent_at);
+                        self.attempts.remove(i);
+                        return Poll::Ready(Ok(self.commit(index, sent_at, stream, token)));
+                    }
+                    Step::Failed(failure) => {
+                        let index = slot.index;
+                        self.attempts.remove(i);
+                        self.keep_failure(index, failure);
+                        if self.can_send() && self.pending_send.is_none() {
+                            self.want(Trigger::Failure);
+                        }
+                        progressed = true;
+                    }
+                }
+            }
+
+            if let Some(timer) = self.timer.as_mut()
+                && timer.as_mut().poll(cx).is_ready()
+            {
+                self.timer = None;
+                if self.can_send() && self.pending_send.is_none() {
+                    self.want(Trigger::Delay);
+                }
+                progressed = true;
+            }
+
+            if self.attempts.is_empty() && self.pending_send.is_none() {
+                return Poll::Ready(self.finalize());
+            }
+            if !progressed {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl<S, B, RB> Drop for Race<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    B: Body,
+    RB: Body,
+{
+    fn drop(&mut self) {
+        // The client went away during the race: every attempt in flight is cancelled (dropped
+        // with this struct) and recorded as a censored sample.
+        if self.attempts.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for slot in &self.attempts {
+            let waited = now.saturating_duration_since(slot.sent_at);
+            if let Some(e) = &self.estimator {
+                e.record(waited, true, now);
+            }
+            tracing::debug!(
+                attempt = slot.index,
+                waited_ms = waited.as_millis() as u64,
+                "tailguard-hedge: attempt cancelled, response dropped"
+            );
+        }
+    }
+}
+
+/// The `grpc-status` in `headers`, if any.
+fn grpc_status(headers: &HeaderMap) -> Option<u16> {
+    headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Polls one attempt as far as it goes.
+fn poll_slot<F, RB, E>(
+    slot: &mut Slot<F, RB>,
+    cx: &mut Context<'_>,
+    cfg: &crate::layer::FirstTokenHedgeLayer,
+) -> Step<RB, E>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+    RB: Body,
+{
+    if let SlotState::Head(fut) = &mut slot.state {
+        let res = match fut.as_mut().poll(cx) {
+            Poll::Pending => return Step::Pending,
+            Poll::Ready(Err(e)) => {
+                slot.state = SlotState::Taken;
+                return Step::Failed(Failure::Service(e));
+            }
+            Poll::Ready(Ok(res)) => res,
+        };
+        let (head, body) = res.into_parts();
+        let status = head.status;
+        let grpc = grpc_status(&head.headers);
+        let mut stream = Box::new(Streaming {
+            tracker: None,
+            head,
+            body: Some(Box::pin(body)),
+            frames: VecDeque::new(),
+            bytes: 0,
+        });
+        if cfg.retryable.contains(&status) {
+            slot.state = SlotState::Taken;
+            return Step::Failed(Failure::Response {
+                kind: UpstreamFailure::Status(status),
+                rank: RANK_STATUS,
+                stream,
+                error: None,
+            });
+        }
+        match grpc {
+            // A trailers-only gRPC response with an error status.
+            Some(code) if code != 0 && cfg.retryable_grpc.contains(&code) => {
+                slot.state = SlotState::Taken;
+                return Step::Failed(Failure::Response {
+                    kind: UpstreamFailure::InBand,
+                    rank: RANK_IN_BAND,
+                    stream,
+                    error: None,
+                });
+            }
+            Some(code) if code != 0 => {
+                slot.state = SlotState::Taken;
+                return Step::Commit(stream, false);
+            }
+            _ => {}
+        }
+        if !status.is_success() {
+            // An answer about the request itself: returned as it is.
+            slot.state = SlotState::Taken;
+            return Step::Commit(stream, false);
+        }
+        stream.tracker = Some(StreamTracker::new(&cfg.dialect, &stream.head.headers));
+        slot.state = SlotState::Body(stream);
+    }
+
+    let SlotState::Body(stream) = &mut slot.state else {
+        return Step::Pending;
+    };
+    let verdict = read_until_token(stream, cx, cfg);
+    match verdict {
+        Verdict::Pending => Step::Pending,
+        Verdict::Commit(token) => match std::mem::replace(&mut slot.state, SlotState::Taken) {
+            SlotState::Body(stream) => Step::Commit(stream, token),
+            _ => Step::Pending,
+        },
+        Verdict::Fail(kind, rank, error) => {
+            match std::mem::replace(&mut slot.state, SlotState::Taken) {
+                SlotState::Body(stream) => Step::Failed(Failure::Response {
+                    kind,
+                    rank,
+                    stream,
+                    error,
+                }),
+                _ => Step::Pending,
+            }
+        }
+    }
+}
+
+enum Verdict<E> {
+    Pending,
+    Commit(bool),
+    Fail(UpstreamFailure, u8, Option<E>),
+}
+
+/// Reads frames of an attempt's body until its first token, a failure, or `Pending`.
+fn read_until_token<RB: Body>(
+    st: &mut Streaming<RB>,
+    cx: &mut Context<'_>,
+    cfg: &crate::layer::FirstTokenHedgeLayer,
+) -> Verdict<RB::Error> {
+    let Some(tracker) = st.tracker.as_mut() else {
+        return Verdict::Commit(false);
+    };
+    loop {
+        let Some(body) = st.body.as_mut() else {
+            return ended(tracker);
+        };
+        let frame = match body.as_mut().poll_frame(cx) {
+            Poll::Pending => return Verdict::Pending,
+            Poll::Ready(None) => {
+                st.body = None;
+                return ended(tracker);
+            }
+            Poll::Ready(Some(Err(e))) => {
+                st.body = None;
+                return Verdict::Fail(UpstreamFailure::Transport, RANK_NO_TOKEN, Some(e));
+            }
+            Poll::Ready(Some(Ok(frame))) => frame,
+        };
+        let end_stream = body.is_end_stream();
+        if let Some(data) = frame.data_ref() {
+            let obs = tracker.observe(data);
+            st.bytes += data.remaining() as u64;
+            st.frames.push_back(frame);
+            if obs.first_token {
+                return Verdict::Commit(true);
+            }
+            if obs.error {
+                return Verdict::Fail(UpstreamFailure::InBand, RANK_IN_BAND, None);
+            }
+            if obs.scan_error.is_some() || st.bytes > cfg.pre_token_cap as u64 {
+                // The stream can no longer be judged (an event over the scanner's cap) or held
+                // (over the pre-token cap): fail open, commit to it.
+                return Verdict::Commit(false);
+            }
+        } else if let Some(trailers) = frame.trailers_ref() {
+            let obs = tracker.observe_trailers(trailers);
+            let code = grpc_status(trailers);
+            st.frames.push_back(frame);
+            st.body = None;
+            if obs.first_token {
+                return Verdict::Commit(true);
+            }
+            return match code {
+                Some(c) if c != 0 && !cfg.retryable_grpc.contains(&c) => Verdict::Commit(false),
+                Some(c) if c != 0 => Verdict::Fail(UpstreamFailure::InBand, RANK_IN_BAND, None),
+                _ if obs.error => Verdict::Fail(UpstreamFailure::InBand, RANK_IN_BAND, None),
+                _ => Verdict::Fail(UpstreamFailure::Protocol, RANK_NO_TOKEN, None),
+            };
+        } else {
+            st.frames.push_back(frame);
+        }
+        if end_stream {
+            st.body = None;
+            return ended(tracker);
+        }
+    }
+}
+
+/// The body ended: a last token may still be flushed (an NDJSON line with no line end).
+fn ended<E>(tracker: &mut StreamTracker) -> Verdict<E> {
+    let obs = tracker.finish();
+    if obs.first_token {
+        Verdict::Commit(true)
+    } else if obs.error {
+        Verdict::Fail(UpstreamFailure::InBand, RANK_IN_BAND, None)
+    } else {
+        Verdict::Fail(UpstreamFailure::Protocol, RANK_NO_TOKEN, None)
+    }
+}

@@ -1,0 +1,211 @@
+//! `FirstTokenHedge`: the service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use tailguard_core::{BoxError, ClassPolicy, Priority, ReplayBody};
+use tower_service::Service;
+
+use crate::body::HedgeBody;
+use crate::budget::Bucket;
+use crate::delay::DelaySource;
+use crate::future::{Race, ResponseFuture};
+use crate::layer::FirstTokenHedgeLayer;
+
+/// State shared by the clones of one `FirstTokenHedge`.
+pub(crate) struct Shared {
+    pub(crate) config: FirstTokenHedgeLayer,
+    pub(crate) delay: DelaySource,
+    pub(crate) budget: Bucket,
+    rollout_seq: AtomicU64,
+    rollout_threshold: u64,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .field("delay", &self.delay)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    fn new(config: FirstTokenHedgeLayer) -> Self {
+        let rollout_threshold = if config.rollout >= 1.0 {
+            u64::MAX
+        } else {
+            (config.rollout * u64::MAX as f64) as u64
+        };
+        Shared {
+            delay: DelaySource::new(&config.delay),
+            budget: Bucket::new(&config.budget),
+            rollout_seq: AtomicU64::new(0),
+            rollout_threshold,
+            config,
+        }
+    }
+
+    /// The one eligibility check: every condition a request must meet to be raced.
+    fn eligible<B: Body>(&self, parts: &Parts, body: &B) -> bool {
+        let c = &self.config;
+        if c.max_attempts < 2 {
+            return false;
+        }
+        let accepted = match &c.predicate {
+            Some(p) => p(parts),
+            None => FirstTokenHedgeLayer::default_predicate(parts),
+        };
+        if !accepted {
+            return false;
+        }
+        if let Some(h) = &c.opt_out
+            && parts.headers.contains_key(h)
+        {
+            return false;
+        }
+        match parts.extensions.get::<ClassPolicy>().and_then(|p| p.hedge) {
+            Some(false) => return false,
+            Some(true) => {}
+            None => {
+                if let Some(allowed) = &c.priorities {
+                    let Some(p) = parts.extensions.get::<Priority>() else {
+                        return false;
+                    };
+                    if !allowed.contains(p) {
+                        return false;
+                    }
+                }
+            }
+        }
+        if body.size_hint().lower() > c.replay_cap as u64 {
+            return false;
+        }
+        if self.rollout_threshold != u64::MAX {
+            // A Weyl sequence: the fraction of values under the threshold converges to the
+            // rollout fraction quickly and evenly, with no random number generator.
+            let n = self.rollout_seq.fetch_add(1, Ordering::Relaxed);
+            if n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >= self.rollout_threshold {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Hedges LLM streaming calls on the first *token*, not on response headers.
+///
+/// For an eligible request (see [`FirstTokenHedgeLayer::new`]) the service buffers the request
+/// body (up to the replay cap), sends the primary attempt and reads its response body through
+/// a [`StreamTracker`](tailguard_core::StreamTracker). If no token arrives within the hedge
+/// delay it sends a backup attempt and keeps both; the first attempt to produce a token wins,
+/// the frames it sent before that token are replayed to the client byte for byte and its body
+/// continues live, and every other attempt is dropped at once (which cancels its upstream
+/// request). An attempt that fails before its first token makes the next one go out at once.
+///
+/// **The response future resolves, and the client gets response headers, only when a winner is
+/// committed (its first token arrived) or every attempt has failed.** Headers that arrive
+/// early from an upstream are held until then.
+///
+/// # Request body
+///
+/// The inner service takes `Request<ReplayBody<B>>` (as linkerd's retry middleware does): for
+/// a raced request each attempt gets a fresh replay of the buffered body; for everything else
+/// the body passes through [`ReplayBody::passthrough`] untouched. Its data type is
+/// [`Chunk<B::Data>`](tailguard_core::Chunk), a `Buf`; a client that needs a body type of its
+/// own adds a `map_request` (for tonic: `tonic::body::Body::new`).
+///
+/// # When every attempt fails
+///
+/// The client gets the most informative failure, ties going to the later attempt:
+/// 1. a stream that carried an in-band error event (or a retryable gRPC status): the upstream's
+///    own words, in its own dialect, replayed as it was sent;
+/// 2. a retryable error status (429, 5xx) with its headers (`Retry-After`) and body;
+/// 3. a `2xx` stream that ended, or broke, before its first token, replayed as far as it went
+///    (with the body error, if it broke);
+/// 4. the inner service's error (transport failure), as the response future's error.
+///
+/// An [`EndReport`](tailguard_core::EndReport) in the request extensions receives
+/// `EndReason::UpstreamError` with the kind of that failure.
+pub struct FirstTokenHedge<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> FirstTokenHedge<S> {
+    /// Wraps `inner` with the configuration of `layer`.
+    pub fn new(inner: S, layer: FirstTokenHedgeLayer) -> Self {
+        FirstTokenHedge {
+            inner,
+            shared: Arc::new(Shared::new(layer)),
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for FirstTokenHedge<S> {
+    fn clone(&self) -> Self {
+        FirstTokenHedge {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for FirstTokenHedge<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FirstTokenHedge")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+    RB: Body,
+{
+    type Response = Response<HedgeBody<RB>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, B, RB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let (parts, body) = req.into_parts();
+        if !self.shared.eligible(&parts, &body) {
+            let req = Request::from_parts(parts, ReplayBody::passthrough(body));
+            return ResponseFuture::direct(self.inner.call(req));
+        }
+        // The ready service goes into the race; a fresh clone stays for the next poll_ready.
+        let clone = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::hedged(Race::new(self.shared.clone(), service, parts, body))
+    }
+}
