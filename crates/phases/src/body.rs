@@ -100,10 +100,10 @@ impl<B: Body> Body for LatencyPhaseRecorderBody<B> {
                 Some(Err(_)) => Some(Observed::BodyError),
                 None => Some(Observed::End),
             };
-            if let Some(end) = end {
-                if let Some(rec) = this.rec.take() {
-                    rec.finish(end, this.span);
-                }
+            if let Some(end) = end
+                && let Some(rec) = this.rec.take()
+            {
+                rec.finish(end, this.span);
             }
         }
         Poll::Ready(res)

@@ -146,8 +146,14 @@ mod tests {
     #[test]
     fn routes_match_on_segment_boundaries_longest_first() {
         let t = RouteTable::new(["/v1".into(), "/v1/chat/completions".into()]);
-        assert_eq!(&**t.find("/v1/chat/completions").unwrap(), "/v1/chat/completions");
-        assert_eq!(&**t.find("/v1/chat/completions/x").unwrap(), "/v1/chat/completions");
+        assert_eq!(
+            &**t.find("/v1/chat/completions").unwrap(),
+            "/v1/chat/completions"
+        );
+        assert_eq!(
+            &**t.find("/v1/chat/completions/x").unwrap(),
+            "/v1/chat/completions"
+        );
         assert_eq!(&**t.find("/v1/models").unwrap(), "/v1");
         assert!(t.find("/v10").is_none());
         assert!(t.find("/").is_none());

@@ -85,7 +85,10 @@ impl LatencyPhaseRecorderLayer {
             cfg: Arc::new(Config {
                 dialect: Dialect::Auto,
                 usage: true,
-                sinks: Sinks(vec![Arc::new(MetricsSink::new()), Arc::new(TracingSink::new())]),
+                sinks: Sinks(vec![
+                    Arc::new(MetricsSink::new()),
+                    Arc::new(TracingSink::new()),
+                ]),
                 routes: RouteTable::default(),
                 route_fn: None,
                 models: ModelTable::default(),

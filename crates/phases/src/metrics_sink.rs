@@ -51,20 +51,8 @@ pub mod buckets {
     /// Token and event counts: the OpenTelemetry `gen_ai.client.token.usage` boundaries
     /// (powers of 4 from 1 to 67,108,864).
     pub const TOKENS: &[f64] = &[
-        1.0,
-        4.0,
-        16.0,
-        64.0,
-        256.0,
-        1024.0,
-        4096.0,
-        16384.0,
-        65536.0,
-        262144.0,
-        1048576.0,
-        4194304.0,
-        16777216.0,
-        67108864.0,
+        1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+        4194304.0, 16777216.0, 67108864.0,
     ];
 }
 
@@ -271,19 +259,37 @@ impl MetricsSink {
             let d = |name: &'static str| KeyName::from_const_str(name);
             r.describe_counter(d(n.requests), Some(Unit::Count), "LLM requests".into());
             for (name, help) in [
-                (n.request_duration, "Time from the request to the end of its response"),
+                (
+                    n.request_duration,
+                    "Time from the request to the end of its response",
+                ),
                 (n.queue_wait, "Time spent in the admission queue"),
-                (n.time_to_headers, "Time from the request to the response headers"),
-                (n.time_to_first_token, "Time from the request to the first output token"),
-                (n.inter_token_gap, "Gap between output events after the first token"),
-                (n.time_per_output_token, "(total - TTFT) / (output events - 1)"),
+                (
+                    n.time_to_headers,
+                    "Time from the request to the response headers",
+                ),
+                (
+                    n.time_to_first_token,
+                    "Time from the request to the first output token",
+                ),
+                (
+                    n.inter_token_gap,
+                    "Gap between output events after the first token",
+                ),
+                (
+                    n.time_per_output_token,
+                    "(total - TTFT) / (output events - 1)",
+                ),
             ] {
                 r.describe_histogram(d(name), Some(Unit::Seconds), help.into());
             }
             for (name, help) in [
                 (n.output_events, "Output events per streamed response"),
                 (n.usage_tokens, "Tokens the stream reported as used"),
-                (n.hedge_attempts, "Attempts sent per request, the primary included"),
+                (
+                    n.hedge_attempts,
+                    "Attempts sent per request, the primary included",
+                ),
             ] {
                 r.describe_histogram(d(name), Some(Unit::Count), help.into());
             }
@@ -305,8 +311,14 @@ impl MetricsSink {
     fn base_labels(&self, l: &PhaseLabels) -> Vec<Label> {
         let n = &self.names;
         let mut v = Vec::with_capacity(7);
-        v.push(Label::new(n.route_label, SharedString::from(l.route.clone())));
-        v.push(Label::new(n.model_label, SharedString::from(l.model.clone())));
+        v.push(Label::new(
+            n.route_label,
+            SharedString::from(l.route.clone()),
+        ));
+        v.push(Label::new(
+            n.model_label,
+            SharedString::from(l.model.clone()),
+        ));
         v.push(Label::new(
             n.upstream_label,
             SharedString::from(l.upstream.clone()),

@@ -133,14 +133,19 @@ impl Recording {
         if let Some(u) = ext.get::<Upstream>() {
             self.upstream = u.arc();
         }
-        if let (Some(h), Some(id)) = (&self.cfg.request_id_header, &self.request_id) {
-            if !res.headers().contains_key(h) {
-                res.headers_mut().insert(h.clone(), id.header_value().clone());
-            }
+        if let (Some(h), Some(id)) = (&self.cfg.request_id_header, &self.request_id)
+            && !res.headers().contains_key(h)
+        {
+            res.headers_mut()
+                .insert(h.clone(), id.header_value().clone());
         }
 
         let headers = res.headers();
-        self.head_reason = if self.admission.as_ref().is_some_and(|a| a.rejected.is_some()) {
+        self.head_reason = if self
+            .admission
+            .as_ref()
+            .is_some_and(|a| a.rejected.is_some())
+        {
             Some(EndReason::Rejected)
         } else if status.is_client_error() || status.is_server_error() {
             Some(EndReason::UpstreamError(UpstreamFailure::Status(status)))
@@ -211,15 +216,17 @@ impl Recording {
     /// Ends the recording and hands the report to every sink. Consumes the state, so it runs
     /// at most once.
     pub(crate) fn finish(mut self: Box<Self>, observed: Observed, span: &Span) {
-        if observed == Observed::End {
-            if let Some(t) = self.tracker.as_mut() {
-                let obs = t.finish();
-                self.apply(obs);
-            }
+        if observed == Observed::End
+            && let Some(t) = self.tracker.as_mut()
+        {
+            let obs = t.finish();
+            self.apply(obs);
         }
         let total = Instant::now().saturating_duration_since(self.start);
         let own = match observed {
-            Observed::End if self.in_band_error => EndReason::UpstreamError(UpstreamFailure::InBand),
+            Observed::End if self.in_band_error => {
+                EndReason::UpstreamError(UpstreamFailure::InBand)
+            }
             Observed::End => EndReason::Completed,
             Observed::BodyError | Observed::ServiceError => {
                 EndReason::UpstreamError(UpstreamFailure::Transport)
@@ -229,9 +236,7 @@ impl Recording {
         let reported = self.end_report.get();
         let end_reason = reported.or(self.head_reason).unwrap_or(own);
         let time_per_output_token = match (self.ttft, self.output_events) {
-            (Some(ttft), n) if n > 1 => {
-                Some(total.saturating_sub(ttft).div_f64((n - 1) as f64))
-            }
+            (Some(ttft), n) if n > 1 => Some(total.saturating_sub(ttft).div_f64((n - 1) as f64)),
             _ => None,
         };
         let usage = self.tracker.as_ref().and_then(StreamTracker::usage);
@@ -265,7 +270,10 @@ impl Recording {
 }
 
 fn is_stream(headers: &HeaderMap) -> bool {
-    let Some(ct) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+    let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
         return false;
     };
     let ct = ct.trim_start();
