@@ -32,9 +32,11 @@
 
 mod body;
 pub mod grpc;
+pub mod load;
 mod rng;
 mod script;
 mod server;
+pub mod sse;
 mod stats;
 mod wire;
 
