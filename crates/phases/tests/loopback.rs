@@ -115,7 +115,7 @@ async fn openai_stream_exact_phases() {
         &metric(&all, "tailguard_request_duration_seconds").hist(),
         &[0.21],
     );
-    assert_secs(&metric(&all, "tailguard_output_events").hist(), &[5.0]);
+    assert_secs(&metric(&all, "tailguard_output_events").hist(), &[6.0]);
     // The upstream saw the generated request id.
     let stats = server.stats();
     assert_eq!(stats.completed, 1);
