@@ -161,7 +161,8 @@ mod tests {
         let c = Cost::max_tokens(100);
         let mut p = parts(http::Request::new(()));
         assert_eq!(c.units(&p), 1);
-        p.extensions.insert(RequestFacts::new().with_max_tokens(250));
+        p.extensions
+            .insert(RequestFacts::new().with_max_tokens(250));
         assert_eq!(c.units(&p), 3);
         assert_eq!(c.clone().plus(Cost::unit()).units(&p), 4);
         assert_eq!(Cost::from_fn(|_| 0).units(&p), 1, "never below 1");

@@ -123,7 +123,13 @@ where
         }
     }
 
-    pub(crate) fn waiting(queued: Queued, svc: S, req: Request<ReqB>, units: u32, cfg: &Config) -> Self {
+    pub(crate) fn waiting(
+        queued: Queued,
+        svc: S,
+        req: Request<ReqB>,
+        units: u32,
+        cfg: &Config,
+    ) -> Self {
         State::Waiting {
             wait: Box::new(Wait {
                 queued,

@@ -350,9 +350,9 @@ impl Shared {
                 }
             }
             let allowed = if self.standing(&st, now) {
-                self.cfg
-                    .codel
-                    .map_or(self.cfg.queue_timeout, |c| c.target.min(self.cfg.queue_timeout))
+                self.cfg.codel.map_or(self.cfg.queue_timeout, |c| {
+                    c.target.min(self.cfg.queue_timeout)
+                })
             } else {
                 self.cfg.queue_timeout
             };
@@ -389,7 +389,12 @@ impl Shared {
         out
     }
 
-    fn class_index(&self, st: &mut State, priority: Option<&Priority>, share: Option<f64>) -> usize {
+    fn class_index(
+        &self,
+        st: &mut State,
+        priority: Option<&Priority>,
+        share: Option<f64>,
+    ) -> usize {
         let p = priority.unwrap_or(&self.cfg.default_priority);
         let i = match st
             .classes
@@ -548,7 +553,12 @@ impl Shared {
     }
 
     /// Removes a waiter by sequence number; `Some` if it was still queued.
-    fn remove_waiter(self: &Arc<Self>, class: usize, seq: u64, timed_out: bool) -> Option<Rejection> {
+    fn remove_waiter(
+        self: &Arc<Self>,
+        class: usize,
+        seq: u64,
+        timed_out: bool,
+    ) -> Option<Rejection> {
         let mut deferred = Deferred::new();
         let out = {
             let mut st = self.lock();
