@@ -18,7 +18,10 @@ use crate::stats::{Outcome, RequestGuard};
 pub(crate) enum Item {
     /// One data frame (one event).
     Data(Bytes),
-    /// Trailers (gRPC), then the end with this outcome.
+    /// The last data frame, ending the body with this outcome (so that the end is recorded
+    /// when the last bytes are handed over, even if the client stops reading right there).
+    Last(Bytes, Outcome),
+    /// Trailers (gRPC), ending the body with this outcome.
     Trailers(HeaderMap, Outcome),
     /// The end of the body with this outcome.
     End(Outcome),
@@ -54,7 +57,6 @@ enum Source {
 pub struct MockBody {
     source: Source,
     guard: RequestGuard,
-    pending_outcome: Option<Outcome>,
 }
 
 impl fmt::Debug for MockBody {
@@ -70,7 +72,6 @@ impl MockBody {
         MockBody {
             source: Source::Full((!bytes.is_empty()).then_some(bytes), outcome),
             guard,
-            pending_outcome: None,
         }
     }
 
@@ -78,7 +79,6 @@ impl MockBody {
         MockBody {
             source: Source::Stream(rx, task),
             guard,
-            pending_outcome: None,
         }
     }
 
@@ -97,10 +97,6 @@ impl Body for MockBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, MockReset>>> {
         let this = self.get_mut();
-        if let Some(outcome) = this.pending_outcome.take() {
-            this.end(outcome);
-            return Poll::Ready(None);
-        }
         match &mut this.source {
             Source::Done => Poll::Ready(None),
             Source::Full(bytes, outcome) => {
@@ -113,8 +109,13 @@ impl Body for MockBody {
             Source::Stream(rx, _) => match rx.poll_recv(cx) {
                 Poll::Pending => Poll::Pending,
                 Poll::Ready(Some(Item::Data(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                Poll::Ready(Some(Item::Last(b, outcome))) => {
+                    this.end(outcome);
+                    Poll::Ready(Some(Ok(Frame::data(b))))
+                }
                 Poll::Ready(Some(Item::Trailers(t, outcome))) => {
-                    this.pending_outcome = Some(outcome);
+                    // Trailers are the last frame: hyper does not poll again after them.
+                    this.end(outcome);
                     Poll::Ready(Some(Ok(Frame::trailers(t))))
                 }
                 Poll::Ready(Some(Item::End(outcome))) => {

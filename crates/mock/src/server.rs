@@ -684,10 +684,7 @@ impl Producer {
             }
             if self.script.error_event_after == Some(i) {
                 return match self.ctx.error_event() {
-                    Some(b) => {
-                        self.send(Item::Data(b)).await?;
-                        self.send(Item::End(Outcome::ErrorEvent(i))).await
-                    }
+                    Some(b) => self.send(Item::Last(b, Outcome::ErrorEvent(i))).await,
                     None => {
                         self.send(Item::Trailers(
                             wire::grpc_error_trailers(),
@@ -703,14 +700,18 @@ impl Producer {
                 self.send(Item::Data(b)).await?;
             }
         }
-        for b in self.ctx.epilogue(n) {
+        let mut epilogue = self.ctx.epilogue(n);
+        let last = if self.ctx.api == Api::Grpc {
+            Item::Trailers(wire::grpc_ok_trailers(), Outcome::Completed)
+        } else {
+            match epilogue.pop() {
+                Some(b) => Item::Last(b, Outcome::Completed),
+                None => Item::End(Outcome::Completed),
+            }
+        };
+        for b in epilogue {
             self.send(Item::Data(b)).await?;
         }
-        if self.ctx.api == Api::Grpc {
-            self.send(Item::Trailers(wire::grpc_ok_trailers(), Outcome::Completed))
-                .await
-        } else {
-            self.send(Item::End(Outcome::Completed)).await
-        }
+        self.send(last).await
     }
 }
