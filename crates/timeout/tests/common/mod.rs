@@ -169,7 +169,8 @@ impl Seen {
     }
 
     /// Panics unless, at every instant at which frames arrived, the bytes delivered so far end
-    /// on an event boundary (`\n\n`): the client never waits holding half an event.
+    /// where an SSE parser holds no partial event: at a blank line, or after a comment line
+    /// outside an event. The client never waits holding half an event.
     pub fn assert_whole_events_at_every_instant(&self) {
         let mut sofar = Vec::new();
         for (i, (at, b)) in self.data.iter().enumerate() {
@@ -177,7 +178,7 @@ impl Seen {
             let last_at_this_instant = self.data.get(i + 1).is_none_or(|(next, _)| next != at);
             if last_at_this_instant {
                 assert!(
-                    sofar.ends_with(b"\n\n"),
+                    at_event_boundary(&sofar),
                     "at {at:?} the client holds half an event: {:?}",
                     String::from_utf8_lossy(&sofar)
                 );
@@ -236,4 +237,20 @@ pub fn error_json(event: &str) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_str(json).expect("valid json");
     assert!(v.get("error").is_some(), "not an error event: {event}");
     v
+}
+
+/// Whether an SSE parser fed `bytes` (LF line ends) holds no partial event.
+pub fn at_event_boundary(bytes: &[u8]) -> bool {
+    if !(bytes.is_empty() || bytes.ends_with(b"\n")) {
+        return false;
+    }
+    let mut in_event = false;
+    for line in bytes.split(|b| *b == b'\n') {
+        if line.is_empty() {
+            in_event = false;
+        } else if !line.starts_with(b":") {
+            in_event = true;
+        }
+    }
+    !in_event
 }
