@@ -1,0 +1,583 @@
+//! The race, pinned down with an in-process upstream on a paused clock.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use tailguard_core::{
+    ClassPolicy, EndReason, EndReport, HedgeOutcome, Priority, RequestFacts, UpstreamFailure,
+};
+use tailguard_hedge::{
+    AdaptiveDelay, FirstTokenHedgeLayer, HedgeBudget, HedgeDelay, OPT_OUT_HEADER,
+};
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+
+fn layer() -> FirstTokenHedgeLayer {
+    FirstTokenHedgeLayer::new()
+        .with_delay(ms(500))
+        .with_budget(HedgeBudget::unlimited())
+}
+
+fn outcome<B>(res: &http::Response<B>) -> Option<HedgeOutcome> {
+    res.extensions().get::<HedgeOutcome>().cloned()
+}
+
+/// Split frames: a comment, a role chunk cut in two, a first token cut in two.
+fn split_stream(ttft: Duration) -> Plan {
+    let role = ROLE.as_bytes();
+    let tok = token("Hi");
+    Plan::items(vec![
+        data(": warming up\n\n"),
+        Item::Data(Bytes::copy_from_slice(&role[..17])),
+        Item::Data(Bytes::copy_from_slice(&role[17..])),
+        Item::Wait(ttft),
+        Item::Data(Bytes::copy_from_slice(&tok.as_bytes()[..20])),
+        Item::Wait(ms(5)),
+        Item::Data(Bytes::copy_from_slice(&tok.as_bytes()[20..])),
+        Item::Wait(ms(10)),
+        Item::Data(Bytes::from(token(" there"))),
+        data(DONE),
+    ])
+}
+
+#[tokio::test(start_paused = true)]
+async fn fast_primary_sends_no_backup_and_frames_pass_unchanged() {
+    let plan = split_stream(ms(100));
+    let up = Upstream::new(vec![plan.clone()]);
+    let start = Instant::now();
+    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    // The head reaches the client with the first token (the second half of its event).
+    assert_eq!(start.elapsed(), ms(105));
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(1, 0, Some(ms(500)))));
+    assert_eq!(res.headers()["content-type"], "text/event-stream");
+    let (got, _, err) = frames(res.into_body()).await;
+    assert!(!err);
+    // Frame for frame the upstream's own frames: pre-token frames replayed, then live.
+    assert_eq!(got, plan.frames());
+    tokio::time::sleep(ms(2000)).await;
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].done && !seen[0].cancelled);
+    assert_eq!(seen[0].attempt_header.as_deref(), Some("0"));
+    assert_eq!(seen[0].attempt, Some(0));
+    assert_eq!(
+        &seen[0].body[..],
+        br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_first_token_backup_wins_and_primary_is_cancelled() {
+    let backup = split_stream(ms(50));
+    let up = Upstream::new(vec![Plan::sse(ms(10_000)), backup.clone()]);
+    let start = Instant::now();
+    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    // Backup at 500 ms, its first token 55 ms later.
+    assert_eq!(start.elapsed(), ms(555));
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].at - seen[0].at, ms(500));
+    assert_eq!(seen[1].attempt_header.as_deref(), Some("1"));
+    assert_eq!(seen[1].body, seen[0].body, "the backup gets the same request body");
+    // The loser was dropped at commit time, before the client read a byte.
+    assert!(seen[0].cancelled);
+    let (got, _, err) = frames(res.into_body()).await;
+    assert!(!err);
+    assert_eq!(got, backup.frames());
+    assert_eq!(concat(&got), backup.bytes());
+    assert!(up.seen()[1].done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn primary_wins_after_the_backup_was_sent() {
+    // The primary's token comes at 700 ms, the backup's would come at 500 + 900 ms.
+    let up = Upstream::new(vec![Plan::sse(ms(700)), Plan::sse(ms(900))]);
+    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 0, Some(ms(500)))));
+    let seen = up.seen();
+    assert!(seen[1].cancelled && !seen[0].cancelled);
+    let (got, _, _) = frames(res.into_body()).await;
+    assert_eq!(concat(&got), Plan::sse(ms(700)).bytes());
+}
+
+async fn failover_at(primary: Plan, expected_backup_at: Duration) {
+    let up = Upstream::new(vec![primary, Plan::sse(ms(30))]);
+    let start = Instant::now();
+    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].at - start, expected_backup_at, "backup sent at once");
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
+    assert_eq!(res.status(), StatusCode::OK);
+    let (got, _, err) = frames(res.into_body()).await;
+    assert!(!err);
+    assert_eq!(concat(&got), Plan::sse(ms(30)).bytes());
+}
+
+#[tokio::test(start_paused = true)]
+async fn retryable_status_triggers_the_backup_at_once() {
+    failover_at(Plan::status(503).head_delay(ms(20)), ms(20)).await;
+    failover_at(Plan::status(429), ms(0)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn transport_error_triggers_the_backup_at_once() {
+    failover_at(Plan::transport_error().head_delay(ms(40)), ms(40)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn reset_before_the_first_token_triggers_the_backup_at_once() {
+    let p = Plan::items(vec![data(ROLE), Item::Wait(ms(80)), Item::Error]);
+    failover_at(p, ms(80)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_band_error_triggers_the_backup_at_once() {
+    let p = Plan::items(vec![
+        data(ROLE),
+        Item::Wait(ms(60)),
+        data("data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n"),
+        data(DONE),
+    ]);
+    failover_at(p, ms(60)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn stream_without_a_token_triggers_the_backup_at_once() {
+    let p = Plan::items(vec![data(ROLE), Item::Wait(ms(70)), data(DONE)]);
+    failover_at(p, ms(70)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn other_statuses_are_returned_as_they_are() {
+    let up = Upstream::new(vec![Plan::status(400), Plan::sse(ms(10))]);
+    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(1, 0, Some(ms(500)))));
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"{\"error\":{\"code\":400}}");
+    tokio::time::sleep(ms(1000)).await;
+    assert_eq!(up.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_attempt_failing_returns_the_latest_error_status_and_reports_it() {
+    let up = Upstream::new(vec![
+        Plan::status(503).header("x-which", "0"),
+        Plan::status(503)
+            .header("x-which", "1")
+            .header("retry-after", "7"),
+    ]);
+    let report = EndReport::new();
+    let mut req = chat_request();
+    req.extensions_mut().insert(report.clone());
+    let res = layer().layer(up.clone()).oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["x-which"], "1");
+    assert_eq!(res.headers()["retry-after"], "7");
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Status(
+            StatusCode::SERVICE_UNAVAILABLE
+        )))
+    );
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"{\"error\":{\"code\":503}}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_in_band_error_outranks_a_status_and_is_replayed_whole() {
+    let in_band = Plan::items(vec![
+        data(ROLE),
+        data("data: {\"error\":{\"message\":\"model overloaded\"}}\n\n"),
+        Item::Wait(ms(5)),
+        data(DONE),
+    ]);
+    let up = Upstream::new(vec![in_band.clone(), Plan::status(502)]);
+    let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 0, Some(ms(500)))));
+    let (got, _, err) = frames(res.into_body()).await;
+    assert!(!err);
+    assert_eq!(got, in_band.frames(), "the rest of the stream follows live");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_outranks_a_stream_without_tokens_which_outranks_transport() {
+    let no_token = Plan::items(vec![data(ROLE), data(DONE)]);
+    let up = Upstream::new(vec![no_token.clone(), Plan::transport_error()]);
+    let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 0, Some(ms(500)))));
+    let (got, _, _) = frames(res.into_body()).await;
+    assert_eq!(got, no_token.frames());
+
+    let up = Upstream::new(vec![Plan::status(504), no_token]);
+    let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_attempt_failing_in_transport_returns_the_inner_error() {
+    let up = Upstream::new(vec![Plan::transport_error()]);
+    let report = EndReport::new();
+    let mut req = chat_request();
+    req.extensions_mut().insert(report.clone());
+    let err = layer()
+        .with_max_attempts(3)
+        .layer(up.clone())
+        .oneshot(req)
+        .await
+        .unwrap_err();
+    assert!(err.downcast_ref::<TransportError>().is_some(), "{err}");
+    assert_eq!(up.seen().len(), 3);
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Transport))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_error_before_the_token_is_kept_when_it_is_the_best_failure() {
+    let broken = Plan::items(vec![data(ROLE), Item::Error]);
+    let up = Upstream::new(vec![broken, Plan::transport_error()]);
+    let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
+    let (got, _, err) = frames(res.into_body()).await;
+    assert_eq!(concat(&got), ROLE.as_bytes());
+    assert!(err, "the client sees the upstream's body error after the replayed frames");
+}
+
+#[tokio::test(start_paused = true)]
+async fn up_to_n_attempts_at_successive_delays() {
+    let up = Upstream::new(vec![
+        Plan::sse(ms(10_000)),
+        Plan::sse(ms(10_000)),
+        Plan::sse(ms(10_000)),
+        Plan::sse(ms(100)),
+    ]);
+    let start = Instant::now();
+    let res = layer()
+        .with_max_attempts(4)
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), ms(1600));
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(4, 3, Some(ms(500)))));
+    let seen = up.seen();
+    let at: Vec<_> = seen.iter().map(|s| s.at - start).collect();
+    assert_eq!(at, vec![ms(0), ms(500), ms(1000), ms(1500)]);
+    assert_eq!(seen.iter().filter(|s| s.cancelled).count(), 3);
+    let headers: Vec<_> = seen.iter().map(|s| s.attempt_header.clone().unwrap()).collect();
+    assert_eq!(headers, ["0", "1", "2", "3"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_dropping_the_response_during_the_race_cancels_every_attempt() {
+    let up = Upstream::new(vec![Plan::sse(ms(10_000))]);
+    let svc = layer().layer(up.clone());
+    let fut = svc.oneshot(chat_request());
+    let r = tokio::time::timeout(ms(700), fut).await;
+    assert!(r.is_err(), "still racing");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.cancelled), "{seen:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn body_over_the_replay_cap_passes_unhedged_and_intact() {
+    let big = Bytes::from(vec![b'x'; 100]);
+    // Known size: not even buffered.
+    let up = Upstream::new(vec![Plan::sse(ms(2000))]);
+    let req = Request::post("/v1/chat/completions")
+        .body(Full::new(big.clone()))
+        .unwrap();
+    let res = layer()
+        .with_replay_cap(64)
+        .layer(up.clone())
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res), None, "passed straight through");
+    assert!(!res.body().is_raced());
+    assert_eq!(up.seen().len(), 1);
+    assert_eq!(up.seen()[0].body, big);
+
+    // Unknown size: buffered up to the cap, then sent once with every byte in order.
+    let up = Upstream::new(vec![Plan::sse(ms(2000))]);
+    let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = (0..10u8)
+        .map(|i| Ok(http_body::Frame::data(Bytes::from(vec![b'a' + i; 10]))))
+        .collect();
+    let body = StreamBody::new(futures_util::stream::iter(chunks));
+    let req = Request::post("/v1/chat/completions").body(body).unwrap();
+    let res = layer()
+        .with_replay_cap(64)
+        .layer(up.clone())
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(1, 0, None)));
+    let expected: Vec<u8> = (0..10u8).flat_map(|i| vec![b'a' + i; 10]).collect();
+    assert_eq!(up.seen().len(), 1, "no backup despite the slow token");
+    assert_eq!(up.seen()[0].body, expected);
+    let (got, _, _) = frames(res.into_body()).await;
+    assert_eq!(concat(&got), Plan::sse(ms(2000)).bytes());
+}
+
+#[tokio::test(start_paused = true)]
+async fn ineligible_requests_pass_straight_through() {
+    let slow = || Upstream::new(vec![Plan::sse(ms(2000))]);
+    let check = |up: Upstream, req: Request<Full<Bytes>>, l: FirstTokenHedgeLayer| async move {
+        let res = l.layer(up.clone()).oneshot(req).await.unwrap();
+        let raced = res.body().is_raced();
+        let (got, _, _) = frames(res.into_body()).await;
+        assert_eq!(concat(&got), Plan::sse(ms(2000)).bytes());
+        (raced, up.seen().len())
+    };
+    // GET
+    let req = Request::get("/v1/models").body(Full::new(Bytes::new())).unwrap();
+    assert_eq!(check(slow(), req, layer()).await, (false, 1));
+    // Opt-out header.
+    let mut req = chat_request();
+    req.headers_mut().insert(OPT_OUT_HEADER, "1".parse().unwrap());
+    assert_eq!(check(slow(), req, layer()).await, (false, 1));
+    // Marked non-streaming.
+    let mut req = chat_request();
+    req.extensions_mut()
+        .insert(RequestFacts::new().with_stream(false));
+    assert_eq!(check(slow(), req, layer()).await, (false, 1));
+    // The class policy says no.
+    let mut req = chat_request();
+    req.extensions_mut()
+        .insert(ClassPolicy::new().with_hedge(false));
+    assert_eq!(check(slow(), req, layer()).await, (false, 1));
+    // Only interactive traffic is hedged: batch and unclassified pass.
+    let only = layer().with_priorities([Priority::interactive()]);
+    let mut req = chat_request();
+    req.extensions_mut().insert(Priority::batch());
+    assert_eq!(check(slow(), req, only.clone()).await, (false, 1));
+    assert_eq!(check(slow(), chat_request(), only.clone()).await, (false, 1));
+    let mut req = chat_request();
+    req.extensions_mut().insert(Priority::interactive());
+    assert_eq!(check(slow(), req, only.clone()).await, (true, 2));
+    // ... unless the class policy says yes.
+    let mut req = chat_request();
+    req.extensions_mut().insert(Priority::batch());
+    req.extensions_mut()
+        .insert(ClassPolicy::new().with_hedge(true));
+    assert_eq!(check(slow(), req, only).await, (true, 2));
+    // One attempt configured: nothing to race.
+    assert_eq!(
+        check(slow(), chat_request(), layer().with_max_attempts(1)).await,
+        (false, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn rollout_fraction_hedges_that_share_of_requests() {
+    let up = Upstream::new(vec![Plan::sse(ms(1))]);
+    let svc = layer().with_rollout(0.25).layer(up);
+    let mut raced = 0;
+    for _ in 0..400 {
+        let res = svc.clone().oneshot(chat_request()).await.unwrap();
+        raced += usize::from(res.body().is_raced());
+    }
+    assert!((95..=105).contains(&raced), "{raced}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_bounds_hedges_under_a_half_slow_upstream() {
+    // Every other request has a slow first token on every attempt; each would want a hedge.
+    let up = Upstream::with(|h, _| {
+        if h.contains_key("x-slow") {
+            Plan::sse(ms(2000))
+        } else {
+            Plan::sse(ms(20))
+        }
+    });
+    let svc = FirstTokenHedgeLayer::new()
+        .with_delay(ms(200))
+        .with_budget(HedgeBudget::new()) // 10%, floor 1/s, 10 tokens
+        .layer(up.clone());
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let n = 400;
+    for i in 0..n {
+        let mut req = chat_request();
+        if i % 2 == 1 {
+            req.headers_mut().insert("x-slow", "1".parse().unwrap());
+        }
+        let svc = svc.clone();
+        tasks.spawn(async move {
+            let res = svc.oneshot(req).await.unwrap();
+            let o = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
+            let _ = res.into_body().collect().await.unwrap();
+            o
+        });
+        tokio::time::sleep(ms(10)).await; // 100 requests per second
+    }
+    let mut hedged = 0u32;
+    let mut refused = 0u32;
+    while let Some(o) = tasks.join_next().await {
+        let o = o.unwrap();
+        hedged += u32::from(o.attempts - 1);
+        refused += u32::from(o.budget_exhausted);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let bound = 0.1 * f64::from(n) + 1.0 * elapsed + 10.0;
+    assert!(f64::from(hedged) <= bound, "{hedged} hedges > bound {bound}");
+    assert!(hedged >= 40, "the budget was used: {hedged}");
+    assert_eq!(hedged + refused, n / 2, "every slow request wanted one hedge");
+    assert_eq!(up.seen().len() as u32, n + hedged);
+}
+
+/// A deterministic, roughly uniform TTFT in `100..1000` ms for attempt `k` of request `i`.
+fn scripted_ttft(i: u64, k: u8) -> Duration {
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (u64::from(k) << 32);
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 32;
+    ms(100 + x % 900)
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_delay_converges_to_the_configured_percentile() {
+    let up = Upstream::with(|h, attempt| {
+        let i: u64 = h["x-req"].to_str().unwrap().parse().unwrap();
+        Plan::sse(scripted_ttft(i, attempt))
+    });
+    let svc = FirstTokenHedgeLayer::new()
+        .with_delay(HedgeDelay::Adaptive(
+            AdaptiveDelay::new()
+                .with_percentile(0.9)
+                .with_min_samples(20)
+                .with_window(Duration::from_secs(3600))
+                .with_bounds(ms(1), ms(60_000)),
+        ))
+        .with_budget(HedgeBudget::unlimited())
+        .layer(up.clone());
+    let mut last = None;
+    let mut first_delays = Vec::new();
+    for i in 0..1500u64 {
+        let mut req = chat_request();
+        req.headers_mut().insert("x-req", i.to_string().parse().unwrap());
+        let res = svc.clone().oneshot(req).await.unwrap();
+        let o = outcome(&res).unwrap();
+        if i < 20 {
+            first_delays.push(o.delay);
+        }
+        last = o.delay;
+        let _ = res.into_body().collect().await.unwrap();
+    }
+    // No hedging before the minimum number of samples.
+    assert!(first_delays.iter().all(Option::is_none), "{first_delays:?}");
+    // p90 of uniform(100, 1000) ms is 910 ms; losers were censored, not dropped or counted as
+    // their waiting time, so the estimate is not pulled down by the hedges it caused.
+    let d = last.unwrap().as_secs_f64() * 1000.0;
+    assert!((d - 910.0).abs() < 910.0 * 0.05, "delay {d} ms");
+    assert!(up.seen().len() > 1500, "hedges were sent once warm");
+}
+
+#[tokio::test(start_paused = true)]
+async fn pre_token_overflow_fails_open() {
+    // 100 keepalives of 100 bytes and no token for a long time: over a 4 KiB pre-token cap
+    // the attempt is committed as it is rather than buffered without bound.
+    let comment = format!(": {}\n\n", "k".repeat(96));
+    let mut items = vec![data(ROLE)];
+    for _ in 0..100 {
+        items.push(Item::Data(Bytes::from(comment.clone())));
+        items.push(Item::Wait(ms(1)));
+    }
+    items.push(Item::Wait(ms(5000)));
+    items.push(Item::Data(Bytes::from(token("late"))));
+    let plan = Plan::items(items);
+    let up = Upstream::new(vec![plan.clone()]);
+    let res = layer()
+        .with_pre_token_cap(4096)
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res).unwrap().attempts, 1);
+    let (got, _, _) = frames(res.into_body()).await;
+    assert_eq!(concat(&got), plan.bytes());
+    assert_eq!(up.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_trailers_only_unavailable_fails_over_and_messages_are_tokens() {
+    let grpc_err = Plan {
+        headers: vec![
+            ("content-type", "application/grpc".into()),
+            ("grpc-status", "14".into()),
+            ("grpc-message", "replica draining".into()),
+        ],
+        ..Plan::items(vec![])
+    };
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    let msg = |s: &str| {
+        let mut v = vec![0u8];
+        v.extend_from_slice(&(s.len() as u32).to_be_bytes());
+        v.extend_from_slice(s.as_bytes());
+        Item::Data(Bytes::from(v))
+    };
+    let ok = Plan {
+        headers: vec![("content-type", "application/grpc".into())],
+        ..Plan::items(vec![
+            Item::Wait(ms(30)),
+            msg("hello"),
+            msg("world"),
+            Item::Trailers(trailers),
+        ])
+    };
+    let up = Upstream::new(vec![grpc_err, ok.clone()]);
+    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
+    assert_eq!(up.seen()[1].at, up.seen()[0].at);
+    let (got, trailers, _) = frames(res.into_body()).await;
+    assert_eq!(got, ok.frames());
+    assert_eq!(trailers.unwrap()["grpc-status"], "0");
+}
+
+#[tokio::test(start_paused = true)]
+async fn replica_set_sends_each_attempt_to_a_replica_not_yet_tried() {
+    let slow = Upstream::new(vec![Plan::sse(ms(10_000))]);
+    let fast1 = Upstream::new(vec![Plan::sse(ms(10))]);
+    let fast2 = Upstream::new(vec![Plan::sse(ms(10))]);
+    let svc = layer().layer_replicas([slow.clone(), fast1.clone(), fast2.clone()]);
+    // Round robin starts at replica 0 (the slow one): the backup must go elsewhere.
+    let res = svc.clone().oneshot(chat_request()).await.unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
+    assert_eq!(slow.seen().len(), 1);
+    assert!(slow.seen()[0].cancelled);
+    let backup = fast1.seen();
+    assert_eq!(backup.len(), 1);
+    assert_eq!(backup[0].attempt, Some(1));
+    assert_eq!(backup[0].tried, 2, "the primary's replica and its own are recorded");
+    assert!(fast2.seen().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn request_body_error_is_reported_and_nothing_is_sent() {
+    let up = Upstream::new(vec![Plan::sse(ms(10))]);
+    let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
+        Ok(http_body::Frame::data(Bytes::from_static(b"{\"a\""))),
+        Err(std::io::Error::other("client went away")),
+    ];
+    let req = Request::post("/v1/chat/completions")
+        .body(StreamBody::new(futures_util::stream::iter(chunks)))
+        .unwrap();
+    let err = layer().layer(up.clone()).oneshot(req).await.unwrap_err();
+    assert!(
+        err.downcast_ref::<tailguard_hedge::error::RequestBodyError>()
+            .is_some()
+    );
+    assert!(up.seen().is_empty());
+}
