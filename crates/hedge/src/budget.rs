@@ -80,7 +80,11 @@ impl HedgeBudget {
 
     /// Sets the largest balance the bucket holds (at least one token, and the initial balance).
     pub fn with_max_balance(mut self, tokens: f64) -> Self {
-        self.max_balance = if tokens.is_nan() { 1.0 } else { tokens.max(1.0) };
+        self.max_balance = if tokens.is_nan() {
+            1.0
+        } else {
+            tokens.max(1.0)
+        };
         self
     }
 }
@@ -133,7 +137,10 @@ impl Bucket {
             return true;
         }
         {
-            let mut last = self.last_floor.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut last = self
+                .last_floor
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let elapsed = now.saturating_duration_since(*last);
             let earned = (elapsed.as_secs_f64() * self.floor_per_sec * UNIT as f64) as i64;
             if earned > 0 {

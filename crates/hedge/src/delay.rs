@@ -467,7 +467,9 @@ mod tests {
     #[test]
     fn buckets_are_monotonic_and_close() {
         let mut prev = 0;
-        for ms in [0u64, 1, 2, 5, 10, 99, 100, 101, 1000, 30_000, 600_000, 10_000_000] {
+        for ms in [
+            0u64, 1, 2, 5, 10, 99, 100, 101, 1000, 30_000, 600_000, 10_000_000,
+        ] {
             let k = bucket_of(Duration::from_millis(ms));
             assert!(k >= prev);
             prev = k;

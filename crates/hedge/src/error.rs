@@ -28,7 +28,11 @@ impl RequestBodyError {
 
 impl fmt::Display for RequestBodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "request body failed while buffered for replay: {}", self.source)
+        write!(
+            f,
+            "request body failed while buffered for replay: {}",
+            self.source
+        )
     }
 }
 

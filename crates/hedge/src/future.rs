@@ -281,7 +281,8 @@ where
     }
 
     fn outcome(&self, winner: u8) -> HedgeOutcome {
-        HedgeOutcome::new(self.sent, winner, self.delay).with_budget_exhausted(self.budget_exhausted)
+        HedgeOutcome::new(self.sent, winner, self.delay)
+            .with_budget_exhausted(self.budget_exhausted)
     }
 
     fn can_send(&self) -> bool {
@@ -485,7 +486,10 @@ where
         }
     }
 
-    fn poll_race(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<HedgeBody<RB>>, BoxError>> {
+    fn poll_race(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<HedgeBody<RB>>, BoxError>> {
         loop {
             let mut progressed = false;
 

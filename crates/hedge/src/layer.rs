@@ -118,7 +118,10 @@ impl FirstTokenHedgeLayer {
     }
 
     /// Sets the HTTP statuses that count as a failed attempt (a backup is sent at once).
-    pub fn with_retryable_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+    pub fn with_retryable_statuses(
+        mut self,
+        statuses: impl IntoIterator<Item = StatusCode>,
+    ) -> Self {
         self.retryable = statuses.into_iter().collect();
         self
     }

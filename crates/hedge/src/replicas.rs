@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use http::Request;
-use tower::util::Oneshot;
 use tower::ServiceExt;
+use tower::util::Oneshot;
 use tower_service::Service;
 
 use crate::attempt::{Attempt, ReplicaId};
@@ -41,7 +41,10 @@ impl<S> ReplicaSet<S> {
     /// When `replicas` is empty: a set with nothing to route to is a configuration error.
     pub fn new(replicas: impl IntoIterator<Item = S>) -> Self {
         let replicas: Arc<[S]> = replicas.into_iter().collect();
-        assert!(!replicas.is_empty(), "ReplicaSet needs at least one replica");
+        assert!(
+            !replicas.is_empty(),
+            "ReplicaSet needs at least one replica"
+        );
         ReplicaSet {
             replicas,
             next: Arc::default(),

@@ -50,7 +50,11 @@ async fn fast_primary_sends_no_backup_and_frames_pass_unchanged() {
     let plan = split_stream(ms(100));
     let up = Upstream::new(vec![plan.clone()]);
     let start = Instant::now();
-    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
     // The head reaches the client with the first token (the second half of its event).
     assert_eq!(start.elapsed(), ms(105));
     assert_eq!(outcome(&res), Some(HedgeOutcome::new(1, 0, Some(ms(500)))));
@@ -76,7 +80,11 @@ async fn slow_first_token_backup_wins_and_primary_is_cancelled() {
     let backup = split_stream(ms(50));
     let up = Upstream::new(vec![Plan::sse(ms(10_000)), backup.clone()]);
     let start = Instant::now();
-    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
     // Backup at 500 ms, its first token 55 ms later.
     assert_eq!(start.elapsed(), ms(555));
     assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
@@ -84,7 +92,10 @@ async fn slow_first_token_backup_wins_and_primary_is_cancelled() {
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[1].at - seen[0].at, ms(500));
     assert_eq!(seen[1].attempt_header.as_deref(), Some("1"));
-    assert_eq!(seen[1].body, seen[0].body, "the backup gets the same request body");
+    assert_eq!(
+        seen[1].body, seen[0].body,
+        "the backup gets the same request body"
+    );
     // The loser was dropped at commit time, before the client read a byte.
     assert!(seen[0].cancelled);
     let (got, _, err) = frames(res.into_body()).await;
@@ -98,7 +109,11 @@ async fn slow_first_token_backup_wins_and_primary_is_cancelled() {
 async fn primary_wins_after_the_backup_was_sent() {
     // The primary's token comes at 700 ms, the backup's would come at 500 + 900 ms.
     let up = Upstream::new(vec![Plan::sse(ms(700)), Plan::sse(ms(900))]);
-    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
     assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 0, Some(ms(500)))));
     let seen = up.seen();
     assert!(seen[1].cancelled && !seen[0].cancelled);
@@ -109,10 +124,18 @@ async fn primary_wins_after_the_backup_was_sent() {
 async fn failover_at(primary: Plan, expected_backup_at: Duration) {
     let up = Upstream::new(vec![primary, Plan::sse(ms(30))]);
     let start = Instant::now();
-    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
     let seen = up.seen();
     assert_eq!(seen.len(), 2);
-    assert_eq!(seen[1].at - start, expected_backup_at, "backup sent at once");
+    assert_eq!(
+        seen[1].at - start,
+        expected_backup_at,
+        "backup sent at once"
+    );
     assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
     assert_eq!(res.status(), StatusCode::OK);
     let (got, _, err) = frames(res.into_body()).await;
@@ -157,7 +180,11 @@ async fn stream_without_a_token_triggers_the_backup_at_once() {
 #[tokio::test(start_paused = true)]
 async fn other_statuses_are_returned_as_they_are() {
     let up = Upstream::new(vec![Plan::status(400), Plan::sse(ms(10))]);
-    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(outcome(&res), Some(HedgeOutcome::new(1, 0, Some(ms(500)))));
     let body = res.into_body().collect().await.unwrap().to_bytes();
@@ -250,7 +277,10 @@ async fn a_body_error_before_the_token_is_kept_when_it_is_the_best_failure() {
     let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
     let (got, _, err) = frames(res.into_body()).await;
     assert_eq!(concat(&got), ROLE.as_bytes());
-    assert!(err, "the client sees the upstream's body error after the replayed frames");
+    assert!(
+        err,
+        "the client sees the upstream's body error after the replayed frames"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -274,7 +304,10 @@ async fn up_to_n_attempts_at_successive_delays() {
     let at: Vec<_> = seen.iter().map(|s| s.at - start).collect();
     assert_eq!(at, vec![ms(0), ms(500), ms(1000), ms(1500)]);
     assert_eq!(seen.iter().filter(|s| s.cancelled).count(), 3);
-    let headers: Vec<_> = seen.iter().map(|s| s.attempt_header.clone().unwrap()).collect();
+    let headers: Vec<_> = seen
+        .iter()
+        .map(|s| s.attempt_header.clone().unwrap())
+        .collect();
     assert_eq!(headers, ["0", "1", "2", "3"]);
 }
 
@@ -341,11 +374,14 @@ async fn ineligible_requests_pass_straight_through() {
         (raced, up.seen().len())
     };
     // GET
-    let req = Request::get("/v1/models").body(Full::new(Bytes::new())).unwrap();
+    let req = Request::get("/v1/models")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     assert_eq!(check(slow(), req, layer()).await, (false, 1));
     // Opt-out header.
     let mut req = chat_request();
-    req.headers_mut().insert(OPT_OUT_HEADER, "1".parse().unwrap());
+    req.headers_mut()
+        .insert(OPT_OUT_HEADER, "1".parse().unwrap());
     assert_eq!(check(slow(), req, layer()).await, (false, 1));
     // Marked non-streaming.
     let mut req = chat_request();
@@ -362,7 +398,10 @@ async fn ineligible_requests_pass_straight_through() {
     let mut req = chat_request();
     req.extensions_mut().insert(Priority::batch());
     assert_eq!(check(slow(), req, only.clone()).await, (false, 1));
-    assert_eq!(check(slow(), chat_request(), only.clone()).await, (false, 1));
+    assert_eq!(
+        check(slow(), chat_request(), only.clone()).await,
+        (false, 1)
+    );
     let mut req = chat_request();
     req.extensions_mut().insert(Priority::interactive());
     assert_eq!(check(slow(), req, only.clone()).await, (true, 2));
@@ -431,9 +470,16 @@ async fn budget_bounds_hedges_under_a_half_slow_upstream() {
     }
     let elapsed = start.elapsed().as_secs_f64();
     let bound = 0.1 * f64::from(n) + 1.0 * elapsed + 10.0;
-    assert!(f64::from(hedged) <= bound, "{hedged} hedges > bound {bound}");
+    assert!(
+        f64::from(hedged) <= bound,
+        "{hedged} hedges > bound {bound}"
+    );
     assert!(hedged >= 40, "the budget was used: {hedged}");
-    assert_eq!(hedged + refused, n / 2, "every slow request wanted one hedge");
+    assert_eq!(
+        hedged + refused,
+        n / 2,
+        "every slow request wanted one hedge"
+    );
     assert_eq!(up.seen().len() as u32, n + hedged);
 }
 
@@ -466,7 +512,8 @@ async fn adaptive_delay_converges_to_the_configured_percentile() {
     let mut first_delays = Vec::new();
     for i in 0..1500u64 {
         let mut req = chat_request();
-        req.headers_mut().insert("x-req", i.to_string().parse().unwrap());
+        req.headers_mut()
+            .insert("x-req", i.to_string().parse().unwrap());
         let res = svc.clone().oneshot(req).await.unwrap();
         let o = outcome(&res).unwrap();
         if i < 20 {
@@ -538,7 +585,11 @@ async fn grpc_trailers_only_unavailable_fails_over_and_messages_are_tokens() {
         ])
     };
     let up = Upstream::new(vec![grpc_err, ok.clone()]);
-    let res = layer().layer(up.clone()).oneshot(chat_request()).await.unwrap();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
     assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
     assert_eq!(up.seen()[1].at, up.seen()[0].at);
     let (got, trailers, _) = frames(res.into_body()).await;
@@ -560,7 +611,10 @@ async fn replica_set_sends_each_attempt_to_a_replica_not_yet_tried() {
     let backup = fast1.seen();
     assert_eq!(backup.len(), 1);
     assert_eq!(backup[0].attempt, Some(1));
-    assert_eq!(backup[0].tried, 2, "the primary's replica and its own are recorded");
+    assert_eq!(
+        backup[0].tried, 2,
+        "the primary's replica and its own are recorded"
+    );
     assert!(fast2.seen().is_empty());
 }
 

@@ -146,19 +146,19 @@ pub struct Log {
     pub seen: Vec<Seen>,
 }
 
+pub type PlanFn = dyn Fn(&HeaderMap, u8) -> Plan + Send + Sync;
+
 /// An in-process upstream: attempt *n* follows `plans[n]` (the last plan repeats), or the
 /// plan a `pick` function returns.
 #[derive(Clone)]
 pub struct Upstream {
-    pub plans: Arc<dyn Fn(&HeaderMap, u8) -> Plan + Send + Sync>,
+    pub plans: Arc<PlanFn>,
     pub log: Arc<Mutex<Log>>,
 }
 
 impl Upstream {
     pub fn new(plans: Vec<Plan>) -> Self {
-        Upstream::with(move |_, attempt| {
-            plans[usize::from(attempt).min(plans.len() - 1)].clone()
-        })
+        Upstream::with(move |_, attempt| plans[usize::from(attempt).min(plans.len() - 1)].clone())
     }
 
     /// `f(request headers, attempt)` gives the plan.
@@ -269,7 +269,8 @@ where
 {
     type Response = Response<ScriptBody>;
     type Error = TransportError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ScriptBody>, TransportError>> + Send>>;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<Response<ScriptBody>, TransportError>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
