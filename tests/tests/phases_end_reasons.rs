@@ -1,0 +1,339 @@
+//! `LatencyPhaseRecorder` as the outermost layer over the real tailguard layers, a hyper client
+//! and `tailguard-mock` on loopback: every end reason comes from a real scenario.
+//!
+//! Stack order: recorder → `SseIdleTimeout` → `BoundedAdmission` → client. Admission cannot sit
+//! outside the timeout layer: its rendered refusals need `Data: From<Bytes>`, which the
+//! timeout's `Chunk<D>` data does not implement.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tailguard::admission::BoundedAdmissionLayer;
+use tailguard::core::{EndReason, ReplayBody, UpstreamFailure};
+use tailguard::hedge::FirstTokenHedgeLayer;
+use tailguard::phases::{LatencyPhaseRecorderLayer, MetricsSink, PhaseReport};
+use tailguard::timeout::SseIdleTimeoutLayer;
+use tailguard_mock::{MockServer, SCRIPT_HEADER, Script};
+use tower::{ServiceBuilder, ServiceExt};
+
+const CHAT: &str =
+    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[derive(Clone, Default)]
+struct Reports(Arc<Mutex<Vec<PhaseReport>>>);
+
+impl Reports {
+    fn all(&self) -> Vec<PhaseReport> {
+        self.0.lock().unwrap().clone()
+    }
+    fn one(&self) -> PhaseReport {
+        let all = self.all();
+        assert_eq!(all.len(), 1, "exactly one report");
+        all.into_iter().next().unwrap()
+    }
+}
+
+fn recorder() -> (LatencyPhaseRecorderLayer, Reports, Snapshotter) {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    let reports = Reports::default();
+    let r = reports.clone();
+    let layer = LatencyPhaseRecorderLayer::new()
+        .without_sinks()
+        .with_sink(MetricsSink::new().with_recorder(rec))
+        .with_sink(move |rep: &PhaseReport| r.0.lock().unwrap().push(rep.clone()))
+        .with_routes(["/v1/chat/completions"])
+        .with_models(["gpt-4o"]);
+    (layer, reports, snap)
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+fn chat(server: &MockServer, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut b = Request::post(format!("{}/v1/chat/completions", server.url()))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(Bytes::from_static(CHAT.as_bytes())))
+        .unwrap()
+}
+
+fn end_reasons(snap: &Snapshotter) -> Vec<String> {
+    let mut v: Vec<String> = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "tailguard_requests_total")
+        .flat_map(|(k, _, _, value)| {
+            let n = match value {
+                DebugValue::Counter(n) => n,
+                _ => 0,
+            };
+            let label = k
+                .key()
+                .labels()
+                .find(|l| l.key() == "end_reason")
+                .map(|l| l.value().to_owned())
+                .unwrap();
+            std::iter::repeat_n(label, n as usize)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(start_paused = true)]
+async fn completed_through_admission_and_timeouts() {
+    let server = MockServer::start(Script::new().ttft(ms(100)).tokens(3).gap(ms(10)))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(
+            SseIdleTimeoutLayer::new()
+                .with_first_token_timeout(ms(1000))
+                .with_idle_timeout(ms(500)),
+        )
+        .layer(BoundedAdmissionLayer::new(4))
+        .service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    let r = reports.one();
+    assert_eq!(r.end_reason, EndReason::Completed);
+    assert!(!r.end_reason_reported);
+    assert_eq!(r.queue_wait, Some(Duration::ZERO));
+    assert_eq!(r.time_to_first_token, Some(ms(100)));
+    assert_eq!(r.total, ms(120));
+    assert_eq!(end_reasons(&snap), ["completed"]);
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_token_timeout_from_sse_idle_timeout() {
+    let server = MockServer::start(Script::new().ttft(ms(5000)).keepalive_every(ms(50)))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new().with_first_token_timeout(ms(200)))
+        .service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    res.into_body().collect().await.unwrap();
+    let r = reports.one();
+    assert_eq!(r.end_reason, EndReason::FirstTokenTimeout);
+    assert!(r.end_reason_reported);
+    assert_eq!(r.time_to_first_token, None);
+    assert_eq!(r.output_events, 0);
+    assert_eq!(r.total, ms(200));
+    assert_eq!(end_reasons(&snap), ["first_token_timeout"]);
+    server.wait_idle().await;
+    assert_eq!(server.stats().cancelled, 1);
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_timeout_from_sse_idle_timeout() {
+    let server = MockServer::start(
+        Script::new()
+            .ttft(ms(40))
+            .tokens(6)
+            .gap(ms(10))
+            .stall_after(2, None)
+            .keepalive_every(ms(30)),
+    )
+    .await
+    .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new().with_idle_timeout(ms(100)))
+        .service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    let r = reports.one();
+    assert_eq!(r.end_reason, EndReason::IdleTimeout);
+    assert!(r.end_reason_reported);
+    assert_eq!(r.time_to_first_token, Some(ms(40)));
+    assert_eq!(r.output_events, 2);
+    assert_eq!(r.gaps.count, 1);
+    assert_eq!(r.gaps.max, ms(10));
+    // Token 2 at 50 ms, then 100 ms of keepalives only.
+    assert_eq!(r.total, ms(150));
+    assert_eq!(end_reasons(&snap), ["idle_timeout"]);
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_500_through_the_stack() {
+    let server = MockServer::start(Script::new().status(StatusCode::INTERNAL_SERVER_ERROR))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new().with_first_token_timeout(ms(1000)))
+        .layer(BoundedAdmissionLayer::new(4))
+        .service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    res.into_body().collect().await.unwrap();
+    let r = reports.one();
+    assert_eq!(
+        r.end_reason,
+        EndReason::UpstreamError(UpstreamFailure::Status(StatusCode::INTERNAL_SERVER_ERROR))
+    );
+    assert_eq!(end_reasons(&snap), ["upstream_error_5xx"]);
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_disconnect_mid_stream_releases_everything() {
+    let server = MockServer::start(Script::new().ttft(ms(20)).tokens(50).gap(ms(100)))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let admission = BoundedAdmissionLayer::new(2);
+    let handle = admission.handle();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new().with_idle_timeout(ms(1000)))
+        .layer(admission)
+        .service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    let mut body = Box::pin(res.into_body());
+    let mut text = String::new();
+    while text.matches("\"content\"").count() < 3 {
+        if let Ok(d) = body.frame().await.unwrap().unwrap().into_data() {
+            text.push_str(&String::from_utf8_lossy(bytes::Buf::chunk(&d)));
+        }
+    }
+    assert_eq!(handle.in_flight(), 1);
+    drop(body);
+    assert_eq!(handle.in_flight(), 0, "the admission permit is released");
+    let r = reports.one();
+    assert_eq!(r.end_reason, EndReason::ClientDisconnect);
+    assert_eq!(r.output_events, 3);
+    assert_eq!(r.total, ms(220));
+    assert_eq!(end_reasons(&snap), ["client_disconnect"]);
+    server.wait_idle().await;
+    assert_eq!(server.stats().cancelled, 1);
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejection_and_queue_wait_from_bounded_admission() {
+    let server = MockServer::start(Script::new().ttft(ms(300)).tokens(1))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(
+            BoundedAdmissionLayer::new(1)
+                .with_queue_len(1)
+                .with_queue_timeout(ms(10_000))
+                .with_codel(None),
+        )
+        .service(client());
+    // The first holds the only unit for 300 ms; the second queues behind it; the third finds
+    // the queue full and is refused at once.
+    let first = tokio::spawn(svc.clone().oneshot(chat(&server, &[])));
+    tokio::task::yield_now().await;
+    let second = tokio::spawn(svc.clone().oneshot(chat(&server, &[])));
+    tokio::task::yield_now().await;
+    let third = svc.clone().oneshot(chat(&server, &[])).await.unwrap();
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    third.into_body().collect().await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    first.into_body().collect().await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    second.into_body().collect().await.unwrap();
+
+    let all = reports.all();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0].end_reason, EndReason::Rejected);
+    assert!(all[0].admission.as_ref().unwrap().rejected.is_some());
+    assert_eq!(all[0].queue_wait, Some(Duration::ZERO));
+    assert_eq!(all[1].end_reason, EndReason::Completed);
+    assert_eq!(all[1].queue_wait, Some(Duration::ZERO));
+    assert_eq!(all[2].end_reason, EndReason::Completed);
+    assert_eq!(all[2].queue_wait, Some(ms(300)));
+    assert_eq!(all[2].time_to_first_token, Some(ms(600)));
+    assert_eq!(end_reasons(&snap), ["completed", "completed", "rejected"]);
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedge_outcome_from_first_token_hedge() {
+    let server = MockServer::start(Script::new().tokens(3).gap(ms(5)))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let upstream: Client<HttpConnector, ReplayBody<Full<Bytes>>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(
+            FirstTokenHedgeLayer::new()
+                .with_delay(ms(100))
+                .with_max_attempts(2),
+        )
+        .service(upstream);
+    let req = chat(
+        &server,
+        &[
+            ("x-mock-script-0", "ttft=2s"),
+            ("x-mock-script-1", "ttft=10ms"),
+        ],
+    );
+    let res = svc.oneshot(req).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    let r = reports.one();
+    assert_eq!(r.end_reason, EndReason::Completed);
+    let h = r.hedge.expect("hedge outcome");
+    assert_eq!((h.attempts, h.winner), (2, 1));
+    assert_eq!(r.time_to_first_token, Some(ms(110)));
+    let hedged: Vec<_> = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "tailguard_hedged_requests_total")
+        .map(|(k, _, _, v)| {
+            let w = k
+                .key()
+                .labels()
+                .find(|l| l.key() == "winner")
+                .unwrap()
+                .value()
+                .to_owned();
+            (w, matches!(v, DebugValue::Counter(1)))
+        })
+        .collect();
+    assert_eq!(hedged, [("hedge".to_owned(), true)]);
+    server.wait_idle().await;
+    let stats = server.stats();
+    assert_eq!(stats.requests, 2);
+    assert_eq!(
+        stats.cancelled, 1,
+        "the losing attempt was cancelled upstream"
+    );
+    let _ = SCRIPT_HEADER;
+    server.shutdown().await;
+}
