@@ -147,7 +147,11 @@ async fn queue_full_is_an_immediate_429_with_retry_after() {
     assert_eq!(start.elapsed(), Duration::ZERO, "refused without waiting");
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(res.headers()["content-type"], "application/json");
-    let retry: u64 = res.headers()[RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    let retry: u64 = res.headers()[RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(retry >= 1);
     let outcome = res.extensions().get::<AdmissionOutcome>().unwrap().clone();
     assert_eq!(outcome.rejected, Some(OverloadReason::QueueFull));
@@ -191,7 +195,14 @@ async fn deadline_is_a_503() {
     let res = svc.clone().oneshot(req).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(800));
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(res.headers()[RETRY_AFTER].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    assert!(
+        res.headers()[RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
     let outcome = res.extensions().get::<AdmissionOutcome>().unwrap().clone();
     assert_eq!(outcome.queue_wait, Duration::from_millis(800));
     assert_eq!(outcome.rejected, Some(OverloadReason::QueueTimeout));
@@ -300,7 +311,11 @@ async fn a_waiter_dropped_between_grant_and_poll_returns_its_permit() {
     drop(a);
     assert_eq!((h.in_flight(), h.queued()), (1, 0));
     drop(fut);
-    assert_eq!(h.in_flight(), 0, "the permit in the dropped channel is released");
+    assert_eq!(
+        h.in_flight(),
+        0,
+        "the permit in the dropped channel is released"
+    );
     assert_eq!(arrived(&mut ctl).len(), 1, "b never reached the upstream");
 }
 
@@ -413,7 +428,9 @@ async fn a_big_request_is_not_starved_by_small_ones() {
 async fn retry_after_follows_the_drain_rate() {
     async fn retry_after_with_streams_of(len: Duration) -> u64 {
         let (up, mut ctl) = upstream();
-        let layer = BoundedAdmissionLayer::new(1).with_queue_len(1).with_codel(None);
+        let layer = BoundedAdmissionLayer::new(1)
+            .with_queue_len(1)
+            .with_codel(None);
         let svc = layer.layer(up);
         // Ten streams back to back, each `len` long.
         for i in 0..10 {
@@ -428,7 +445,11 @@ async fn retry_after_follows_the_drain_rate() {
         settle().await;
         let res = svc.clone().oneshot(request("c")).await.unwrap();
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-        res.headers()[RETRY_AFTER].to_str().unwrap().parse().unwrap()
+        res.headers()[RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
     }
     // Backlog of 2 units (b and c); about one release per 2 s: a few seconds.
     let slow = retry_after_with_streams_of(Duration::from_secs(2)).await;

@@ -57,8 +57,10 @@ async fn interactive_is_admitted_ahead_of_batch() {
 async fn reserved_shares_hold_under_contention_and_are_borrowed_when_idle() {
     let (up, mut ctl) = upstream();
     // Batch reserves half of the capacity through the policy PriorityClass hands down.
-    let classes = PriorityClassLayer::new()
-        .with_policy(Priority::batch(), ClassPolicy::new().with_reserved_share(0.5));
+    let classes = PriorityClassLayer::new().with_policy(
+        Priority::batch(),
+        ClassPolicy::new().with_reserved_share(0.5),
+    );
     let admission = BoundedAdmissionLayer::new(4)
         .with_queue_len(10)
         .with_queue_timeout(Duration::from_secs(60))
@@ -200,7 +202,10 @@ async fn aging_lets_an_old_batch_request_through() {
         first
     }
     // With 200 ms aging, one second of waiting lifts batch (10) by 50 levels: above 30.
-    assert_eq!(first_admitted(Some(Duration::from_millis(200))).await, "batch");
+    assert_eq!(
+        first_admitted(Some(Duration::from_millis(200))).await,
+        "batch"
+    );
     // Without aging the fresh interactive request goes first.
     assert_eq!(first_admitted(None).await, "interactive");
 }
@@ -218,7 +223,11 @@ async fn layer_configured_share_and_default_class() {
     let svc = layer.layer(up);
     let a = svc.clone().oneshot(request("a")).await.unwrap();
     let b = svc.clone().oneshot(request("b")).await.unwrap();
-    assert_eq!(h.in_flight_of(&Priority::batch()), 2, "no Priority: the default class");
+    assert_eq!(
+        h.in_flight_of(&Priority::batch()),
+        2,
+        "no Priority: the default class"
+    );
     let w1 = spawn_call(&svc, request_of("i", Priority::interactive()));
     settle().await;
     let w2 = spawn_call(&svc, request_of("x", Priority::sheddable()));
@@ -226,7 +235,11 @@ async fn layer_configured_share_and_default_class() {
     names(&mut ctl);
     drop(a);
     settle().await;
-    assert_eq!(names(&mut ctl), ["x"], "the reserved share beats the higher class");
+    assert_eq!(
+        names(&mut ctl),
+        ["x"],
+        "the reserved share beats the higher class"
+    );
     drop(b);
     settle().await;
     assert_eq!(names(&mut ctl), ["i"]);
