@@ -227,7 +227,13 @@ impl SseScanner {
                     continue;
                 }
             }
-            match memchr2(b'\n', b'\r', chunk) {
+            // A line end right here (the blank line that ends an event, most often): no need
+            // to search for it.
+            let found = match chunk[0] {
+                b'\n' | b'\r' => Some(0),
+                _ => memchr2(b'\n', b'\r', chunk),
+            };
+            match found {
                 Some(i) => {
                     // The line end itself does not count against the cap.
                     self.pending += i;
@@ -271,7 +277,13 @@ impl SseScanner {
         while let Some(&first) = seg.first() {
             match self.line {
                 Line::Start => {
-                    if first == b':' {
+                    if seg.starts_with(b"data:") {
+                        // The common case, without the field-name machinery.
+                        self.in_event = true;
+                        self.begin_field(Field::Data);
+                        self.line = Line::AfterColon(Field::Data);
+                        seg = &seg[5..];
+                    } else if first == b':' {
                         self.line = Line::Value(Field::Comment);
                         self.comment.clear();
                         self.comment_len = 0;
