@@ -1,0 +1,568 @@
+//! End to end over real loopback sockets: a hyper client (and a tonic `Channel`) behind
+//! `FirstTokenHedge`, in front of `tailguard-mock` replicas, on a paused clock.
+
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tailguard_core::{HedgeOutcome, ReplayBody};
+use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
+use tailguard_mock::{MockServer, Outcome, Script};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+
+type HedgeClient = Client<HttpConnector, ReplayBody<Full<Bytes>>>;
+
+const CHAT: &str =
+    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi there"}]}"#;
+const MESSAGES: &str = r#"{"model":"claude","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn client() -> HedgeClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+fn plain_client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+fn layer() -> FirstTokenHedgeLayer {
+    FirstTokenHedgeLayer::new()
+        .with_delay(ms(500))
+        .with_budget(HedgeBudget::unlimited())
+}
+
+fn post(uri: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut b = Request::post(uri).header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(Bytes::from(body.to_owned()))).unwrap()
+}
+
+/// A replica: the shared client with requests sent to `base`.
+fn replica(
+    client: HedgeClient,
+    base: String,
+) -> impl Service<
+    Request<ReplayBody<Full<Bytes>>>,
+    Response = Response<hyper::body::Incoming>,
+    Error = hyper_util::client::legacy::Error,
+    Future: Send,
+> + Clone
++ Send
++ 'static {
+    client.map_request(move |mut r: Request<ReplayBody<Full<Bytes>>>| {
+        *r.uri_mut() = format!("{base}{}", r.uri().path()).parse().unwrap();
+        r
+    })
+}
+
+async fn read_all<B>(body: B) -> (Vec<u8>, bool)
+where
+    B: Body<Data = Bytes>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut out = Vec::new();
+    while let Some(f) = body.frame().await {
+        match f {
+            Ok(f) => {
+                if let Ok(d) = f.into_data() {
+                    out.extend_from_slice(&d);
+                }
+            }
+            Err(_) => return (out, true),
+        }
+    }
+    (out, false)
+}
+
+/// The bytes a direct call (no hedge) to `server` returns.
+async fn direct(server: &MockServer, path: &str, body: &str, headers: &[(&str, &str)]) -> Vec<u8> {
+    let res = plain_client()
+        .request(post(&format!("{}{path}", server.url()), body, headers))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(!err);
+    bytes
+}
+
+fn outcome<B>(res: &Response<B>) -> HedgeOutcome {
+    res.extensions().get::<HedgeOutcome>().cloned().unwrap()
+}
+
+fn script() -> Script {
+    Script::new().ttft(ms(80)).tokens(5).gap(ms(10))
+}
+
+#[tokio::test(start_paused = true)]
+async fn fast_primary_sends_no_backup_and_bytes_equal_a_direct_call() {
+    let server = MockServer::start(script()).await.unwrap();
+    let reference = MockServer::start(script()).await.unwrap();
+    let expected = direct(&reference, "/v1/chat/completions", CHAT, &[]).await;
+
+    let svc = layer().layer(client());
+    let start = Instant::now();
+    let res = svc
+        .oneshot(post(
+            &format!("{}/v1/chat/completions", server.url()),
+            CHAT,
+            &[],
+        ))
+        .await
+        .unwrap();
+    let ttft = start.elapsed();
+    assert!(ttft >= ms(80) && ttft < ms(100), "{ttft:?}");
+    assert_eq!(outcome(&res), HedgeOutcome::new(1, 0, Some(ms(500))));
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(!err);
+    assert_eq!(bytes, expected);
+    tokio::time::sleep(ms(1000)).await;
+    let s = server.stats();
+    assert_eq!((s.requests, s.completed, s.cancelled), (1, 1, 0));
+    assert_eq!(s.log[0].attempt.as_deref(), Some("0"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_first_token_backup_wins_and_the_primary_is_cancelled_upstream() {
+    // Two replicas: the primary goes to `slow` (headers at once, first token after 10 s), the
+    // backup to `fast`.
+    let slow = MockServer::start(script().ttft(ms(10_000))).await.unwrap();
+    let fast = MockServer::start(script()).await.unwrap();
+    let reference = MockServer::start(script()).await.unwrap();
+    let expected = direct(&reference, "/v1/chat/completions", CHAT, &[]).await;
+
+    let c = client();
+    let svc = layer().layer_replicas([
+        replica(c.clone(), slow.url()),
+        replica(c.clone(), fast.url()),
+    ]);
+    let start = Instant::now();
+    let res = svc
+        .oneshot(post("/v1/chat/completions", CHAT, &[]))
+        .await
+        .unwrap();
+    let ttft = start.elapsed();
+    assert!(ttft >= ms(580) && ttft < ms(600), "{ttft:?}");
+    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(!err);
+    assert_eq!(
+        bytes, expected,
+        "the client gets the backup's stream exactly"
+    );
+
+    slow.wait_idle().await;
+    let s = slow.stats();
+    assert_eq!((s.requests, s.cancelled), (1, 1));
+    assert_eq!(s.log[0].outcome, Outcome::Cancelled);
+    assert_eq!(s.log[0].tokens_sent, 0);
+    let f = fast.stats();
+    assert_eq!((f.requests, f.completed), (1, 1));
+    assert_eq!(f.log[0].attempt.as_deref(), Some("1"));
+    assert_eq!(f.log[0].started - s.log[0].started, ms(500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_balanced_service_with_per_attempt_behaviour() {
+    // Mode (a): one inner service; the mock acts per attempt header.
+    let server = MockServer::start(script()).await.unwrap();
+    let headers = [
+        ("x-mock-script-0", "ttft=10s"),
+        ("x-mock-script-1", "ttft=40ms"),
+    ];
+    let reference = MockServer::start(script()).await.unwrap();
+    let _ = direct(&reference, "/v1/chat/completions", CHAT, &[]).await;
+    let mut h = headers.to_vec();
+    h.push(("x-tailguard-attempt", "1"));
+    let expected = direct(&reference, "/v1/chat/completions", CHAT, &h).await;
+
+    let svc = layer().layer(client());
+    let res = svc
+        .oneshot(post(
+            &format!("{}/v1/chat/completions", server.url()),
+            CHAT,
+            &headers,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    let (bytes, _) = read_all(res.into_body()).await;
+    assert_eq!(bytes, expected);
+    server.wait_idle().await;
+    let s = server.stats();
+    assert_eq!(s.requests, 2);
+    assert_eq!(
+        s.by_attempt("0").next().unwrap().outcome,
+        Outcome::Cancelled
+    );
+    assert_eq!(
+        s.by_attempt("1").next().unwrap().outcome,
+        Outcome::Completed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tower_hedge_does_not_hedge_a_slow_first_token() {
+    // The same scenario through tower::hedge: it measures latency to headers, which the mock
+    // sends at once, so it never sends a backup and the client waits for the slow token.
+    #[derive(Clone)]
+    struct ClonePolicy;
+    impl tower::hedge::Policy<Request<Full<Bytes>>> for ClonePolicy {
+        fn clone_request(&self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+            let mut r = Request::new(req.body().clone());
+            *r.method_mut() = req.method().clone();
+            *r.uri_mut() = req.uri().clone();
+            *r.headers_mut() = req.headers().clone();
+            Some(r)
+        }
+        fn can_retry(&self, _: &Request<Full<Bytes>>) -> bool {
+            true
+        }
+    }
+    let server = MockServer::start(script()).await.unwrap();
+    let url = format!("{}/v1/chat/completions", server.url());
+    let mut hedge = tower::hedge::Hedge::new(
+        plain_client(),
+        ClonePolicy,
+        10,
+        0.9,
+        Duration::from_secs(60),
+    );
+    // Warm tower's histogram up with ordinary requests.
+    for _ in 0..20 {
+        let res = hedge
+            .ready()
+            .await
+            .unwrap()
+            .call(post(&url, CHAT, &[]))
+            .await
+            .unwrap();
+        let _ = read_all(res.into_body()).await;
+    }
+    server.reset_stats();
+    let headers = [("x-mock-script-0", "ttft=5s"), ("x-mock-script", "ttft=5s")];
+    let start = Instant::now();
+    let res = hedge
+        .ready()
+        .await
+        .unwrap()
+        .call(post(&url, CHAT, &headers))
+        .await
+        .unwrap();
+    let head = start.elapsed();
+    let (bytes, _) = read_all(res.into_body()).await;
+    let total = start.elapsed();
+    assert!(head < ms(50), "headers came at once: {head:?}");
+    assert!(
+        total >= ms(5000),
+        "the slow token was waited out: {total:?}"
+    );
+    assert!(String::from_utf8_lossy(&bytes).contains("[DONE]"));
+    assert_eq!(server.stats().requests, 1, "tower::hedge sent no backup");
+
+    // FirstTokenHedge on the same upstream: the backup (attempt 1, normal script) wins.
+    server.reset_stats();
+    let headers = [("x-mock-script-0", "ttft=5s")];
+    let start = Instant::now();
+    let res = layer()
+        .layer(client())
+        .oneshot(post(&url, CHAT, &headers))
+        .await
+        .unwrap();
+    assert!(start.elapsed() < ms(700));
+    assert_eq!(outcome(&res).winner, 1);
+    let _ = read_all(res.into_body()).await;
+    assert_eq!(server.stats().requests, 2);
+}
+
+/// Attempt 0 follows `primary` (script syntax); attempt 1 is well behaved. Returns when the
+/// backup arrived relative to the primary, and the response bytes.
+async fn failover(primary: &str) -> (Duration, Vec<u8>, HedgeOutcome) {
+    let server = MockServer::start(script()).await.unwrap();
+    let svc = layer().layer(client());
+    let res = svc
+        .oneshot(post(
+            &format!("{}/v1/chat/completions", server.url()),
+            CHAT,
+            &[("x-mock-script-0", primary)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let o = outcome(&res);
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(!err);
+    let s = server.stats();
+    assert_eq!(s.requests, 2, "{primary}");
+    let gap = s.by_attempt("1").next().unwrap().started - s.by_attempt("0").next().unwrap().started;
+    (gap, bytes, o)
+}
+
+#[tokio::test(start_paused = true)]
+async fn primary_503_sends_the_backup_at_once() {
+    let (gap, bytes, o) = failover("status=503, head_delay=30ms").await;
+    assert!(gap >= ms(30) && gap < ms(40), "{gap:?}");
+    assert_eq!(o, HedgeOutcome::new(2, 1, Some(ms(500))));
+    assert!(String::from_utf8_lossy(&bytes).contains("[DONE]"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn primary_reset_sends_the_backup_at_once() {
+    let (gap, _, o) = failover("reset=before_headers, head_delay=20ms").await;
+    assert!(gap >= ms(20) && gap < ms(30), "{gap:?}");
+    assert_eq!(o.winner, 1);
+    // A reset after the head, before any token.
+    let (gap, _, o) = failover("reset=0, ttft=60ms").await;
+    assert!(gap >= ms(60) && gap < ms(70), "{gap:?}");
+    assert_eq!(o.winner, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn primary_in_band_error_sends_the_backup_at_once() {
+    let (gap, bytes, o) = failover("error_after=0, ttft=70ms").await;
+    assert!(gap >= ms(70) && gap < ms(80), "{gap:?}");
+    assert_eq!(o.winner, 1);
+    assert!(!String::from_utf8_lossy(&bytes).contains("error"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_attempt_failing_returns_the_documented_failure() {
+    // Both 503: the later one, with its Retry-After and its JSON error body.
+    let server = MockServer::start(
+        script()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .retry_after(Duration::from_secs(3)),
+    )
+    .await
+    .unwrap();
+    let res = layer()
+        .layer(client())
+        .oneshot(post(
+            &format!("{}/v1/chat/completions", server.url()),
+            CHAT,
+            &[],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "3");
+    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    let (bytes, _) = read_all(res.into_body()).await;
+    assert!(String::from_utf8_lossy(&bytes).contains("\"error\""));
+    assert_eq!(server.stats().requests, 2);
+
+    // An in-band error beats a 503: the client gets the upstream's error event.
+    let server = MockServer::start(script()).await.unwrap();
+    let res = layer()
+        .layer(client())
+        .oneshot(post(
+            &format!("{}/v1/chat/completions", server.url()),
+            CHAT,
+            &[
+                ("x-mock-script-0", "error_after=0"),
+                ("x-mock-script-1", "status=503"),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(outcome(&res).winner, 0);
+    let (bytes, _) = read_all(res.into_body()).await;
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("data: {\"error\""), "{text}");
+
+    // Nothing listening: the transport error of the last attempt.
+    let dead = {
+        let s = MockServer::start(script()).await.unwrap();
+        let url = s.url();
+        s.shutdown().await;
+        url
+    };
+    let err = layer()
+        .layer(client())
+        .oneshot(post(&format!("{dead}/v1/chat/completions"), CHAT, &[]))
+        .await
+        .unwrap_err();
+    assert!(
+        err.downcast_ref::<hyper_util::client::legacy::Error>()
+            .is_some(),
+        "{err}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_holds_under_a_half_slow_upstream() {
+    // Half the requests (drawn by the mock's seeded RNG) have a 2 s first token on every
+    // attempt; with a 200 ms delay each of them wants a hedge.
+    let server = MockServer::start(script().ttft(tailguard_mock::Latency::mixture(
+        tailguard_mock::Latency::Fixed(ms(20)),
+        tailguard_mock::Latency::Fixed(ms(2000)),
+        0.5,
+    )))
+    .await
+    .unwrap();
+    let svc = FirstTokenHedgeLayer::new()
+        .with_delay(ms(200))
+        .with_budget(HedgeBudget::new().with_floor(0.0))
+        .layer(client());
+    let url = format!("{}/v1/chat/completions", server.url());
+    let n = 200u32;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let svc = svc.clone();
+        let req = post(&url, CHAT, &[]);
+        tasks.spawn(async move {
+            let res = svc.oneshot(req).await.unwrap();
+            let o = outcome(&res);
+            let _ = read_all(res.into_body()).await;
+            o
+        });
+        tokio::time::sleep(ms(20)).await;
+    }
+    let (mut hedged, mut refused) = (0u32, 0u32);
+    while let Some(o) = tasks.join_next().await {
+        let o = o.unwrap();
+        hedged += u32::from(o.attempts - 1);
+        refused += u32::from(o.budget_exhausted);
+    }
+    // 10% of 200 requests plus the initial 10 tokens.
+    assert!(hedged <= 30, "{hedged}");
+    assert!(hedged >= 20, "{hedged}");
+    assert!(refused > 40, "{refused}");
+    assert_eq!(server.stats().requests, u64::from(n + hedged));
+}
+
+#[tokio::test(start_paused = true)]
+async fn body_over_the_replay_cap_passes_unhedged_and_intact() {
+    let server = MockServer::start(script()).await.unwrap();
+    let big = format!(
+        r#"{{"model":"gpt-4o","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(4000)
+    );
+    let res = layer()
+        .with_replay_cap(1024)
+        .layer(client())
+        .oneshot(post(
+            &format!("{}/v1/chat/completions", server.url()),
+            &big,
+            &[("x-mock-script", "ttft=2s")],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "the mock parsed the whole body"
+    );
+    assert!(res.extensions().get::<HedgeOutcome>().is_none());
+    let (bytes, _) = read_all(res.into_body()).await;
+    assert!(String::from_utf8_lossy(&bytes).contains("[DONE]"));
+    let s = server.stats();
+    assert_eq!(
+        (s.requests, s.completed),
+        (1, 1),
+        "no backup despite the slow token"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_dropping_the_response_during_the_race_cancels_both_upstream() {
+    let server = MockServer::start(script().ttft(ms(10_000))).await.unwrap();
+    let svc = layer().layer(client());
+    let url = format!("{}/v1/chat/completions", server.url());
+    let task = tokio::spawn(svc.oneshot(post(&url, CHAT, &[])));
+    tokio::time::sleep(ms(700)).await;
+    assert_eq!(server.stats().requests, 2, "both attempts racing");
+    task.abort();
+    let _ = task.await;
+    server.wait_idle().await;
+    let s = server.stats();
+    assert_eq!((s.requests, s.cancelled, s.completed), (2, 2, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn anthropic_stream_is_hedged_on_its_first_content_delta() {
+    let slow = MockServer::start(script().ttft(ms(10_000))).await.unwrap();
+    let fast = MockServer::start(script()).await.unwrap();
+    let reference = MockServer::start(script()).await.unwrap();
+    let expected = direct(&reference, "/v1/messages", MESSAGES, &[]).await;
+    let c = client();
+    let svc = layer().layer_replicas([
+        replica(c.clone(), slow.url()),
+        replica(c.clone(), fast.url()),
+    ]);
+    let res = svc
+        .oneshot(post("/v1/messages", MESSAGES, &[]))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res).winner, 1);
+    let (bytes, _) = read_all(res.into_body()).await;
+    assert_eq!(bytes, expected);
+    assert!(String::from_utf8_lossy(&bytes).contains("message_start"));
+    slow.wait_idle().await;
+    assert_eq!(slow.stats().cancelled, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tonic_streaming_call_is_hedged_through_a_channel() {
+    use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
+
+    let server = MockServer::start(script()).await.unwrap();
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let stack = ServiceBuilder::new()
+        .layer(layer())
+        // The replayed body yields `Chunk<Bytes>`; tonic wants `Bytes` (a zero-copy conversion).
+        .map_request(|r: Request<ReplayBody<tonic::body::Body>>| {
+            r.map(|b| {
+                tonic::body::Body::new(
+                    b.map_frame(|f| f.map_data(|mut c| c.copy_to_bytes(c.remaining()))),
+                )
+            })
+        })
+        .service(channel);
+    let mut client = GenerateClient::new(stack);
+
+    let mut req = tonic::Request::new(GenerateRequest {
+        prompt: "hi".into(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-mock-script-0", "ttft=10s".parse().unwrap());
+    let start = Instant::now();
+    let res = client.generate(req).await.unwrap();
+    assert!(start.elapsed() >= ms(580) && start.elapsed() < ms(600));
+    let outcome = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
+    assert_eq!(outcome, HedgeOutcome::new(2, 1, Some(ms(500))));
+    let mut stream = res.into_inner();
+    let mut texts = Vec::new();
+    while let Some(msg) = stream.message().await.unwrap() {
+        texts.push(msg.text);
+    }
+    assert_eq!(texts.len(), 6, "5 tokens and the final message: {texts:?}");
+    server.wait_idle().await;
+    let s = server.stats();
+    assert_eq!(s.requests, 2);
+    assert_eq!(
+        s.by_attempt("0").next().unwrap().outcome,
+        Outcome::Cancelled
+    );
+    assert_eq!(
+        s.by_attempt("1").next().unwrap().outcome,
+        Outcome::Completed
+    );
+}
