@@ -43,7 +43,7 @@ mod wire;
 pub use body::{MockBody, MockReset};
 pub use rng::SplitMix64;
 pub use script::{
-    DEFAULT_SEED, DEFAULT_TOKENS, Latency, MAX_LATENCY, ParseError, Reset, Script, parse_duration,
+    DEFAULT_SEED, DEFAULT_TOKENS, Latency, MAX_LATENCY, ParseError, Script, parse_duration,
 };
 pub use server::{
     ATTEMPT_HEADER, ATTEMPT_SCRIPT_HEADER_PREFIX, MAX_REQUEST_BODY, MockServer, SCRIPT_HEADER,

@@ -172,7 +172,7 @@ impl FromStr for Latency {
 
 /// How the connection is broken on purpose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Reset {
+pub(crate) enum Reset {
     /// Not at all.
     #[default]
     None,
@@ -601,11 +601,11 @@ impl fmt::Display for DurationFmt {
         let ns = self.0.as_nanos();
         if ns == 0 {
             f.write_str("0ms")
-        } else if ns % 1_000_000_000 == 0 {
+        } else if ns.is_multiple_of(1_000_000_000) {
             write!(f, "{}s", ns / 1_000_000_000)
-        } else if ns % 1_000_000 == 0 {
+        } else if ns.is_multiple_of(1_000_000) {
             write!(f, "{}ms", ns / 1_000_000)
-        } else if ns % 1_000 == 0 {
+        } else if ns.is_multiple_of(1_000) {
             write!(f, "{}us", ns / 1_000)
         } else {
             write!(f, "{ns}ns")

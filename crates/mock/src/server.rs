@@ -475,12 +475,12 @@ async fn non_streamed(
         if i > 0 && i < tokens {
             sleep(script.gap.sample(&mut rng)).await;
         }
-        if let Some((n, pause)) = script.stall_after {
-            if n == i {
-                match pause {
-                    Some(p) => sleep(p).await,
-                    None => std::future::pending::<()>().await,
-                }
+        if let Some((n, pause)) = script.stall_after
+            && n == i
+        {
+            match pause {
+                Some(p) => sleep(p).await,
+                None => std::future::pending::<()>().await,
             }
         }
         if script.reset == Reset::AfterTokens(i) {
@@ -671,12 +671,12 @@ impl Producer {
                 let gap = self.script.gap.sample(&mut self.rng);
                 self.wait(gap).await?;
             }
-            if let Some((k, pause)) = self.script.stall_after {
-                if k == i {
-                    match pause {
-                        Some(p) => self.wait(p).await?,
-                        None => self.during(std::future::pending::<()>()).await?,
-                    }
+            if let Some((k, pause)) = self.script.stall_after
+                && k == i
+            {
+                match pause {
+                    Some(p) => self.wait(p).await?,
+                    None => self.during(std::future::pending::<()>()).await?,
                 }
             }
             if self.script.reset == Reset::AfterTokens(i) {

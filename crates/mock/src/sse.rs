@@ -148,19 +148,17 @@ pub fn classify(event: Option<&str>, data: &[u8]) -> EventKind {
         if non_empty(c.get("text")) {
             return EventKind::Token;
         }
-        if let Some(d) = c.get("delta") {
-            if [
-                "content",
-                "reasoning_content",
-                "reasoning",
-                "tool_calls",
-                "refusal",
-            ]
-            .iter()
-            .any(|k| non_empty(d.get(*k)))
-            {
-                return EventKind::Token;
-            }
+        const OUTPUT: [&str; 5] = [
+            "content",
+            "reasoning_content",
+            "reasoning",
+            "tool_calls",
+            "refusal",
+        ];
+        if let Some(d) = c.get("delta")
+            && OUTPUT.iter().any(|k| non_empty(d.get(*k)))
+        {
+            return EventKind::Token;
         }
     }
     EventKind::Meta

@@ -63,12 +63,83 @@ pub(crate) struct Ctx {
     pub(crate) truncated: bool,
 }
 
-fn sse_data(v: &serde_json::Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
+/// JSON text. The mock writes its events with keys in the order real servers send them (`id`
+/// first); `serde_json`'s own map would sort them.
+#[derive(Clone, Debug)]
+struct J(String);
+
+impl J {
+    fn null() -> J {
+        J("null".to_owned())
+    }
+
+    /// `[a,b,..]`.
+    fn arr(items: impl IntoIterator<Item = J>) -> J {
+        let items: Vec<String> = items.into_iter().map(|j| j.0).collect();
+        J(format!("[{}]", items.join(",")))
+    }
+
+    /// Adds a key to an object.
+    fn with(mut self, key: &str, value: impl Into<J>) -> J {
+        self.0.pop();
+        if self.0.len() > 1 {
+            self.0.push(',');
+        }
+        self.0.push_str(&J::from(key).0);
+        self.0.push(':');
+        self.0.push_str(&value.into().0);
+        self.0.push('}');
+        self
+    }
 }
 
-fn sse_event(name: &str, v: &serde_json::Value) -> Bytes {
-    Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
+impl From<&str> for J {
+    fn from(s: &str) -> J {
+        // Serialising a string cannot fail.
+        J(serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned()))
+    }
+}
+
+impl From<&String> for J {
+    fn from(s: &String) -> J {
+        J::from(s.as_str())
+    }
+}
+
+impl From<Option<&str>> for J {
+    fn from(s: Option<&str>) -> J {
+        s.map_or_else(J::null, J::from)
+    }
+}
+
+impl From<u64> for J {
+    fn from(n: u64) -> J {
+        J(n.to_string())
+    }
+}
+
+impl From<u32> for J {
+    fn from(n: u32) -> J {
+        J(n.to_string())
+    }
+}
+
+/// `{"k":v,...}` with keys in the order written.
+macro_rules! obj {
+    ($($k:literal : $v:expr),* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut o = J("{}".to_owned());
+        $( o = o.with($k, $v); )*
+        o
+    }};
+}
+
+fn sse_data(v: &J) -> Bytes {
+    Bytes::from(format!("data: {}\n\n", v.0))
+}
+
+fn sse_event(name: &str, v: &J) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {}\n\n", v.0))
 }
 
 /// `data: [DONE]`.
@@ -79,48 +150,41 @@ pub(crate) const KEEPALIVE_COMMENT: &[u8] = b": keepalive\n\n";
 pub(crate) const PING: &[u8] = b"event: ping\ndata: {\"type\":\"ping\"}\n\n";
 
 impl Ctx {
-    fn usage_field(&self) -> serde_json::Value {
+    /// With `include_usage`, OpenAI puts `"usage": null` in every chunk but the last.
+    fn with_usage_null(&self, v: J) -> Bytes {
         if self.include_usage {
-            serde_json::Value::Null
+            sse_data(&v.with("usage", J::null()))
         } else {
-            serde_json::Value::Bool(false) // marker: removed below
+            sse_data(&v)
         }
     }
 
-    fn chat_chunk(&self, delta: serde_json::Value, finish: Option<&str>) -> Bytes {
-        let mut v = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
+    fn head(&self, object: &str) -> J {
+        obj! {
+            "id": &self.id,
+            "object": object,
             "created": CREATED,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-            "usage": self.usage_field(),
-        });
-        if !self.include_usage {
-            if let Some(o) = v.as_object_mut() {
-                o.remove("usage");
-            }
+            "model": &self.model,
+            "system_fingerprint": J::null(),
         }
-        sse_data(&v)
+    }
+
+    fn chat_chunk(&self, delta: J, finish: Option<&str>) -> Bytes {
+        let choice =
+            obj! {"index": 0u32, "delta": delta, "logprobs": J::null(), "finish_reason": finish};
+        self.with_usage_null(
+            self.head("chat.completion.chunk")
+                .with("choices", J::arr([choice])),
+        )
     }
 
     fn completion_chunk(&self, text: &str, finish: Option<&str>) -> Bytes {
-        let mut v = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": CREATED,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
-            "usage": self.usage_field(),
-        });
-        if !self.include_usage {
-            if let Some(o) = v.as_object_mut() {
-                o.remove("usage");
-            }
-        }
-        sse_data(&v)
+        let choice =
+            obj! {"text": text, "index": 0u32, "logprobs": J::null(), "finish_reason": finish};
+        self.with_usage_null(
+            self.head("text_completion")
+                .with("choices", J::arr([choice])),
+        )
     }
 
     fn finish_reason(&self) -> &'static str {
@@ -133,14 +197,30 @@ impl Ctx {
         }
     }
 
+    fn stop_reason(&self) -> &'static str {
+        if self.truncated {
+            "max_tokens"
+        } else {
+            "end_turn"
+        }
+    }
+
+    fn usage(&self, n: u32) -> J {
+        obj! {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": self.prompt_tokens + u64::from(n),
+        }
+    }
+
     /// Events that precede the first token (they are meta, never tokens).
     pub(crate) fn preamble(&self) -> Vec<Bytes> {
         match self.api {
             Api::Chat => {
                 let delta = if self.tool_calls {
-                    json!({"role": "assistant", "content": null})
+                    obj! {"role": "assistant", "content": J::null()}
                 } else {
-                    json!({"role": "assistant"})
+                    obj! {"role": "assistant"}
                 };
                 vec![self.chat_chunk(delta, None)]
             }
@@ -148,15 +228,17 @@ impl Ctx {
             Api::Anthropic => vec![
                 sse_event(
                     "message_start",
-                    &json!({"type": "message_start", "message": {
-                        "id": self.id, "type": "message", "role": "assistant", "content": [],
-                        "model": self.model, "stop_reason": null, "stop_sequence": null,
-                        "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 1}}}),
+                    &obj! {"type": "message_start", "message": obj! {
+                        "id": &self.id, "type": "message", "role": "assistant",
+                        "content": J::arr([]), "model": &self.model,
+                        "stop_reason": J::null(), "stop_sequence": J::null(),
+                        "usage": obj! {"input_tokens": self.prompt_tokens, "output_tokens": 1u32},
+                    }},
                 ),
                 sse_event(
                     "content_block_start",
-                    &json!({"type": "content_block_start", "index": 0,
-                        "content_block": {"type": "text", "text": ""}}),
+                    &obj! {"type": "content_block_start", "index": 0u32,
+                    "content_block": obj! {"type": "text", "text": ""}},
                 ),
                 Bytes::from_static(PING),
             ],
@@ -169,19 +251,19 @@ impl Ctx {
         match self.api {
             Api::Chat if self.tool_calls => {
                 let call = if i == 0 {
-                    json!({"index": 0, "id": format!("call_{}", self.id), "type": "function",
-                        "function": {"name": "get_weather", "arguments": text}})
+                    obj! {"index": 0u32, "id": &format!("call_{}", self.id), "type": "function",
+                    "function": obj! {"name": "get_weather", "arguments": text}}
                 } else {
-                    json!({"index": 0, "function": {"arguments": text}})
+                    obj! {"index": 0u32, "function": obj! {"arguments": text}}
                 };
-                self.chat_chunk(json!({"tool_calls": [call]}), None)
+                self.chat_chunk(obj! {"tool_calls": J::arr([call])}, None)
             }
-            Api::Chat => self.chat_chunk(json!({"content": text}), None),
+            Api::Chat => self.chat_chunk(obj! {"content": text}, None),
             Api::Completions => self.completion_chunk(text, None),
             Api::Anthropic => sse_event(
                 "content_block_delta",
-                &json!({"type": "content_block_delta", "index": 0,
-                    "delta": {"type": "text_delta", "text": text}}),
+                &obj! {"type": "content_block_delta", "index": 0u32,
+                "delta": obj! {"type": "text_delta", "text": text}},
             ),
             Api::Grpc => grpc_frame(&GenerateResponse {
                 text: text.to_owned(),
@@ -193,27 +275,23 @@ impl Ctx {
 
     /// Events after the last token of a completed stream (`n` tokens sent).
     pub(crate) fn epilogue(&self, n: u32) -> Vec<Bytes> {
-        let usage = json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
-            "total_tokens": self.prompt_tokens + u64::from(n)});
         match self.api {
             Api::Chat | Api::Completions => {
                 let mut out = Vec::with_capacity(3);
-                out.push(if self.api == Api::Chat {
-                    self.chat_chunk(json!({}), Some(self.finish_reason()))
+                let object = if self.api == Api::Chat {
+                    out.push(self.chat_chunk(obj! {}, Some(self.finish_reason())));
+                    "chat.completion.chunk"
                 } else {
-                    self.completion_chunk("", Some(self.finish_reason()))
-                });
+                    out.push(self.completion_chunk("", Some(self.finish_reason())));
+                    "text_completion"
+                };
                 if self.include_usage {
-                    let object = if self.api == Api::Chat {
-                        "chat.completion.chunk"
-                    } else {
-                        "text_completion"
-                    };
-                    out.push(sse_data(&json!({
-                        "id": self.id, "object": object, "created": CREATED,
-                        "model": self.model, "system_fingerprint": null,
-                        "choices": [], "usage": usage,
-                    })));
+                    out.push(sse_data(
+                        &self
+                            .head(object)
+                            .with("choices", J::arr([]))
+                            .with("usage", self.usage(n)),
+                    ));
                 }
                 out.push(Bytes::from_static(DONE));
                 out
@@ -221,16 +299,15 @@ impl Ctx {
             Api::Anthropic => vec![
                 sse_event(
                     "content_block_stop",
-                    &json!({"type": "content_block_stop", "index": 0}),
+                    &obj! {"type": "content_block_stop", "index": 0u32},
                 ),
                 sse_event(
                     "message_delta",
-                    &json!({"type": "message_delta",
-                        "delta": {"stop_reason": if self.truncated { "max_tokens" } else { "end_turn" },
-                            "stop_sequence": null},
-                        "usage": {"output_tokens": n}}),
+                    &obj! {"type": "message_delta",
+                    "delta": obj! {"stop_reason": self.stop_reason(), "stop_sequence": J::null()},
+                    "usage": obj! {"output_tokens": n}},
                 ),
-                sse_event("message_stop", &json!({"type": "message_stop"})),
+                sse_event("message_stop", &obj! {"type": "message_stop"}),
             ],
             Api::Grpc => vec![grpc_frame(&GenerateResponse {
                 text: String::new(),
@@ -262,32 +339,32 @@ impl Ctx {
     /// The non-streamed response body.
     pub(crate) fn non_streamed(&self, n: u32) -> Bytes {
         let text = full_text(n);
-        let usage = json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
-            "total_tokens": self.prompt_tokens + u64::from(n)});
         let v = match self.api {
-            Api::Chat => json!({
-                "id": self.id, "object": "chat.completion", "created": CREATED,
-                "model": self.model, "system_fingerprint": null,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                    "logprobs": null, "finish_reason": self.finish_reason()}],
-                "usage": usage,
-            }),
-            Api::Completions => json!({
-                "id": self.id, "object": "text_completion", "created": CREATED,
-                "model": self.model, "system_fingerprint": null,
-                "choices": [{"text": text, "index": 0, "logprobs": null,
-                    "finish_reason": self.finish_reason()}],
-                "usage": usage,
-            }),
-            Api::Anthropic | Api::Grpc => json!({
-                "id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": [{"type": "text", "text": text}],
-                "stop_reason": if self.truncated { "max_tokens" } else { "end_turn" },
-                "stop_sequence": null,
-                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": n},
-            }),
+            Api::Chat => self
+                .head("chat.completion")
+                .with(
+                    "choices",
+                    J::arr([obj! {"index": 0u32,
+                    "message": obj! {"role": "assistant", "content": &text},
+                    "logprobs": J::null(), "finish_reason": self.finish_reason()}]),
+                )
+                .with("usage", self.usage(n)),
+            Api::Completions => self
+                .head("text_completion")
+                .with(
+                    "choices",
+                    J::arr([obj! {"text": &text, "index": 0u32, "logprobs": J::null(),
+                    "finish_reason": self.finish_reason()}]),
+                )
+                .with("usage", self.usage(n)),
+            Api::Anthropic | Api::Grpc => obj! {
+                "id": &self.id, "type": "message", "role": "assistant", "model": &self.model,
+                "content": J::arr([obj! {"type": "text", "text": &text}]),
+                "stop_reason": self.stop_reason(), "stop_sequence": J::null(),
+                "usage": obj! {"input_tokens": self.prompt_tokens, "output_tokens": n},
+            },
         };
-        Bytes::from(v.to_string())
+        Bytes::from(v.0)
     }
 }
 

@@ -150,6 +150,27 @@ async fn openai_usage_chunk_matches_llmock() {
         let t = theirs.iter().find(|k| k.0 == kind).unwrap();
         assert_eq!((&m.1, &m.2), (&t.1, &t.2), "{kind}");
     }
+    // Keys in the order real servers send them (serde_json's map would sort them).
+    let order = |d: &str| -> Vec<usize> {
+        [
+            "\"id\"",
+            "\"object\"",
+            "\"created\"",
+            "\"model\"",
+            "\"system_fingerprint\"",
+            "\"choices\"",
+            "\"usage\"",
+        ]
+        .iter()
+        .map(|k| d.find(k).unwrap())
+        .collect()
+    };
+    for (_, d) in events(&c.text()).iter().filter(|(_, d)| d != "[DONE]") {
+        let pos = order(d);
+        assert!(pos.windows(2).all(|w| w[0] < w[1]), "{d}");
+    }
+    let fx_first = &events(&fx)[0].1;
+    assert!(order(fx_first).windows(2).all(|w| w[0] < w[1]));
     let usage: Value =
         serde_json::from_str(&events(&c.text()).iter().rev().nth(1).unwrap().1).unwrap();
     assert_eq!(usage["choices"], serde_json::json!([]));
