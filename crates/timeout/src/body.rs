@@ -237,6 +237,26 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
+        // Pass-through (no body timer for this response): no tracker, nothing held back.
+        if this.tracker.is_none()
+            && matches!(this.end, End::Streaming)
+            && let Some(inner) = this.inner.as_mut().as_pin_mut()
+        {
+            return match inner.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner)))),
+                Poll::Ready(Some(Err(e))) => {
+                    this.inner.set(None);
+                    *this.end = End::Finished;
+                    Poll::Ready(Some(Err(e.into())))
+                }
+                Poll::Ready(None) => {
+                    this.inner.set(None);
+                    *this.end = End::Finished;
+                    Poll::Ready(None)
+                }
+                Poll::Pending => Poll::Pending,
+            };
+        }
         loop {
             // 1. Bytes released from the hold-back queue go out first, in order.
             if *this.release > 0 {
@@ -263,14 +283,13 @@ where
             }
 
             // 2. After the inner body: what is left to say.
-            match std::mem::replace(this.end, End::Finished) {
-                End::Streaming => *this.end = End::Streaming,
-                End::Local(bytes) => {
-                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Local(bytes)))));
-                }
-                End::Trailers(t) => return Poll::Ready(Some(Ok(Frame::trailers(t)))),
-                End::Error(e) => return Poll::Ready(Some(Err(e))),
-                End::Finished => return Poll::Ready(None),
+            if !matches!(this.end, End::Streaming) {
+                return Poll::Ready(match std::mem::replace(this.end, End::Finished) {
+                    End::Local(bytes) => Some(Ok(Frame::data(Chunk::Local(bytes)))),
+                    End::Trailers(t) => Some(Ok(Frame::trailers(t))),
+                    End::Error(e) => Some(Err(e)),
+                    End::Streaming | End::Finished => None,
+                });
             }
             let Some(inner) = this.inner.as_mut().as_pin_mut() else {
                 *this.end = End::Finished;
