@@ -1,0 +1,231 @@
+//! Per-frame cost of `SseIdleTimeout` vs. tower-http's `ResponseBodyTimeoutLayer` vs. the bare
+//! body, on the same 1,000-chunk OpenAI stream.
+//!
+//! The stream is a role-only chunk, 1,000 content chunks, a finish chunk and `[DONE]`, one
+//! event per frame, every frame ready at once (an in-memory body), so what is measured is the
+//! wrapper's own work per frame: for `SseIdleTimeout` with all four timers set, the event scan
+//! and classification, one clock read and the deadline bookkeeping; for tower-http, re-arming a
+//! tokio timer on every frame. The response (and the tracker) is built outside the timed
+//! section. Allocations per frame are counted once per variant and printed.
+//!
+//! Run: `cargo bench -p tailguard-benches --bench timeout -- --warm-up-time 1 --measurement-time 3`
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use http::{Request, Response};
+use http_body::{Body, Frame};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use tailguard::core::{Dialect, StreamTracker};
+use tailguard::timeout::SseIdleTimeoutLayer;
+use tower::{Layer, ServiceExt};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
+
+const CONTENT_CHUNKS: usize = 1_000;
+
+/// The frames of the stream, one event per frame, as static bytes (cloning them is free).
+fn openai_stream() -> Arc<[Bytes]> {
+    const WORDS: [&str; 8] = [
+        " the", " quick", " brown", " fox", " jumps", " over", " a", " dog",
+    ];
+    let head = r#"{"id":"chatcmpl-8f7a6b5c4d3e2f1a0b9c8d7e","object":"chat.completion.chunk","created":1796053661,"model":"gpt-4o-2024-08-06","system_fingerprint":"fp_5f20662549","choices":[{"index":0,"delta":"#;
+    let mut frames = Vec::with_capacity(CONTENT_CHUNKS + 3);
+    frames.push(format!(
+        "data: {head}{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+    ));
+    for i in 0..CONTENT_CHUNKS {
+        let word = WORDS[i % WORDS.len()];
+        frames.push(format!(
+            "data: {head}{{\"content\":\"{word}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+        ));
+    }
+    frames.push(format!(
+        "data: {head}{{}},\"logprobs\":null,\"finish_reason\":\"stop\"}}]}}\n\n"
+    ));
+    frames.push("data: [DONE]\n\n".to_owned());
+    frames
+        .into_iter()
+        .map(|s| Bytes::from_static(Box::leak(s.into_boxed_str()).as_bytes()))
+        .collect()
+}
+
+/// An in-memory body whose every frame is ready.
+struct Frames {
+    frames: Arc<[Bytes]>,
+    next: usize,
+}
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let i = self.next;
+        self.next += 1;
+        Poll::Ready(self.frames.get(i).cloned().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.next >= self.frames.len()
+    }
+}
+
+fn upstream(
+    frames: Arc<[Bytes]>,
+) -> impl tower::Service<Request<()>, Response = Response<Frames>, Error = Infallible> + Clone {
+    tower::service_fn(move |_req: Request<()>| {
+        let frames = frames.clone();
+        async move {
+            Ok(Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Frames { frames, next: 0 })
+                .unwrap())
+        }
+    })
+}
+
+/// Polls every frame; returns the bytes seen.
+fn drain<B: Body>(body: B) -> usize {
+    let mut body = std::pin::pin!(body);
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut n = 0;
+    loop {
+        match body.as_mut().poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(f))) => n += f.data_ref().map_or(0, Buf::remaining),
+            Poll::Ready(Some(Err(_))) => panic!("body error"),
+            Poll::Ready(None) => return black_box(n),
+            Poll::Pending => panic!("in-memory body is always ready"),
+        }
+    }
+}
+
+fn layer() -> SseIdleTimeoutLayer {
+    SseIdleTimeoutLayer::new()
+        .with_head_timeout(Duration::from_secs(10))
+        .with_first_token_timeout(Duration::from_secs(30))
+        .with_idle_timeout(Duration::from_secs(5))
+        .with_total_timeout(Duration::from_secs(600))
+}
+
+/// Allocations per frame in the steady state: after the first token (the classifier parses
+/// JSON only until then), over the remaining frames.
+fn allocs_per_frame<B: Body>(frames: usize, body: B) -> f64 {
+    let mut body = std::pin::pin!(body);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..3 {
+        let _ = body.as_mut().poll_frame(&mut cx);
+    }
+    let region = Region::new(GLOBAL);
+    drain(body);
+    region.change().allocations as f64 / (frames - 3) as f64
+}
+
+/// The bare body with a `StreamTracker` observing every frame: the scan floor that any
+/// token-aware wrapper pays.
+struct Tracked {
+    inner: Frames,
+    tracker: StreamTracker,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        let res = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &res
+            && let Some(d) = f.data_ref()
+        {
+            black_box(this.tracker.observe(d));
+        }
+        res
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _enter = rt.enter();
+    let frames = openai_stream();
+    let n = frames.len();
+    let bytes: usize = frames.iter().map(Bytes::len).sum();
+    assert_eq!(drain(Frames { frames: frames.clone(), next: 0 }), bytes);
+
+    let sse = layer().layer(upstream(frames.clone()));
+    // Only a head timer: the body is the wrapper without a tracker (its own overhead).
+    let head_only = SseIdleTimeoutLayer::new()
+        .with_head_timeout(Duration::from_secs(10))
+        .layer(upstream(frames.clone()));
+    let head_only_body = || {
+        rt.block_on(head_only.clone().oneshot(Request::new(())))
+            .unwrap()
+            .into_body()
+    };
+    let mut sse_headers = http::HeaderMap::new();
+    sse_headers.insert("content-type", "text/event-stream".parse().unwrap());
+    let tracked = || Tracked {
+        inner: Frames { frames: frames.clone(), next: 0 },
+        tracker: StreamTracker::new(&Dialect::Auto, &sse_headers),
+    };
+    let tower_http =
+        tower_http::timeout::ResponseBodyTimeoutLayer::new(Duration::from_secs(5))
+            .layer(upstream(frames.clone()));
+    let sse_body = || rt.block_on(sse.clone().oneshot(Request::new(()))).unwrap().into_body();
+    let th_body = || {
+        rt.block_on(tower_http.clone().oneshot(Request::new(())))
+            .unwrap()
+            .into_body()
+    };
+    assert_eq!(drain(sse_body()), bytes);
+    assert_eq!(drain(th_body()), bytes);
+
+    eprintln!(
+        "allocations per frame: bare {:.3}, SseIdleTimeout {:.3}, tower-http {:.3}",
+        allocs_per_frame(n, Frames { frames: frames.clone(), next: 0 }),
+        allocs_per_frame(n, sse_body()),
+        allocs_per_frame(n, th_body()),
+    );
+
+    let mut g = c.benchmark_group("timeout_per_stream");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("bare", |b| {
+        b.iter_batched(
+            || Frames { frames: frames.clone(), next: 0 },
+            drain,
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("bare_plus_stream_tracker", |b| {
+        b.iter_batched(tracked, drain, BatchSize::SmallInput)
+    });
+    g.bench_function("sse_idle_timeout_head_only", |b| {
+        b.iter_batched(head_only_body, drain, BatchSize::SmallInput)
+    });
+    g.bench_function("sse_idle_timeout", |b| {
+        b.iter_batched(sse_body, drain, BatchSize::SmallInput)
+    });
+    g.bench_function("tower_http_body_timeout", |b| {
+        b.iter_batched(th_body, drain, BatchSize::SmallInput)
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
