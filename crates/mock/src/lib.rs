@@ -15,20 +15,62 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tailguard_mock::{MockServer, Script};
 //!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> std::io::Result<()> {
+//! use bytes::Bytes;
+//! use http_body_util::{BodyExt, Full};
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tailguard_mock::{MockServer, Outcome, SCRIPT_HEADER, Script};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A replica whose first token takes 200ms, then 3 tokens 10ms apart.
 //! let server = MockServer::start(
-//!     Script::new().ttft(Duration::from_millis(20)).tokens(3).gap(Duration::from_millis(5)),
+//!     Script::new().ttft(Duration::from_millis(200)).tokens(3).gap(Duration::from_millis(10)),
 //! )
 //! .await?;
-//! println!("OpenAI-compatible upstream at {}/v1/chat/completions", server.url());
-//! assert_eq!(server.stats().requests, 0);
+//!
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let request = |script: &'static str| {
+//!     http::Request::post(format!("{}/v1/chat/completions", server.url()))
+//!         .header(SCRIPT_HEADER, script) // per-request override of the replica's script
+//!         .body(Full::new(Bytes::from_static(br#"{"stream":true,"messages":[]}"#)))
+//! };
+//!
+//! // A well-behaved stream: role-only chunk, 3 content chunks, finish chunk, [DONE].
+//! let body = client.request(request("")?).await?.into_body().collect().await?.to_bytes();
+//! let text = String::from_utf8(body.to_vec())?;
+//! assert_eq!(text.matches("\"content\"").count(), 3);
+//! assert!(text.ends_with("data: [DONE]\n\n"));
+//!
+//! // A stream that stalls forever after one token: the client gives up and drops it.
+//! let res = client.request(request("stall_after=1")?).await?;
+//! let mut body = res.into_body();
+//! body.frame().await; // role-only chunk
+//! body.frame().await; // the one token
+//! drop(body);
+//! server.wait_idle().await; // until the mock has seen the disconnect
+//!
+//! let stats = server.stats();
+//! assert_eq!((stats.requests, stats.completed, stats.cancelled), (2, 1, 1));
+//! assert_eq!(stats.log[1].outcome, Outcome::Cancelled);
+//! let ttft = stats.log[0].first_token.unwrap() - stats.log[0].started;
+//! assert_eq!(ttft, Duration::from_millis(200)); // exact: the clock is paused
 //! server.shutdown().await;
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Pieces
+//!
+//! * [`MockServer`]: the replica (routes, script selection, [`stats`](MockServer::stats),
+//!   [`wait_idle`](MockServer::wait_idle)).
+//! * [`Script`] and [`Latency`]: what a request does, in code or in the header syntax of
+//!   [`Script::apply`].
+//! * [`Stats`], [`RequestRecord`], [`Outcome`]: what the replica saw.
+//! * [`grpc`]: the `Generate` service's messages and a tonic client.
+//! * [`load`]: the open-loop load generator; [`sse`]: its minimal SSE reader.
+//! * The `tailguard-mock` binary: `serve` (N replicas from the command line), `load`, `bench`.
 
 mod body;
 pub mod grpc;

@@ -369,7 +369,8 @@ async fn handle(
 
     // Draw everything random up front, in a fixed order, so a request's behaviour depends only
     // on the seed and its index.
-    let fail = script.status.is_some() && rng.next_f64() < script.status_fraction;
+    let fail_draw = rng.next_f64();
+    let fail = script.status.is_some() && fail_draw < script.status_fraction;
     let ttft = script.ttft.sample(&mut rng);
 
     if !script.head_delay.is_zero() {
