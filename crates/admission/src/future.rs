@@ -178,6 +178,9 @@ impl<S, ReqB> Wait<S, ReqB> {
     }
 }
 
+/// What the shared state machine ends with.
+type Polled<B, E> = Result<Response<AdmissionBody<B>>, Failure<E>>;
+
 /// Why the state machine stopped without a response of the inner service.
 pub(crate) enum Failure<E> {
     Inner(E),
@@ -187,7 +190,7 @@ pub(crate) enum Failure<E> {
 fn poll_state<S, ReqB, ResB>(
     mut state: Pin<&mut State<S, ReqB>>,
     cx: &mut Context<'_>,
-) -> Poll<Result<Response<AdmissionBody<ResB>>, Failure<S::Error>>>
+) -> Poll<Polled<ResB, S::Error>>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: Body,

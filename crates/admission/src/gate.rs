@@ -244,6 +244,9 @@ impl fmt::Debug for Shared {
     }
 }
 
+/// Order of queue candidates, greatest first: below its reserved share, effective level, age.
+type OrderKey = (bool, u128, Reverse<u64>);
+
 /// Failed sends whose values must be dropped after the lock is released.
 type Deferred = Vec<Grant>;
 
@@ -468,7 +471,7 @@ impl Shared {
     fn dispatch(self: &Arc<Self>, st: &mut State, now: Instant, deferred: &mut Deferred) {
         while st.queued > 0 {
             let lifo = self.cfg.lifo && self.standing(st, now);
-            let mut best: Option<(usize, bool, (bool, u128, Reverse<u64>))> = None;
+            let mut best: Option<(usize, bool, OrderKey)> = None;
             for (i, c) in st.classes.iter().enumerate() {
                 let Some(front) = c.waiters.front() else {
                     continue;
