@@ -83,6 +83,7 @@ impl PhaseSink for TracingSink {
     fn on_report(&self, r: &PhaseReport) {
         let span = &r.span;
         if !span.is_disabled() {
+            span.record("model", r.labels.model());
             span.record("upstream", r.labels.upstream());
             span.record("priority", r.labels.priority());
             span.record("streamed", r.labels.streamed());

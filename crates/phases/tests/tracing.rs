@@ -1,0 +1,167 @@
+//! The tracing output: one `llm_request` span per request carrying every phase as a field, and
+//! one event at the end inside it. Captured by a minimal subscriber.
+
+mod common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty};
+use tailguard_core::RequestFacts;
+use tailguard_phases::LatencyPhaseRecorderLayer;
+use tower::{Layer, ServiceExt, service_fn};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+#[derive(Default)]
+struct Captured {
+    spans: HashMap<u64, (String, HashMap<String, String>)>,
+    events: Vec<(Option<u64>, String, HashMap<String, String>)>,
+}
+
+#[derive(Clone, Default)]
+struct Capture {
+    next: Arc<AtomicU64>,
+    seen: Arc<Mutex<Captured>>,
+}
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut fields = HashMap::new();
+        span.record(&mut Fields(&mut fields));
+        self.seen
+            .lock()
+            .unwrap()
+            .spans
+            .insert(id, (span.metadata().name().to_owned(), fields));
+        Id::from_u64(id)
+    }
+    fn record(&self, span: &Id, values: &Record<'_>) {
+        let mut seen = self.seen.lock().unwrap();
+        if let Some((_, fields)) = seen.spans.get_mut(&span.into_u64()) {
+            values.record(&mut Fields(fields));
+        }
+    }
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.seen.lock().unwrap().events.push((
+            event.parent().map(Id::into_u64),
+            event.metadata().level().to_string(),
+            fields,
+        ));
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[test]
+fn one_span_with_every_phase_and_one_event() {
+    let capture = Capture::default();
+    let seen = capture.seen.clone();
+    tracing::subscriber::with_default(capture, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let svc = LatencyPhaseRecorderLayer::new()
+                .with_models(["gpt-4o"])
+                .layer(service_fn(|_req: Request<Empty<Bytes>>| async {
+                    tokio::time::sleep(ms(20)).await;
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .body(Scripted::new([
+                                Step::Data(ROLE),
+                                Step::Wait(ms(80)),
+                                Step::Data(TOKEN),
+                                Step::Wait(ms(10)),
+                                Step::Data(TOKEN),
+                                Step::Data(DONE),
+                            ]))
+                            .unwrap(),
+                    )
+                }));
+            let mut req = Request::builder()
+                .header("x-request-id", "req-7")
+                .body(Empty::new())
+                .unwrap();
+            req.extensions_mut().insert(
+                RequestFacts::new()
+                    .with_model("gpt-4o-mini-x")
+                    .with_max_tokens(9),
+            );
+            let res = svc.oneshot(req).await.unwrap();
+            res.into_body().collect().await.unwrap();
+        });
+    });
+
+    let seen = seen.lock().unwrap();
+    let spans: Vec<_> = seen
+        .spans
+        .iter()
+        .filter(|(_, (n, _))| n == "llm_request")
+        .collect();
+    assert_eq!(spans.len(), 1, "one span per request");
+    let (id, (_, f)) = spans[0];
+    let get = |k: &str| f.get(k).map(String::as_str);
+    assert_eq!(get("request_id"), Some("req-7"));
+    assert_eq!(get("requested_model"), Some("gpt-4o-mini-x"));
+    assert_eq!(get("end_reason"), Some("completed"));
+    assert_eq!(get("streamed"), Some("true"));
+    assert_eq!(get("status"), Some("200"));
+    assert_eq!(get("time_to_headers_s"), Some("0.02"));
+    assert_eq!(get("ttft_s"), Some("0.1"));
+    assert_eq!(get("total_s"), Some("0.11"));
+    assert_eq!(get("tpot_s"), Some("0.01"));
+    assert_eq!(get("output_events"), Some("2"));
+    assert_eq!(get("gaps"), Some("1"));
+    assert_eq!(get("max_gap_s"), Some("0.01"));
+    assert_eq!(get("max_tokens"), Some("9"));
+    assert_eq!(get("priority"), Some("unknown"));
+    assert_eq!(
+        get("model"),
+        Some("gpt-4o"),
+        "normalised: gpt-4o-mini is not configured"
+    );
+    assert_eq!(get("upstream"), Some("default"));
+
+    let ends: Vec<_> = seen
+        .events
+        .iter()
+        .filter(|(_, _, f)| f.get("message").map(String::as_str) == Some("llm request finished"))
+        .collect();
+    assert_eq!(ends.len(), 1, "one event at the end");
+    let (parent, level, fields) = ends[0];
+    assert_eq!(*parent, Some(*id), "inside the request's span");
+    assert_eq!(level, "INFO");
+    assert_eq!(
+        fields.get("end_reason").map(String::as_str),
+        Some("completed")
+    );
+    assert_eq!(fields.get("request_id").map(String::as_str), Some("req-7"));
+}
