@@ -313,44 +313,8 @@ impl Shared {
                 });
             }
             let now = Instant::now();
-            if st.queued >= self.cfg.queue_len {
-                let level = st.classes[class].priority.level();
-                let victim = st
-                    .classes
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, c)| !c.waiters.is_empty() && c.priority.level() < level)
-                    .min_by_key(|(_, c)| c.priority.level())
-                    .map(|(i, _)| i);
-                match victim {
-                    Some(v) => {
-                        let w = st.classes[v].waiters.pop_back().expect("non-empty class");
-                        self.unqueue(&mut st, v, w.units);
-                        let retry_after = self.retry_after(&st, now, w.units);
-                        st.classes[v]
-                            .metrics
-                            .rejected(OverloadReason::Evicted)
-                            .increment(1);
-                        let r = Rejection {
-                            reason: OverloadReason::Evicted,
-                            retry_after,
-                        };
-                        if let Err(g) = w.tx.send(Err(r)) {
-                            deferred.push(g);
-                        }
-                    }
-                    None => {
-                        let retry_after = self.retry_after(&st, now, units);
-                        st.classes[class]
-                            .metrics
-                            .rejected(OverloadReason::QueueFull)
-                            .increment(1);
-                        return Acquire::Rejected(Rejection {
-                            reason: OverloadReason::QueueFull,
-                            retry_after,
-                        });
-                    }
-                }
+            if self.cfg.queue_len == 0 {
+                return Acquire::Rejected(self.refuse_full(&st, class, now, units));
             }
             let allowed = if self.standing(&st, now) {
                 self.cfg.codel.map_or(self.cfg.queue_timeout, |c| {
@@ -375,7 +339,46 @@ impl Shared {
                 tx,
             });
             c.metrics.queued.increment(1.0);
+            // The arrival is queued first so that it competes in order: if it is admitted at
+            // once (it outranks every waiter and fits), nobody is evicted.
             self.dispatch(&mut st, now, &mut deferred);
+            if st.queued > self.cfg.queue_len {
+                let level = st.classes[class].priority.level();
+                let victim = st
+                    .classes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| !c.waiters.is_empty() && c.priority.level() < level)
+                    .min_by_key(|(_, c)| c.priority.level())
+                    .map(|(i, _)| i);
+                match victim {
+                    Some(v) => {
+                        let w = st.classes[v].waiters.pop_back().expect("non-empty class");
+                        self.unqueue(&mut st, v, w.units);
+                        let retry_after = self.retry_after(&st, now, w.units);
+                        st.classes[v]
+                            .metrics
+                            .rejected(OverloadReason::Evicted)
+                            .increment(1);
+                        let r = Rejection {
+                            reason: OverloadReason::Evicted,
+                            retry_after,
+                        };
+                        if let Err(g) = w.tx.send(Err(r)) {
+                            deferred.push(g);
+                        }
+                        // The evicted waiter may have been the one blocking the line.
+                        self.dispatch(&mut st, now, &mut deferred);
+                    }
+                    None => {
+                        // Nobody to evict: the arrival (the youngest of its class) goes again.
+                        let w = st.classes[class].waiters.pop_back().expect("the arrival");
+                        debug_assert_eq!(w.seq, seq);
+                        self.unqueue(&mut st, class, w.units);
+                        return Acquire::Rejected(self.refuse_full(&st, class, now, units));
+                    }
+                }
+            }
             Acquire::Queued(Queued {
                 rx,
                 guard: WaitGuard {
@@ -390,6 +393,17 @@ impl Shared {
         };
         drop(deferred);
         out
+    }
+
+    fn refuse_full(&self, st: &State, class: usize, now: Instant, units: u32) -> Rejection {
+        st.classes[class]
+            .metrics
+            .rejected(OverloadReason::QueueFull)
+            .increment(1);
+        Rejection {
+            reason: OverloadReason::QueueFull,
+            retry_after: self.retry_after(st, now, units),
+        }
     }
 
     fn class_index(

@@ -248,3 +248,38 @@ async fn layer_configured_share_and_default_class() {
     }
     assert_eq!(h.in_flight(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_arrival_admitted_at_once_evicts_nobody() {
+    let (up, mut ctl) = upstream();
+    let layer = BoundedAdmissionLayer::new(4)
+        .with_queue_len(1)
+        .with_max_request_share(1.0)
+        .with_queue_timeout(Duration::from_secs(60))
+        .with_cost(tailguard_admission::Cost::from_fn(|p| {
+            p.headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        }));
+    let h = layer.handle();
+    let svc = layer.layer(up);
+    let _a = svc.clone().oneshot(request("a")).await.unwrap();
+    // A big batch waiter (4 units) fills the queue; 3 units are free but it does not fit.
+    let mut big = request_of("big", Priority::batch());
+    big.headers_mut().insert("x-cost", "4".parse().unwrap());
+    let big = spawn_call(&svc, big);
+    settle().await;
+    assert_eq!(h.queued(), 1);
+    // An interactive request of 1 unit outranks it and fits: admitted, and the batch waiter
+    // keeps its place.
+    let i = svc
+        .clone()
+        .oneshot(request_of("i", Priority::interactive()))
+        .await
+        .unwrap();
+    assert_eq!(i.status(), StatusCode::OK);
+    assert_eq!(h.queued(), 1);
+    assert!(!big.is_finished());
+    assert_eq!(names(&mut ctl), ["a", "i"]);
+}
