@@ -152,7 +152,7 @@ impl LatencyPhaseRecorderLayer {
     /// from a bounded set.
     ///
     /// axum's `MatchedPath` plugs in here (apply the recorder with `Router::layer`, so it runs
-    /// after routing and the extension is present):
+    /// after routing and the extension is present; `tests/axum_route.rs` runs this):
     ///
     /// ```ignore
     /// use axum::extract::MatchedPath;
