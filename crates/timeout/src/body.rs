@@ -68,7 +68,7 @@ impl Timers {
             (false, Some((at, limit)), _) => Some((at, Phase::FirstToken, limit)),
             (true, _, Some(limit)) => self
                 .last_progress
-                .map(|last| (last + limit, Phase::Idle, limit)),
+                .and_then(|last| Some((last.checked_add(limit)?, Phase::Idle, limit))),
             _ => None,
         };
         match (phase, self.total) {
@@ -188,18 +188,21 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         report: Option<EndReport>,
     ) -> Self {
         let now = Instant::now();
-        let first_token = t.first_token.map(|limit| {
+        // A limit too far out to be an `Instant` is no limit (a header can carry any number).
+        let first_token = t.first_token.and_then(|limit| {
             let from = match config.first_token_clock {
                 FirstTokenClock::FromHeaders => now,
                 _ => start,
             };
-            (from + limit, limit)
+            Some((from.checked_add(limit)?, limit))
         });
         let timers = Timers {
             start,
             first_token,
             idle: t.idle,
-            total: t.total.map(|limit| (start + limit, limit)),
+            total: t
+                .total
+                .and_then(|limit| Some((start.checked_add(limit)?, limit))),
             last_progress: None,
             first_token_seen: false,
             keepalive_resets_idle: config.keepalive_resets_idle,

@@ -78,11 +78,12 @@ fn head_deadline(
 ) -> Option<(Instant, Phase, Duration)> {
     let mut best: Option<(Instant, Phase, Duration)> = None;
     let mut consider = |limit: Option<Duration>, phase: Phase| {
-        if let Some(limit) = limit {
-            let at = start + limit;
-            if best.is_none_or(|(b, _, _)| at < b) {
-                best = Some((at, phase, limit));
-            }
+        // A limit too far out to be an `Instant` is no limit.
+        if let Some(limit) = limit
+            && let Some(at) = start.checked_add(limit)
+            && best.is_none_or(|(b, _, _)| at < b)
+        {
+            best = Some((at, phase, limit));
         }
     };
     consider(t.head, Phase::Head);

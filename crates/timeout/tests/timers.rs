@@ -671,3 +671,29 @@ async fn dropping_the_response_future_or_body_cancels_the_upstream() {
     drop(body);
     assert!(probe.cancelled());
 }
+
+#[tokio::test(start_paused = true)]
+async fn absurd_header_values_neither_panic_nor_fire() {
+    let layer = SseIdleTimeoutLayer::new()
+        .with_override_header(Phase::Head, HeaderName::from_static("x-head-ms"))
+        .with_override_header(Phase::FirstToken, HeaderName::from_static("x-ttft-ms"))
+        .with_override_header(Phase::Idle, HeaderName::from_static("x-idle-ms"))
+        .with_override_header(Phase::Total, HeaderName::from_static("x-total-ms"));
+    let max = u64::MAX.to_string();
+    let big = (u64::MAX / 1_000_000).to_string();
+    for value in [max.as_str(), big.as_str(), "-1", "1e9", ""] {
+        let req = Request::builder()
+            .header("x-head-ms", value)
+            .header("x-ttft-ms", value)
+            .header("x-idle-ms", value)
+            .header("x-total-ms", value)
+            .body(())
+            .unwrap();
+        let steps = vec![wait_ms(5000), token("a"), wait_ms(5000), done()];
+        let (res, probe, start) = run(layer.clone(), req, secs(1), steps).await;
+        let seen = collect(res.into_body(), start).await;
+        assert_eq!(seen.ended_at, secs(11), "{value}");
+        assert!(!seen.text().contains("error"), "{value}");
+        assert!(!probe.cancelled());
+    }
+}
