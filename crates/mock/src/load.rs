@@ -57,6 +57,8 @@ use crate::sse::{EventKind, SseReader};
 
 /// Highest value the histograms hold: one hour, in microseconds.
 const HIST_MAX_US: u64 = 3_600_000_000;
+/// The same, as a duration.
+const HIST_MAX_DURATION: Duration = Duration::from_secs(3600);
 
 /// The default request body: a streamed chat completion with usage.
 pub const DEFAULT_BODY: &str = r#"{"model":"mock-model","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Say hello"}]}"#;
@@ -515,16 +517,21 @@ pub async fn run(config: LoadConfig) -> Result<LoadReport, LoadError> {
     let mut report = LoadReport::new(config.rate);
     let mut rng = SplitMix64::new(config.seed);
     let start = Instant::now();
-    let end_of_window = start + config.duration;
+    // Durations too long for the clock are as good as forever (the count still bounds the run).
+    let far = |d: Duration| start.checked_add(d).unwrap_or(start + HIST_MAX_DURATION);
+    let end_of_window = far(config.duration);
     let mut next = start;
     let mut tasks: JoinSet<Sample> = JoinSet::new();
     let mut last = start;
 
     while report.scheduled < config.max_requests {
         let step = rng.next_exp() / config.rate;
-        next += Duration::try_from_secs_f64(step).unwrap_or(config.duration);
-        if next > end_of_window {
-            break;
+        match Duration::try_from_secs_f64(step)
+            .ok()
+            .and_then(|d| next.checked_add(d))
+        {
+            Some(n) if n <= end_of_window => next = n,
+            _ => break,
         }
         // Reap finished requests while waiting for the next arrival.
         loop {
@@ -569,7 +576,10 @@ pub async fn run(config: LoadConfig) -> Result<LoadReport, LoadError> {
     }
     report.window = last - start;
 
-    let drain_deadline = Instant::now() + config.drain_timeout;
+    let now = Instant::now();
+    let drain_deadline = now
+        .checked_add(config.drain_timeout)
+        .unwrap_or(now + HIST_MAX_DURATION);
     loop {
         tokio::select! {
             done = tasks.join_next() => match done {

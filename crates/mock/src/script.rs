@@ -391,7 +391,7 @@ impl Script {
     /// | `early_meta` | bool | [`early_meta`](Self::early_meta) |
     /// | `tool_calls` | bool | [`tool_calls`](Self::tool_calls) |
     ///
-    /// A duration is a number with a unit `ns`, `us`, `ms`, `s` or `m` (`0` alone is allowed).
+    /// A duration is a number with a unit `ns`, `us`, `ms`, `s`, `m` or `h` (`0` alone is allowed).
     /// A latency is a duration, `fixed(D)`, `lognormal(MEDIAN,SIGMA)` or
     /// `mix(SLOW_FRACTION,BASE,SLOW)` (nestable). A bool is `true`/`false`/`1`/`0`.
     ///
@@ -613,7 +613,7 @@ impl fmt::Display for DurationFmt {
     }
 }
 
-/// Parses `250ms`, `1.5s`, `10us`, `2m`, `0`.
+/// Parses `250ms`, `1.5s`, `10us`, `2m`, `1h`, `0`.
 pub fn parse_duration(s: &str) -> Result<Duration, ParseError> {
     let s = s.trim();
     if s == "0" {
@@ -621,7 +621,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, ParseError> {
     }
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| ParseError::new(s, "a duration needs a unit (ns, us, ms, s, m)"))?;
+        .ok_or_else(|| ParseError::new(s, "a duration needs a unit (ns, us, ms, s, m, h)"))?;
     let (num, unit) = s.split_at(split);
     let value: f64 = num
         .parse()
@@ -632,7 +632,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, ParseError> {
         "ms" => 1e-3,
         "s" => 1.0,
         "m" | "min" => 60.0,
-        _ => return Err(ParseError::new(s, "unknown unit (ns, us, ms, s, m)")),
+        "h" => 3600.0,
+        _ => return Err(ParseError::new(s, "unknown unit (ns, us, ms, s, m, h)")),
     };
     // Integers are converted exactly; fractions through f64.
     if let Ok(int) = num.parse::<u64>() {
@@ -641,6 +642,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, ParseError> {
             "us" | "µs" => Some(Duration::from_micros(int)),
             "ms" => Some(Duration::from_millis(int)),
             "s" => Some(Duration::from_secs(int)),
+            "h" => int.checked_mul(3600).map(Duration::from_secs),
             _ => int.checked_mul(60).map(Duration::from_secs),
         };
         return d.ok_or_else(|| ParseError::new(s, "too large"));
@@ -790,6 +792,105 @@ mod tests {
         let mut r = SplitMix64::new(3);
         for _ in 0..100 {
             assert!(huge.sample(&mut r) <= MAX_LATENCY);
+        }
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn latency() -> impl Strategy<Value = Latency> {
+            let leaf = prop_oneof![
+                (0u64..10_000_000).prop_map(|us| Latency::Fixed(Duration::from_micros(us))),
+                ((0u64..10_000), 0u32..300).prop_map(|(ms, s)| Latency::log_normal(
+                    Duration::from_millis(ms),
+                    f64::from(s) / 100.0
+                )),
+            ];
+            leaf.prop_recursive(2, 4, 2, |inner| {
+                (inner.clone(), inner, 0u32..=100)
+                    .prop_map(|(a, b, f)| Latency::mixture(a, b, f64::from(f) / 100.0))
+            })
+        }
+
+        fn script() -> impl Strategy<Value = Script> {
+            (
+                (0u64..100_000, latency(), 0u32..1000, latency()),
+                (
+                    proptest::option::of((0u32..100, proptest::option::of(0u64..100_000))),
+                    proptest::option::of(1u64..100_000),
+                    proptest::option::of(prop_oneof![Just(429u16), Just(500), Just(503)]),
+                    0u32..=100,
+                ),
+                (
+                    proptest::option::of(0u64..100_000),
+                    0u8..3,
+                    proptest::option::of(0u32..100),
+                    any::<(bool, u64, bool, bool)>(),
+                ),
+            )
+                .prop_map(
+                    |(
+                        (head, ttft, tokens, gap),
+                        (stall, ka, status, frac),
+                        (retry, reset, err, (slot, seed, early, tools)),
+                    )| {
+                        let mut s = Script::new()
+                            .head_delay(Duration::from_millis(head))
+                            .ttft(ttft)
+                            .tokens(tokens)
+                            .gap(gap)
+                            .status_fraction(f64::from(frac) / 100.0)
+                            .single_slot(slot)
+                            .seed(seed)
+                            .early_meta(early)
+                            .tool_calls(tools);
+                        if let Some((n, p)) = stall {
+                            s = s.stall_after(n, p.map(Duration::from_millis));
+                        }
+                        if let Some(k) = ka {
+                            s = s.keepalive_every(Duration::from_millis(k));
+                        }
+                        if let Some(st) = status {
+                            s = s.status(StatusCode::from_u16(st).unwrap());
+                        }
+                        if let Some(r) = retry {
+                            s = s.retry_after(Duration::from_millis(r));
+                        }
+                        s = match reset {
+                            1 => s.reset_before_headers(),
+                            2 => s.reset_after_tokens(tokens / 2),
+                            _ => s,
+                        };
+                        if let Some(e) = err {
+                            s = s.error_event_after(e);
+                        }
+                        s
+                    },
+                )
+        }
+
+        proptest! {
+            #[test]
+            fn display_parses_back(s in script()) {
+                prop_assert_eq!(s.to_string().parse::<Script>().unwrap(), s);
+            }
+
+            #[test]
+            fn any_input_is_an_error_or_a_script(input in ".{0,80}") {
+                let _ = input.parse::<Script>();
+                let _ = input.parse::<Latency>();
+                let _ = parse_duration(&input);
+            }
+
+            #[test]
+            fn structured_garbage_never_panics(
+                key in prop_oneof![Just("ttft"), Just("gap"), Just("stall_for"), Just("status"),
+                    Just("reset"), Just("keepalive"), Just("seed"), Just("tokens")],
+                value in "[a-z0-9().,_ ]{0,30}",
+            ) {
+                let _ = format!("{key}={value}").parse::<Script>();
+            }
         }
     }
 }

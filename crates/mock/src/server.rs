@@ -255,8 +255,7 @@ async fn handle(
     let attempt = req
         .headers()
         .get(ATTEMPT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let guard = inner.shared.begin(req.uri().path(), attempt.clone());
     let index = guard.index();
 
@@ -625,7 +624,11 @@ impl Producer {
                 biased;
                 out = &mut fut => return Ok(out),
                 _ = sleep_until(self.next_keepalive) => {
-                    self.next_keepalive += every;
+                    match self.next_keepalive.checked_add(every) {
+                        Some(next) => self.next_keepalive = next,
+                        // Beyond the end of time: no more keepalives.
+                        None => self.keepalive = None,
+                    }
                     self.send(Item::Data(frame)).await?;
                 }
             }
@@ -647,8 +650,11 @@ impl Producer {
     async fn run_inner(&mut self) -> Result<(), Gone> {
         let start = Instant::now();
         if let (Some(every), Some(frame)) = (self.script.keepalive_every, self.ctx.keepalive()) {
-            self.keepalive = Some((every, frame));
-            self.next_keepalive = start + every;
+            // A period so long it overflows the clock means "never".
+            if let Some(first) = start.checked_add(every) {
+                self.keepalive = Some((every, frame));
+                self.next_keepalive = first;
+            }
         }
         if self.script.early_meta {
             for b in self.ctx.preamble() {

@@ -498,3 +498,58 @@ async fn shutdown_cancels_streams_in_flight() {
     assert!(matches!(body.frame().await, Some(Err(_)) | None));
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+#[tokio::test(start_paused = true)]
+async fn hostile_clients_get_errors_not_panics() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = MockServer::start(Script::new()).await.unwrap();
+    // Garbage instead of HTTP.
+    let mut s = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    s.write_all(b"\x00\x01garbage\r\n\r\n").await.unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    // Odd attempt values and a body over the cap.
+    let c = chat(&server, &[("x-tailguard-attempt", "a b/ü?")]).await;
+    assert_eq!(c.status, 200);
+    let big = "x".repeat(tailguard_mock::MAX_REQUEST_BODY + 1);
+    let c = collect(
+        &client(),
+        post(&server.url(), "/v1/chat/completions", &big, &[]),
+    )
+    .await;
+    assert_eq!(c.status, 413);
+    // Scripts with absurd durations are clamped or rejected, never a panic.
+    let c = chat(
+        &server,
+        &[(
+            SCRIPT_HEADER,
+            "keepalive=18446744073709551615s,stall_for=18446744073709551615s,tokens=1",
+        )],
+    )
+    .await;
+    assert!(c.status == 400 || c.status == 200);
+    let res = send(
+        &client(),
+        post(
+            &server.url(),
+            "/v1/chat/completions",
+            CHAT_STREAM,
+            &[(
+                SCRIPT_HEADER,
+                "keepalive=1000000000000s,head_delay=1ms,ttft=1h,tokens=1",
+            )],
+        ),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    drop(res);
+    server.wait_idle().await;
+    let st = server.stats();
+    assert_eq!(st.in_flight, 0);
+    assert_eq!(st.by_attempt("a b/ü?").count(), 1);
+    assert!(
+        st.log
+            .iter()
+            .all(|r| r.outcome != tailguard_mock::Outcome::InFlight)
+    );
+}
