@@ -46,14 +46,6 @@ impl<B: Body> LatencyPhaseRecorderBody<B> {
         }
         body
     }
-
-    pub(crate) fn passthrough(inner: B) -> Self {
-        LatencyPhaseRecorderBody {
-            inner,
-            rec: None,
-            span: Span::none(),
-        }
-    }
 }
 
 impl<B> LatencyPhaseRecorderBody<B> {

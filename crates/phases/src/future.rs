@@ -67,20 +67,17 @@ where
         };
         match res {
             Ok(mut res) => {
-                let body = match this.rec.take() {
+                let (rec, span) = match this.rec.take() {
                     Some(mut rec) => {
                         rec.on_headers(&mut res);
-                        let span = std::mem::replace(this.span, Span::none());
-                        let (parts, body) = res.into_parts();
-                        let body = LatencyPhaseRecorderBody::new(body, Some(rec), span);
-                        return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                        (Some(rec), std::mem::replace(this.span, Span::none()))
                     }
-                    None => {
-                        let (parts, body) = res.into_parts();
-                        Response::from_parts(parts, LatencyPhaseRecorderBody::passthrough(body))
-                    }
+                    // Polled again after completion: pass through, record nothing.
+                    None => (None, Span::none()),
                 };
-                Poll::Ready(Ok(body))
+                let (parts, body) = res.into_parts();
+                let body = LatencyPhaseRecorderBody::new(body, rec, span);
+                Poll::Ready(Ok(Response::from_parts(parts, body)))
             }
             Err(e) => {
                 if let Some(rec) = this.rec.take() {

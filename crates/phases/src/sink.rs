@@ -14,6 +14,7 @@ use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
 ///
 /// [`on_report`](PhaseSink::on_report) runs exactly once per request, on the task that ended it
 /// (the one polling or dropping the response), so keep it short: hand heavy work to a channel.
+/// It may run inside a `Drop` (a client disconnect), so it must not panic.
 pub trait PhaseSink: Send + Sync + 'static {
     /// Called once, when the request ended.
     fn on_report(&self, report: &PhaseReport);
