@@ -106,6 +106,15 @@ impl MockServer {
         })
     }
 
+    /// Starts `n` replicas on `127.0.0.1:0`, all following `script`.
+    pub async fn start_replicas(n: usize, script: Script) -> std::io::Result<Vec<MockServer>> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(Self::start(script.clone()).await?);
+        }
+        Ok(out)
+    }
+
     /// The address the replica listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -156,6 +165,13 @@ impl MockServer {
         let mut rx = self.inner.shared.subscribe();
         // The sender lives as long as `self`.
         let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
+    /// Resolves once at least `n` requests have arrived (counted as in [`Stats::requests`]):
+    /// e.g. "the hedge sent its backup attempt".
+    pub async fn wait_requests(&self, n: u64) {
+        let mut rx = self.inner.shared.subscribe_requests();
+        let _ = rx.wait_for(|r| *r >= n).await;
     }
 
     /// Stops accepting, closes every connection (bodies in flight are dropped and recorded as

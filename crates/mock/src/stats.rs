@@ -1,6 +1,7 @@
 //! What a replica saw: counters and a per-request log.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -50,6 +51,23 @@ pub struct RequestRecord {
     pub tokens_sent: u32,
     /// How it ended.
     pub outcome: Outcome,
+}
+
+impl RequestRecord {
+    /// Arrival to the response head.
+    pub fn time_to_headers(&self) -> Option<Duration> {
+        Some(self.headers_sent? - self.started)
+    }
+
+    /// Arrival to the first token.
+    pub fn ttft(&self) -> Option<Duration> {
+        Some(self.first_token? - self.started)
+    }
+
+    /// Arrival to the end.
+    pub fn total(&self) -> Option<Duration> {
+        Some(self.ended? - self.started)
+    }
 }
 
 /// A snapshot of a replica's counters and log.
@@ -105,6 +123,7 @@ impl State {
 pub(crate) struct Shared {
     stats: Mutex<State>,
     in_flight: watch::Sender<u64>,
+    requests: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -112,6 +131,7 @@ impl Shared {
         Arc::new(Shared {
             stats: Mutex::new(State::default()),
             in_flight: watch::Sender::new(0),
+            requests: watch::Sender::new(0),
         })
     }
 
@@ -134,10 +154,16 @@ impl Shared {
             peak_concurrent: in_flight,
             ..Stats::default()
         };
+        drop(st);
+        self.requests.send_replace(0);
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.in_flight.subscribe()
+    }
+
+    pub(crate) fn subscribe_requests(&self) -> watch::Receiver<u64> {
+        self.requests.subscribe()
     }
 
     /// Registers a new request; the guard ends it.
@@ -150,6 +176,7 @@ impl Shared {
         s.in_flight += 1;
         s.peak_concurrent = s.peak_concurrent.max(s.in_flight);
         let n = s.in_flight;
+        let requests = s.requests;
         s.log.push(RequestRecord {
             index,
             path: path.to_owned(),
@@ -163,6 +190,7 @@ impl Shared {
         });
         drop(st);
         self.in_flight.send_replace(n);
+        self.requests.send_replace(requests);
         RequestGuard {
             shared: self.clone(),
             index,

@@ -553,3 +553,30 @@ async fn hostile_clients_get_errors_not_panics() {
             .all(|r| r.outcome != tailguard_mock::Outcome::InFlight)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn wait_requests_and_record_helpers() {
+    let servers = MockServer::start_replicas(2, Script::new().head_delay(MS(30)).ttft(MS(70)))
+        .await
+        .unwrap();
+    assert_ne!(servers[0].addr(), servers[1].addr());
+    let url = servers[1].url();
+    let task = tokio::spawn(async move {
+        tokio::time::sleep(MS(500)).await;
+        collect(
+            &client(),
+            post(&url, "/v1/chat/completions", CHAT_STREAM, &[]),
+        )
+        .await
+    });
+    let start = Instant::now();
+    servers[1].wait_requests(1).await;
+    assert_eq!(start.elapsed(), MS(500));
+    task.await.unwrap();
+    let s = servers[1].stats();
+    let r = &s.log[0];
+    assert_eq!(r.time_to_headers(), Some(MS(30)));
+    assert_eq!(r.ttft(), Some(MS(100)));
+    assert_eq!(r.total(), Some(MS(100)));
+    assert_eq!(servers[0].stats().requests, 0);
+}
