@@ -49,7 +49,8 @@ pin_project! {
             #[pin]
             fut: S::Future,
             permit: Option<Permit>,
-            outcome: Option<AdmissionOutcome>,
+            // The queue wait to report in an `AdmissionOutcome` (`None`: reporting is off).
+            wait: Option<Duration>,
         },
         Waiting {
             wait: Box<Wait<S, ReqB>>,
@@ -70,6 +71,7 @@ pub(crate) struct Wait<S, ReqB> {
     req: Option<Request<ReqB>>,
     units: u32,
     full_status: StatusCode,
+    outcome: bool,
 }
 
 /// A refusal on its way to the caller.
@@ -115,11 +117,11 @@ impl<S, ReqB> State<S, ReqB>
 where
     S: Service<Request<ReqB>>,
 {
-    pub(crate) fn called(fut: S::Future, permit: Permit, units: u32) -> Self {
+    pub(crate) fn called(fut: S::Future, permit: Permit, wait: Option<Duration>) -> Self {
         State::Called {
             fut,
             permit: Some(permit),
-            outcome: Some(AdmissionOutcome::admitted(Duration::ZERO, units)),
+            wait,
         }
     }
 
@@ -139,6 +141,7 @@ where
                 req: Some(req),
                 units,
                 full_status: cfg.full_status,
+                outcome: cfg.outcome,
             }),
         }
     }
@@ -197,26 +200,19 @@ where
 {
     loop {
         match state.as_mut().project() {
-            StateProj::Called {
-                fut,
-                permit,
-                outcome,
-            } => {
+            StateProj::Called { fut, permit, wait } => {
                 return Poll::Ready(match ready!(fut.poll(cx)) {
-                    Ok(res) => {
-                        let (mut parts, body) = res.into_parts();
-                        if let Some(o) = outcome.take() {
-                            parts.extensions.insert(o);
-                        }
+                    Ok(mut res) => {
                         let mut permit = permit.take();
-                        if body.is_end_stream() {
+                        if let (Some(w), Some(p)) = (wait.take(), permit.as_ref()) {
+                            res.extensions_mut()
+                                .insert(AdmissionOutcome::admitted(w, p.units()));
+                        }
+                        if res.body().is_end_stream() {
                             // No body to wait for: release at once.
                             permit = None;
                         }
-                        Ok(Response::from_parts(
-                            parts,
-                            AdmissionBody::stream(body, permit),
-                        ))
+                        Ok(res.map(|body| AdmissionBody::stream(body, permit)))
                     }
                     Err(e) => {
                         drop(permit.take());
@@ -241,7 +237,7 @@ where
                         State::Called {
                             fut: svc.call(req),
                             permit: Some(permit),
-                            outcome: Some(AdmissionOutcome::admitted(waited, w.units)),
+                            wait: w.outcome.then_some(waited),
                         }
                     }
                     Err(r) => {

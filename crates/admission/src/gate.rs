@@ -39,8 +39,14 @@ pub(crate) struct Rejection {
 /// Capacity held by one admitted request; releases it when dropped.
 pub(crate) struct Permit {
     shared: Arc<Shared>,
-    class: usize,
+    class: u32,
     units: u32,
+}
+
+impl Permit {
+    pub(crate) fn units(&self) -> u32 {
+        self.units
+    }
 }
 
 impl fmt::Debug for Permit {
@@ -54,7 +60,7 @@ impl fmt::Debug for Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.shared.release(self.class, self.units);
+        self.shared.release(self.class as usize, self.units);
     }
 }
 
@@ -181,26 +187,37 @@ struct Class {
 }
 
 /// Exponentially decayed count of released units, for the drain-rate estimate.
+///
+/// An uncontended release only adds to `pending` (no clock read); the pending units are folded
+/// in, spread evenly over the time since the last fold, whenever the gate has the time anyway
+/// (a contended release, a queued arrival, a refusal).
 struct Drain {
     decayed: f64,
+    pending: u64,
     last: Instant,
 }
 
 impl Drain {
-    fn decay(&self, now: Instant) -> f64 {
+    fn fold(&mut self, now: Instant) {
+        let tau = DRAIN_WINDOW.as_secs_f64();
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        self.decayed * (-dt / DRAIN_WINDOW.as_secs_f64()).exp()
-    }
-
-    fn record(&mut self, now: Instant, units: u32) {
-        self.decayed = self.decay(now) + f64::from(units);
+        let k = (-dt / tau).exp();
+        let pending = self.pending as f64;
+        // The exact decayed sum of `pending` units released at a uniform rate over `dt`.
+        let spread = if dt > 1e-9 {
+            pending * tau / dt * (1.0 - k)
+        } else {
+            pending
+        };
+        self.decayed = self.decayed * k + spread;
+        self.pending = 0;
         self.last = now;
     }
 
     /// Units per second, bias-corrected for a gate younger than the window.
-    fn rate(&self, now: Instant, created: Instant) -> Option<f64> {
-        let d = self.decay(now);
-        if d <= 0.0 {
+    fn rate(&mut self, now: Instant, created: Instant) -> Option<f64> {
+        self.fold(now);
+        if self.decayed <= 0.0 {
             return None;
         }
         let tau = DRAIN_WINDOW.as_secs_f64();
@@ -208,7 +225,7 @@ impl Drain {
             .saturating_duration_since(created)
             .as_secs_f64()
             .max(0.001);
-        let rate = d / (tau * (1.0 - (-age / tau).exp()));
+        let rate = self.decayed / (tau * (1.0 - (-age / tau).exp()));
         (rate.is_finite() && rate > 0.0).then_some(rate)
     }
 }
@@ -266,6 +283,7 @@ impl Shared {
                 classes: Vec::new(),
                 drain: Drain {
                     decayed: 0.0,
+                    pending: 0,
                     last: now,
                 },
             }),
@@ -308,13 +326,13 @@ impl Shared {
                 drop(st);
                 return Acquire::Admitted(Permit {
                     shared: self.clone(),
-                    class,
+                    class: class as u32,
                     units,
                 });
             }
             let now = Instant::now();
             if self.cfg.queue_len == 0 {
-                return Acquire::Rejected(self.refuse_full(&st, class, now, units));
+                return Acquire::Rejected(self.refuse_full(&mut st, class, now, units));
             }
             let allowed = if self.standing(&st, now) {
                 self.cfg.codel.map_or(self.cfg.queue_timeout, |c| {
@@ -355,7 +373,7 @@ impl Shared {
                     Some(v) => {
                         let w = st.classes[v].waiters.pop_back().expect("non-empty class");
                         self.unqueue(&mut st, v, w.units);
-                        let retry_after = self.retry_after(&st, now, w.units);
+                        let retry_after = self.retry_after(&mut st, now, w.units);
                         st.classes[v]
                             .metrics
                             .rejected(OverloadReason::Evicted)
@@ -375,7 +393,7 @@ impl Shared {
                         let w = st.classes[class].waiters.pop_back().expect("the arrival");
                         debug_assert_eq!(w.seq, seq);
                         self.unqueue(&mut st, class, w.units);
-                        return Acquire::Rejected(self.refuse_full(&st, class, now, units));
+                        return Acquire::Rejected(self.refuse_full(&mut st, class, now, units));
                     }
                 }
             }
@@ -395,7 +413,7 @@ impl Shared {
         out
     }
 
-    fn refuse_full(&self, st: &State, class: usize, now: Instant, units: u32) -> Rejection {
+    fn refuse_full(&self, st: &mut State, class: usize, now: Instant, units: u32) -> Rejection {
         st.classes[class]
             .metrics
             .rejected(OverloadReason::QueueFull)
@@ -460,7 +478,7 @@ impl Shared {
         st.classes[class].metrics.queued.decrement(1.0);
     }
 
-    fn retry_after(&self, st: &State, now: Instant, units: u32) -> Duration {
+    fn retry_after(&self, st: &mut State, now: Instant, units: u32) -> Duration {
         let backlog = st.queued_units as f64 + f64::from(units);
         let est = match st.drain.rate(now, self.created) {
             Some(rate) => Duration::try_from_secs_f64(backlog / rate).unwrap_or(MAX_RETRY_AFTER),
@@ -541,7 +559,7 @@ impl Shared {
             self.unqueue(st, i, units);
             let permit = Permit {
                 shared: self.clone(),
-                class: i,
+                class: i as u32,
                 units,
             };
             if let Err(g) = w.tx.send(Ok(permit)) {
@@ -560,9 +578,10 @@ impl Shared {
             c.in_use -= units;
             c.in_flight -= 1;
             c.metrics.in_flight.decrement(1.0);
-            let now = Instant::now();
-            st.drain.record(now, units);
+            st.drain.pending += u64::from(units);
             if st.queued > 0 {
+                let now = Instant::now();
+                st.drain.fold(now);
                 self.dispatch(&mut st, now, &mut deferred);
             }
         }
@@ -589,7 +608,7 @@ impl Shared {
             }
             self.unqueue(&mut st, class, w.units);
             let now = Instant::now();
-            let retry_after = self.retry_after(&st, now, w.units);
+            let retry_after = self.retry_after(&mut st, now, w.units);
             // The removed waiter may have blocked the head of the line.
             self.dispatch(&mut st, now, &mut deferred);
             Rejection {

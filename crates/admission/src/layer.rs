@@ -72,6 +72,7 @@ pub(crate) struct Config {
     pub(crate) default_priority: Priority,
     pub(crate) reserved: Vec<(Priority, f64)>,
     pub(crate) cost: Cost,
+    pub(crate) outcome: bool,
 }
 
 impl Config {
@@ -125,7 +126,8 @@ impl BoundedAdmissionLayer<Respond> {
     /// it trades fairness for latency and should be a conscious choice); aging
     /// [`DEFAULT_AGING`]; one request holds at most [`DEFAULT_MAX_REQUEST_SHARE`] of the
     /// capacity; a full queue answers 429 (the client sent more than we take now); requests
-    /// without a [`Priority`] count as [`Priority::standard`]; no reserved shares.
+    /// without a [`Priority`] count as [`Priority::standard`]; no reserved shares; responses carry
+    /// an `AdmissionOutcome`.
     pub fn new(capacity: u32) -> Self {
         let capacity = capacity.max(1);
         BoundedAdmissionLayer {
@@ -141,6 +143,7 @@ impl BoundedAdmissionLayer<Respond> {
                 default_priority: Priority::standard(),
                 reserved: Vec::new(),
                 cost: Cost::unit(),
+                outcome: true,
             },
             gate: Arc::default(),
             _flavour: PhantomData,
@@ -220,6 +223,15 @@ impl<M> BoundedAdmissionLayer<M> {
             c.reserved.retain(|(p, _)| p.level() != priority.level());
             c.reserved.push((priority, share.clamp(0.0, 1.0)));
         })
+    }
+
+    /// Whether an admitted response carries an
+    /// [`AdmissionOutcome`](tailguard_core::AdmissionOutcome) extension (default: yes, the
+    /// recorder reads the queue wait from it). Writing it costs an allocation per request when
+    /// the response has no other extension; turn it off when nothing reads it. Refusals always
+    /// carry it.
+    pub fn with_response_outcome(self, on: bool) -> Self {
+        self.with(|c| c.outcome = on)
     }
 
     fn shared(&self) -> Arc<Shared> {

@@ -98,7 +98,11 @@ impl<S, M> BoundedAdmission<S, M> {
             units,
         );
         match acquired {
-            Acquire::Admitted(permit) => State::called(self.inner.call(req), permit, units),
+            Acquire::Admitted(permit) => State::called(
+                self.inner.call(req),
+                permit,
+                cfg.outcome.then_some(Duration::ZERO),
+            ),
             Acquire::Rejected(r) => {
                 EndReport::report_to(req.extensions(), EndReason::Rejected);
                 State::refused(Refusal::new(cfg.full_status, r, Duration::ZERO, units))

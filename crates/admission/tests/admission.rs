@@ -497,3 +497,20 @@ async fn queued_future_is_send_and_inner_readiness_is_forwarded() {
     assert_send(&fut);
     drop(fut.await.unwrap());
 }
+
+#[tokio::test(start_paused = true)]
+async fn outcome_extension_can_be_turned_off_for_admitted_responses() {
+    let (up, _ctl) = upstream();
+    let layer = BoundedAdmissionLayer::new(1)
+        .with_queue_len(0)
+        .with_response_outcome(false);
+    let svc = layer.layer(up);
+    let a = svc.clone().oneshot(request("a")).await.unwrap();
+    assert!(a.extensions().get::<AdmissionOutcome>().is_none());
+    // Refusals always say why.
+    let b = svc.clone().oneshot(request("b")).await.unwrap();
+    assert_eq!(
+        b.extensions().get::<AdmissionOutcome>().unwrap().rejected,
+        Some(OverloadReason::QueueFull)
+    );
+}
