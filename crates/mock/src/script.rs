@@ -194,6 +194,10 @@ pub(crate) enum Reset {
 /// an endless one) after that token; an error event after token *N* ends the stream there with
 /// an in-band error; a reset after token *N* breaks the connection there.
 ///
+/// A non-streamed request (no `"stream": true`) waits out the same timeline (slot, TTFT, gaps,
+/// stalls) and then sends the whole JSON body at once; an in-band error becomes an HTTP 500,
+/// a reset after *N* tokens breaks the connection before the head, and no keepalives are sent.
+///
 /// Also parsed from (and printed to) a compact header syntax, see [`Script::apply`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Script {

@@ -482,21 +482,23 @@ async fn h2_stream_reset_is_cancelled_and_connection_survives() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_cancels_streams_in_flight() {
-    let server = MockServer::start(Script::new().stall_after(0, None))
-        .await
-        .unwrap();
-    let res = send(
-        &client(),
-        post(&server.url(), "/v1/chat/completions", CHAT_STREAM, &[]),
-    )
-    .await;
-    let mut body = res.into_body();
-    body.frame().await.unwrap().unwrap();
-    let addr = server.addr();
-    server.shutdown().await;
-    // The body ends with an error (connection closed), and nothing listens any more.
-    assert!(matches!(body.frame().await, Some(Err(_)) | None));
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    for c in [client(), h2_client()] {
+        let server = MockServer::start(Script::new().stall_after(0, None))
+            .await
+            .unwrap();
+        let res = send(
+            &c,
+            post(&server.url(), "/v1/chat/completions", CHAT_STREAM, &[]),
+        )
+        .await;
+        let mut body = res.into_body();
+        body.frame().await.unwrap().unwrap();
+        let addr = server.addr();
+        server.shutdown().await;
+        // The body ends (connection closed or stream reset), and nothing listens any more.
+        assert!(matches!(body.frame().await, Some(Err(_)) | None));
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
 }
 
 #[tokio::test(start_paused = true)]
