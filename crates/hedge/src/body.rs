@@ -8,6 +8,24 @@ use std::task::{Context, Poll, ready};
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tailguard_core::EndReport;
+
+/// Carries the end reason an inner layer reported for the winning attempt (each raced attempt
+/// gets an `EndReport` of its own, so that a loser's report cannot win) to the request's
+/// outer `EndReport`.
+#[derive(Debug)]
+pub(crate) struct Forward {
+    pub(crate) inner: EndReport,
+    pub(crate) outer: EndReport,
+}
+
+impl Forward {
+    pub(crate) fn apply(&self) {
+        if let Some(reason) = self.inner.get() {
+            self.outer.report(reason);
+        }
+    }
+}
 
 pin_project! {
     /// The response body `FirstTokenHedge` hands to the client.
@@ -32,6 +50,7 @@ pin_project! {
             replay_bytes: u64,
             error: Option<B::Error>,
             body: Option<Pin<Box<B>>>,
+            forward: Option<Forward>,
         },
     }
 }
@@ -50,13 +69,18 @@ impl<B: Body> HedgeBody<B> {
         replay_bytes: u64,
         error: Option<B::Error>,
         body: Option<Pin<Box<B>>>,
+        forward: Option<Forward>,
     ) -> Self {
+        if let Some(f) = &forward {
+            f.apply();
+        }
         HedgeBody {
             inner: Inner::Raced {
                 replay,
                 replay_bytes,
                 error,
                 body,
+                forward,
             },
         }
     }
@@ -83,6 +107,7 @@ impl<B: Body> Body for HedgeBody<B> {
                 replay_bytes,
                 error,
                 body,
+                forward,
             } => {
                 if let Some(frame) = replay.pop_front() {
                     if let Some(d) = frame.data_ref() {
@@ -92,14 +117,22 @@ impl<B: Body> Body for HedgeBody<B> {
                 }
                 if let Some(e) = error.take() {
                     *body = None;
+                    end(forward);
                     return Poll::Ready(Some(Err(e)));
                 }
                 let Some(inner) = body.as_mut() else {
+                    end(forward);
                     return Poll::Ready(None);
                 };
                 let next = ready!(inner.as_mut().poll_frame(cx));
-                if next.is_none() {
-                    *body = None;
+                match &next {
+                    Some(Ok(frame)) if !frame.is_trailers() => {}
+                    None => {
+                        *body = None;
+                        end(forward);
+                    }
+                    // Trailers or an error: the last frame.
+                    Some(_) => end(forward),
                 }
                 Poll::Ready(next)
             }
@@ -142,6 +175,15 @@ impl<B: Body> Body for HedgeBody<B> {
     }
 }
 
+/// The stream ends: an inner layer's report for the winner reaches the outer report before the
+/// outer layer sees the end.
+#[inline]
+fn end(forward: &mut Option<Forward>) {
+    if let Some(f) = forward.take() {
+        f.apply();
+    }
+}
+
 impl<B: Body> fmt::Debug for HedgeBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
@@ -151,6 +193,7 @@ impl<B: Body> fmt::Debug for HedgeBody<B> {
                 replay_bytes,
                 error,
                 body,
+                ..
             } => f
                 .debug_struct("HedgeBody::Raced")
                 .field("replay_frames", &replay.len())

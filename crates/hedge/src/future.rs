@@ -21,7 +21,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::attempt::{Attempt, attempt_header_value};
-use crate::body::HedgeBody;
+use crate::body::{Forward, HedgeBody};
 use crate::delay::Estimator;
 use crate::error::RequestBodyError;
 use crate::service::Shared;
@@ -141,10 +141,14 @@ struct Streaming<RB: Body> {
 }
 
 impl<RB: Body> Streaming<RB> {
-    fn into_response(self, error: Option<RB::Error>) -> Response<HedgeBody<RB>> {
+    fn into_response(
+        self,
+        error: Option<RB::Error>,
+        forward: Option<Forward>,
+    ) -> Response<HedgeBody<RB>> {
         Response::from_parts(
             self.head,
-            HedgeBody::raced(self.frames, self.bytes, error, self.body),
+            HedgeBody::raced(self.frames, self.bytes, error, self.body, forward),
         )
     }
 }
@@ -158,6 +162,8 @@ enum SlotState<F, RB: Body> {
 struct Slot<F, RB: Body> {
     index: u8,
     sent_at: Instant,
+    /// This attempt's own end report, when the request carries one.
+    report: Option<EndReport>,
     state: SlotState<F, RB>,
 }
 
@@ -195,6 +201,9 @@ const RANK_STATUS: u8 = 2;
 /// A `2xx` stream that ended or broke before its first token.
 const RANK_NO_TOKEN: u8 = 1;
 
+/// The best failure so far: its attempt index, the failure, the attempt's own end report.
+type Kept<RB, E> = (u8, Failure<RB, E>, Option<EndReport>);
+
 enum Step<RB: Body, E> {
     Pending,
     /// Commit this attempt; `token` when it produced a first token (a TTFT sample).
@@ -222,6 +231,7 @@ where
     ready: bool,
     phase: Phase<S::Future, B>,
     parts: Parts,
+    outer_report: Option<EndReport>,
     body: Option<ReplayBody<B>>,
     record: Attempt,
     estimator: Option<Arc<Estimator>>,
@@ -230,7 +240,7 @@ where
     attempts: Vec<Slot<S::Future, RB>>,
     sent: u8,
     pending_send: Option<Trigger>,
-    best: Option<(u8, Failure<RB, S::Error>)>,
+    best: Option<Kept<RB, S::Error>>,
     budget_exhausted: bool,
 }
 
@@ -242,11 +252,18 @@ where
     B::Error: Into<BoxError>,
     RB: Body,
 {
-    pub(crate) fn new(shared: Arc<Shared>, service: S, parts: Parts, body: B) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, service: S, mut parts: Parts, body: B) -> Self {
         shared.budget.deposit();
+        // The template carries the primary's attempt header, so that each attempt's copy of the
+        // headers only has a value replaced (no reallocation).
+        if let Some(h) = &shared.config.attempt_header {
+            parts.headers.insert(h.clone(), attempt_header_value(0));
+        }
         let estimator = shared.delay.estimator(&parts);
         let cap = shared.config.replay_cap;
+        let outer_report = parts.extensions.get::<EndReport>().cloned();
         Race {
+            outer_report,
             shared,
             service,
             ready: true,
@@ -265,18 +282,28 @@ where
         }
     }
 
-    fn request(&self, index: u8, body: ReplayBody<B>) -> Request<ReplayBody<B>> {
+    fn request(
+        &self,
+        index: u8,
+        body: ReplayBody<B>,
+        report: Option<&EndReport>,
+    ) -> Request<ReplayBody<B>> {
         let mut req = Request::new(body);
         *req.method_mut() = self.parts.method.clone();
         *req.uri_mut() = self.parts.uri.clone();
         *req.version_mut() = self.parts.version;
         *req.headers_mut() = self.parts.headers.clone();
         *req.extensions_mut() = self.parts.extensions.clone();
-        if let Some(h) = &self.shared.config.attempt_header {
+        if index > 0
+            && let Some(h) = &self.shared.config.attempt_header
+        {
             req.headers_mut()
                 .insert(h.clone(), attempt_header_value(index));
         }
         req.extensions_mut().insert(self.record.with_number(index));
+        if let Some(r) = report {
+            req.extensions_mut().insert(r.clone());
+        }
         req
     }
 
@@ -291,18 +318,19 @@ where
     }
 
     /// Sends attempt number `self.sent` on the (ready) service.
-    fn send(&mut self, trigger: Trigger) {
+    fn send(&mut self, trigger: Trigger, now: Instant) {
         let Some(body) = self.body.as_ref().and_then(ReplayBody::try_clone) else {
             return;
         };
         let index = self.sent;
-        let req = self.request(index, body);
+        let report = self.outer_report.as_ref().map(|_| EndReport::new());
+        let req = self.request(index, body, report.as_ref());
         let fut = self.service.call(req);
         self.ready = false;
-        let now = Instant::now();
         self.attempts.push(Slot {
             index,
             sent_at: now,
+            report,
             state: SlotState::Head(Box::pin(fut)),
         });
         self.sent += 1;
@@ -348,7 +376,12 @@ where
         self.pending_send = Some(trigger);
     }
 
-    fn keep_failure(&mut self, index: u8, failure: Failure<RB, S::Error>) {
+    fn keep_failure(
+        &mut self,
+        index: u8,
+        failure: Failure<RB, S::Error>,
+        report: Option<EndReport>,
+    ) {
         tracing::debug!(
             attempt = index,
             failure = failure.kind().as_str(),
@@ -358,9 +391,9 @@ where
         if self
             .best
             .as_ref()
-            .is_none_or(|(_, b)| failure.rank() >= b.rank())
+            .is_none_or(|(_, b, _)| failure.rank() >= b.rank())
         {
-            self.best = Some((index, failure));
+            self.best = Some((index, failure, report));
         }
     }
 
@@ -381,13 +414,20 @@ where
         self.pending_send = None;
     }
 
+    fn forward(&self, report: Option<EndReport>) -> Option<Forward> {
+        Some(Forward {
+            inner: report?,
+            outer: self.outer_report.clone()?,
+        })
+    }
+
     fn commit(
         &mut self,
-        index: u8,
-        sent_at: Instant,
+        slot: Slot<S::Future, RB>,
         stream: Box<Streaming<RB>>,
         token: bool,
     ) -> Response<HedgeBody<RB>> {
+        let (index, sent_at) = (slot.index, slot.sent_at);
         let now = Instant::now();
         self.cancel_all(now);
         self.phase = Phase::Done;
@@ -406,7 +446,8 @@ where
             first_token = token,
             "tailguard-hedge: attempt committed"
         );
-        let mut res = stream.into_response(None);
+        let forward = self.forward(slot.report);
+        let mut res = stream.into_response(None, forward);
         res.extensions_mut().insert(self.outcome(index));
         res
     }
@@ -415,13 +456,17 @@ where
         self.phase = Phase::Done;
         self.timer = None;
         metrics::counter!("tailguard_hedge_all_failed_total").increment(1);
-        let Some((index, failure)) = self.best.take() else {
+        let Some((index, failure, report)) = self.best.take() else {
             return Err("tailguard-hedge: no attempt completed".into());
         };
-        EndReport::report_to(
-            &self.parts.extensions,
-            EndReason::UpstreamError(failure.kind()),
-        );
+        // An inner layer's own reason for that attempt first, then ours.
+        let forward = self.forward(report);
+        if let Some(f) = &forward {
+            f.apply();
+        }
+        if let Some(outer) = &self.outer_report {
+            outer.report(EndReason::UpstreamError(failure.kind()));
+        }
         tracing::debug!(
             attempt = index,
             attempts = self.sent,
@@ -430,7 +475,7 @@ where
         );
         match failure {
             Failure::Response { stream, error, .. } => {
-                let mut res = stream.into_response(error);
+                let mut res = stream.into_response(error, forward);
                 res.extensions_mut().insert(self.outcome(index));
                 Ok(res)
             }
@@ -455,15 +500,15 @@ where
                     if body.is_replayable() {
                         self.body = Some(body);
                         self.phase = Phase::Racing;
-                        self.delay = self
-                            .shared
-                            .delay
-                            .delay(self.estimator.as_deref(), Instant::now());
-                        self.send(Trigger::Primary);
+                        let now = Instant::now();
+                        self.delay = self.shared.delay.delay(self.estimator.as_deref(), now);
+                        self.attempts
+                            .reserve_exact(usize::from(self.shared.config.max_attempts));
+                        self.send(Trigger::Primary, now);
                     } else {
                         // Over the replay cap: one attempt, passed through as it is.
                         tracing::debug!("tailguard-hedge: request body over the replay cap");
-                        let req = self.request(0, body);
+                        let req = self.request(0, body, None);
                         self.sent = 1;
                         self.phase = Phase::Single(Box::pin(self.service.call(req)));
                     }
@@ -502,7 +547,7 @@ where
                             self.pending_send = None;
                             let index = self.sent;
                             self.sent += 1;
-                            self.keep_failure(index, Failure::Service(e));
+                            self.keep_failure(index, Failure::Service(e), None);
                             if self.can_send() {
                                 self.want(Trigger::Failure);
                             }
@@ -512,7 +557,7 @@ where
                 }
                 if self.ready && self.pending_send.is_some() {
                     self.pending_send = None;
-                    self.send(trigger);
+                    self.send(trigger, Instant::now());
                     progressed = true;
                 }
             }
@@ -524,14 +569,12 @@ where
                 match poll_slot(slot, cx, cfg) {
                     Step::Pending => i += 1,
                     Step::Commit(stream, token) => {
-                        let (index, sent_at) = (slot.index, slot.sent_at);
-                        self.attempts.remove(i);
-                        return Poll::Ready(Ok(self.commit(index, sent_at, stream, token)));
+                        let slot = self.attempts.remove(i);
+                        return Poll::Ready(Ok(self.commit(slot, stream, token)));
                     }
                     Step::Failed(failure) => {
-                        let index = slot.index;
-                        self.attempts.remove(i);
-                        self.keep_failure(index, failure);
+                        let slot = self.attempts.remove(i);
+                        self.keep_failure(slot.index, failure, slot.report);
                         if self.can_send() && self.pending_send.is_none() {
                             self.want(Trigger::Failure);
                         }

@@ -106,6 +106,27 @@ async fn slow_first_token_backup_wins_and_primary_is_cancelled() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_losers_end_report_does_not_reach_the_outer_report() {
+    // The upstream reports like an inner layer: `ClientDisconnect` when its attempt is
+    // dropped, `Completed` at the end of its body. Each attempt has a report of its own; the
+    // winner's reaches the outer one when the client reads the end.
+    let up = Upstream::new(vec![Plan::sse(ms(10_000)), Plan::sse(ms(10))]);
+    let outer = EndReport::new();
+    let mut req = chat_request();
+    req.extensions_mut().insert(outer.clone());
+    let res = layer().layer(up.clone()).oneshot(req).await.unwrap();
+    assert!(up.seen()[0].cancelled);
+    assert_eq!(
+        outer.get(),
+        None,
+        "the loser's ClientDisconnect stayed with the loser"
+    );
+    let (_, _, err) = frames(res.into_body()).await;
+    assert!(!err);
+    assert_eq!(outer.get(), Some(EndReason::Completed));
+}
+
+#[tokio::test(start_paused = true)]
 async fn primary_wins_after_the_backup_was_sent() {
     // The primary's token comes at 700 ms, the backup's would come at 500 + 900 ms.
     let up = Upstream::new(vec![Plan::sse(ms(700)), Plan::sse(ms(900))]);

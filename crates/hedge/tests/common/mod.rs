@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
-use tailguard_core::ReplayBody;
+use tailguard_core::{EndReason, EndReport, ReplayBody};
 use tailguard_hedge::Attempt;
 use tokio::time::{Instant, Sleep};
 use tower::Service;
@@ -183,6 +183,8 @@ pub struct Guard {
     log: Arc<Mutex<Log>>,
     index: usize,
     done: bool,
+    /// Like an inner layer would: reports how this attempt ended.
+    report: Option<EndReport>,
 }
 
 impl Drop for Guard {
@@ -193,6 +195,13 @@ impl Drop for Guard {
             s.done = true;
         } else {
             s.cancelled = true;
+        }
+        if let Some(r) = &self.report {
+            r.report(if self.done {
+                EndReason::Completed
+            } else {
+                EndReason::ClientDisconnect
+            });
         }
     }
 }
@@ -278,6 +287,7 @@ where
 
     fn call(&mut self, req: Request<ReplayBody<B>>) -> Self::Future {
         let attempt = req.extensions().get::<Attempt>().cloned();
+        let report = req.extensions().get::<EndReport>().cloned();
         let attempt_header = req
             .headers()
             .get("x-tailguard-attempt")
@@ -303,6 +313,7 @@ where
                 log: log.clone(),
                 index,
                 done: false,
+                report,
             };
             let body = req.into_body().collect().await.unwrap().to_bytes();
             log.lock().unwrap().seen[index].body = body;
@@ -310,6 +321,7 @@ where
             if plan.transport_error {
                 let mut guard = guard;
                 guard.done = true;
+                guard.report = None;
                 return Err(TransportError);
             }
             let mut res = Response::new(ScriptBody::new(plan.items, Some(guard)));
