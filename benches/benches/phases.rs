@@ -152,6 +152,24 @@ fn bench(c: &mut Criterion) {
                 BatchSize::SmallInput,
             )
         });
+        // The recorder's own machinery, with scanning reduced to nothing: under `AnyByte` every
+        // non-empty frame is one token, found without looking at its bytes.
+        let recorder_any_byte = LatencyPhaseRecorderLayer::new()
+            .with_dialect(tailguard_core::Dialect::AnyByte)
+            .layer(upstream(frames.clone()));
+        g.bench_function("latency_phase_recorder_any_byte", |b| {
+            b.iter_batched(
+                || recorder_any_byte.clone(),
+                |svc| {
+                    rt.block_on(async {
+                        let res = svc.oneshot(Request::new(String::new())).await.unwrap();
+                        drain(res.into_body()).await
+                    })
+                },
+                BatchSize::SmallInput,
+            )
+        });
+
         if tokens > 0 {
             // The share of the recorder's per-frame cost that is core's token tracking.
             let headers = {
@@ -160,7 +178,11 @@ fn bench(c: &mut Criterion) {
                 h
             };
             for usage in [true, false] {
-                let name = if usage { "tracker_only" } else { "tracker_only_no_usage" };
+                let name = if usage {
+                    "tracker_only"
+                } else {
+                    "tracker_only_no_usage"
+                };
                 g.bench_function(name, |b| {
                     b.iter(|| {
                         let mut t = tailguard_core::StreamTracker::new(
