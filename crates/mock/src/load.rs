@@ -53,7 +53,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::rng::SplitMix64;
-use crate::sse::{EventKind, SseReader};
+use crate::sse::{EventKind, NdjsonReader, SseReader};
 
 /// Highest value the histograms hold: one hour, in microseconds.
 const HIST_MAX_US: u64 = 3_600_000_000;
@@ -612,13 +612,18 @@ async fn one_request(client: HttpClient, req: Request<Full<Bytes>>, scheduled: I
     s.headers = Some(scheduled.elapsed());
     let status = res.status();
     s.status = Some(status.as_u16());
-    let sse = res
+    let content_type = res
         .headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+        .unwrap_or("");
+    let sse = content_type.starts_with("text/event-stream");
+    let ndjson = content_type.starts_with("application/x-ndjson")
+        || content_type.starts_with("application/jsonl");
+    let streamed = sse || ndjson;
     let mut body = res.into_body();
     let mut reader = SseReader::new();
+    let mut lines = NdjsonReader::new();
     let mut last_token: Option<Instant> = None;
     let mut done = false;
     let mut error = false;
@@ -635,13 +640,13 @@ async fn one_request(client: HttpClient, req: Request<Full<Bytes>>, scheduled: I
             continue;
         };
         let now = Instant::now();
-        if !sse {
+        if !streamed {
             if !data.is_empty() && s.ttft.is_none() && status.is_success() {
                 s.ttft = Some(now - scheduled);
             }
             continue;
         }
-        reader.feed(&data, |kind| match kind {
+        let mut on_event = |kind| match kind {
             EventKind::Token => {
                 s.tokens += 1;
                 match last_token {
@@ -653,6 +658,21 @@ async fn one_request(client: HttpClient, req: Request<Full<Bytes>>, scheduled: I
             EventKind::Done => done = true,
             EventKind::Error => error = true,
             EventKind::Meta | EventKind::Keepalive => {}
+        };
+        if sse {
+            reader.feed(&data, &mut on_event);
+        } else {
+            lines.feed(&data, &mut on_event);
+        }
+    }
+    if ndjson && !transport {
+        lines.finish(|kind| match kind {
+            EventKind::Done => done = true,
+            EventKind::Error => error = true,
+            // A trailing token line without a line end: counted, no gap (its arrival time is
+            // the last frame's, already past).
+            EventKind::Token => s.tokens += 1,
+            EventKind::Meta | EventKind::Keepalive => {}
         });
     }
     s.total = Some(scheduled.elapsed());
@@ -662,7 +682,7 @@ async fn one_request(client: HttpClient, req: Request<Full<Bytes>>, scheduled: I
         EndReason::HttpStatus
     } else if error {
         EndReason::ErrorEvent
-    } else if done || !sse {
+    } else if done || !streamed {
         EndReason::Completed
     } else {
         EndReason::Truncated

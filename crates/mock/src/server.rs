@@ -62,6 +62,7 @@ struct Inner {
 /// | `POST /v1/messages` (also `/anthropic/v1/messages`) | Anthropic messages SSE (streamed when `"stream": true`) |
 /// | `GET /v1/models` | a one-model list |
 /// | `POST /tailguard.mock.v1.Generator/Generate` | gRPC server streaming (HTTP/2), see [`grpc`](crate::grpc) |
+/// | `POST /api/generate`, `POST /api/chat` | Ollama-style NDJSON (`application/x-ndjson`; streamed unless `"stream": false`); `options.num_predict` caps tokens |
 ///
 /// `max_tokens` in a request caps the script's token count (the finish reason is then
 /// `"length"`). Which script a request follows: the replica's script ([`set_script`]), or the
@@ -280,6 +281,8 @@ async fn handle(
         (&Method::POST, "/v1/completions") => Api::Completions,
         (&Method::POST, "/v1/messages" | "/anthropic/v1/messages") => Api::Anthropic,
         (&Method::POST, GENERATE_PATH) => Api::Grpc,
+        (&Method::POST, "/api/generate") => Api::OllamaGenerate,
+        (&Method::POST, "/api/chat") => Api::OllamaChat,
         (&Method::GET, "/v1/models") => {
             let body = serde_json::json!({"object": "list", "data": [{"id": "mock-model",
                 "object": "model", "created": 1_796_053_661u64, "owned_by": "tailguard-mock"}]});
@@ -372,7 +375,7 @@ async fn handle(
                 Api::Chat => "chatcmpl",
                 Api::Completions => "cmpl",
                 Api::Anthropic => "msg",
-                Api::Grpc => "gen",
+                Api::Grpc | Api::OllamaGenerate | Api::OllamaChat => "gen",
             }
         ),
         model: params.model,
@@ -444,6 +447,11 @@ async fn handle(
     let h = res.headers_mut();
     if api == Api::Grpc {
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    } else if api.is_ollama() {
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-ndjson"),
+        );
     } else {
         h.insert(
             CONTENT_TYPE,
@@ -562,7 +570,11 @@ fn parse_params(api: Api, body: &[u8]) -> Option<Params> {
     } else {
         serde_json::from_slice(body).ok()?
     };
-    let stream = v.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
+    // Ollama streams unless told not to; OpenAI and Anthropic only when told to.
+    let stream = v
+        .get("stream")
+        .and_then(|s| s.as_bool())
+        .unwrap_or(api.is_ollama());
     let include_usage = v
         .pointer("/stream_options/include_usage")
         .and_then(|s| s.as_bool())
@@ -570,6 +582,7 @@ fn parse_params(api: Api, body: &[u8]) -> Option<Params> {
     let max_tokens = v
         .get("max_tokens")
         .or_else(|| v.get("max_completion_tokens"))
+        .or_else(|| v.pointer("/options/num_predict"))
         .and_then(|m| m.as_u64())
         .map(|m| u32::try_from(m).unwrap_or(u32::MAX));
     let model = v

@@ -1,6 +1,6 @@
-//! A tiny incremental SSE reader for the load generator: splits a byte stream into events and
-//! classifies each as token / meta / keepalive / done / error, for OpenAI and Anthropic
-//! streams.
+//! Tiny incremental readers for the load generator: split a byte stream into events and
+//! classify each as token / meta / keepalive / done / error, for OpenAI and Anthropic SSE
+//! ([`SseReader`]) and Ollama-style NDJSON ([`NdjsonReader`]).
 //!
 //! Independent of tailguard-core's scanner on purpose: the load generator measures the layers
 //! built on that scanner, so it must not share its bugs.
@@ -164,6 +164,68 @@ pub fn classify(event: Option<&str>, data: &[u8]) -> EventKind {
     EventKind::Meta
 }
 
+/// Incremental NDJSON reader: one JSON object per line.
+#[derive(Debug, Default)]
+pub struct NdjsonReader {
+    line: Vec<u8>,
+    skipping: bool,
+}
+
+impl NdjsonReader {
+    /// A reader at the start of a stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds bytes; calls `on_event` for every complete non-empty line.
+    pub fn feed(&mut self, bytes: &[u8], mut on_event: impl FnMut(EventKind)) {
+        for &b in bytes {
+            match b {
+                b'\n' => {
+                    self.skipping = false;
+                    let line = std::mem::take(&mut self.line);
+                    if !line.trim_ascii().is_empty() {
+                        on_event(classify_ndjson(&line));
+                    }
+                }
+                _ if self.skipping => {}
+                _ if self.line.len() >= MAX_LINE => self.skipping = true,
+                _ => self.line.push(b),
+            }
+        }
+    }
+
+    /// Ends the stream: a last line without a line end is an event too.
+    pub fn finish(&mut self, mut on_event: impl FnMut(EventKind)) {
+        let line = std::mem::take(&mut self.line);
+        if !line.trim_ascii().is_empty() {
+            on_event(classify_ndjson(&line));
+        }
+    }
+}
+
+/// Classifies one NDJSON line (Ollama `/api/generate` and `/api/chat` shapes).
+pub fn classify_ndjson(line: &[u8]) -> EventKind {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else {
+        return EventKind::Meta;
+    };
+    if v.get("error").is_some() {
+        return EventKind::Error;
+    }
+    let text = v
+        .get("response")
+        .or_else(|| v.pointer("/message/content"))
+        .and_then(|t| t.as_str())
+        .unwrap_or("");
+    if !text.is_empty() {
+        EventKind::Token
+    } else if v.get("done").and_then(|d| d.as_bool()) == Some(true) {
+        EventKind::Done
+    } else {
+        EventKind::Meta
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +253,26 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         ];
         for step in [1, 2, 3, 7, 1000] {
             assert_eq!(kinds(s, step), want, "step {step}");
+        }
+    }
+
+    #[test]
+    fn ndjson_lines() {
+        let s = b"{\"response\":\"hi\",\"done\":false}\n\n{\"message\":{\"content\":\"x\"}}\n\
+{\"response\":\"\",\"done\":true}\n{\"error\":\"boom\"}\nnot json\n{\"response\":\"tail\"}";
+        use EventKind::*;
+        for step in [1, 3, 1000] {
+            let mut r = NdjsonReader::new();
+            let mut out = Vec::new();
+            for chunk in s.chunks(step) {
+                r.feed(chunk, |k| out.push(k));
+            }
+            r.finish(|k| out.push(k));
+            assert_eq!(
+                out,
+                vec![Token, Token, Done, Error, Meta, Token],
+                "step {step}"
+            );
         }
     }
 

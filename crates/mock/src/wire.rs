@@ -14,6 +14,8 @@ use crate::grpc::GenerateResponse;
 
 /// `created` timestamp of every mock chunk (fixed, so output is reproducible).
 const CREATED: u64 = 1_796_053_661;
+/// The same instant as Ollama writes it.
+const OLLAMA_CREATED_AT: &str = "2026-12-01T10:27:41Z";
 
 /// The words the mock "generates", in turn.
 const WORDS: &[&str] = &[
@@ -48,6 +50,16 @@ pub(crate) enum Api {
     Completions,
     Anthropic,
     Grpc,
+    /// Ollama `/api/generate` (NDJSON, `response` field).
+    OllamaGenerate,
+    /// Ollama `/api/chat` (NDJSON, `message.content`).
+    OllamaChat,
+}
+
+impl Api {
+    pub(crate) fn is_ollama(self) -> bool {
+        matches!(self, Api::OllamaGenerate | Api::OllamaChat)
+    }
 }
 
 /// Per-request parameters of the event builders.
@@ -213,6 +225,28 @@ impl Ctx {
         }
     }
 
+    /// One Ollama NDJSON line.
+    fn ollama_line(&self, text: &str, done: Option<u32>) -> Bytes {
+        let mut o = obj! {"model": &self.model, "created_at": OLLAMA_CREATED_AT};
+        o = if self.api == Api::OllamaChat {
+            o.with("message", obj! {"role": "assistant", "content": text})
+        } else {
+            o.with("response", text)
+        };
+        o = match done {
+            None => o.with("done", J("false".to_owned())),
+            Some(n) => o
+                .with("done", J("true".to_owned()))
+                .with(
+                    "done_reason",
+                    if self.truncated { "length" } else { "stop" },
+                )
+                .with("prompt_eval_count", self.prompt_tokens)
+                .with("eval_count", n),
+        };
+        Bytes::from(format!("{}\n", o.0))
+    }
+
     /// Events that precede the first token (they are meta, never tokens).
     pub(crate) fn preamble(&self) -> Vec<Bytes> {
         match self.api {
@@ -224,7 +258,7 @@ impl Ctx {
                 };
                 vec![self.chat_chunk(delta, None)]
             }
-            Api::Completions | Api::Grpc => Vec::new(),
+            Api::Completions | Api::Grpc | Api::OllamaGenerate | Api::OllamaChat => Vec::new(),
             Api::Anthropic => vec![
                 sse_event(
                     "message_start",
@@ -270,6 +304,7 @@ impl Ctx {
                 index: i,
                 finish_reason: None,
             }),
+            Api::OllamaGenerate | Api::OllamaChat => self.ollama_line(text, None),
         }
     }
 
@@ -314,6 +349,7 @@ impl Ctx {
                 index: n,
                 finish_reason: Some(self.finish_reason().to_owned()),
             })],
+            Api::OllamaGenerate | Api::OllamaChat => vec![self.ollama_line("", Some(n))],
         }
     }
 
@@ -322,7 +358,7 @@ impl Ctx {
         match self.api {
             Api::Chat | Api::Completions => Some(Bytes::from_static(KEEPALIVE_COMMENT)),
             Api::Anthropic => Some(Bytes::from_static(PING)),
-            Api::Grpc => None,
+            Api::Grpc | Api::OllamaGenerate | Api::OllamaChat => None,
         }
     }
 
@@ -331,6 +367,13 @@ impl Ctx {
         let wire = match self.api {
             Api::Chat | Api::Completions => Wire::OpenAiSse,
             Api::Anthropic => Wire::AnthropicSse,
+            // Ollama's own shape: `{"error":"..."}`.
+            Api::OllamaGenerate | Api::OllamaChat => {
+                return Some(Bytes::from(format!(
+                    "{}\n",
+                    obj! {"error": upstream_error_info().message.as_ref()}.0
+                )));
+            }
             Api::Grpc => return None,
         };
         in_band(wire, &upstream_error_info())
@@ -357,6 +400,10 @@ impl Ctx {
                     "finish_reason": self.finish_reason()}]),
                 )
                 .with("usage", self.usage(n)),
+            Api::OllamaGenerate | Api::OllamaChat => {
+                let line = self.ollama_line(&text, Some(n));
+                return line.slice(..line.len() - 1);
+            }
             Api::Anthropic | Api::Grpc => obj! {
                 "id": &self.id, "type": "message", "role": "assistant", "model": &self.model,
                 "content": J::arr([obj! {"type": "text", "text": &text}]),
@@ -394,6 +441,9 @@ pub(crate) fn error_body(api: Api, status: StatusCode) -> Bytes {
         info.kind = "invalid_request_error";
     }
     match api {
+        Api::OllamaGenerate | Api::OllamaChat => {
+            Bytes::from(obj! {"error": info.message.as_ref()}.0)
+        }
         Api::Anthropic => Bytes::from(
             json!({"type": "error", "error": {"type": info.anthropic_kind, "message": info.message}})
                 .to_string(),

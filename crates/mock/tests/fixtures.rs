@@ -331,3 +331,41 @@ async fn models_and_unknown_routes() {
     assert_eq!(s.completed, 1);
     assert_eq!(s.in_flight, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn ollama_lines() {
+    let server = MockServer::start(Script::new().tokens(3)).await.unwrap();
+    let c = collect(
+        &client(),
+        post(&server.url(), "/api/chat", r#"{"model":"llama3","messages":[{"role":"user","content":"hi"}],"options":{"num_predict":2}}"#, &[]),
+    )
+    .await;
+    let lines: Vec<Value> = c
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(c.frames.len(), 3, "one line per frame");
+    assert_eq!(lines[0]["message"]["content"], "Hello");
+    assert_eq!(lines[0]["done"], false);
+    assert_eq!(lines[2]["done"], true);
+    assert_eq!(lines[2]["done_reason"], "length");
+    assert_eq!(lines[2]["eval_count"], 2);
+    assert_eq!(lines[2]["model"], "llama3");
+    // "stream": false gives one JSON object.
+    let c = collect(
+        &client(),
+        post(
+            &server.url(),
+            "/api/generate",
+            r#"{"prompt":"x","stream":false}"#,
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(c.headers["content-type"], "application/json");
+    let v: Value = serde_json::from_str(&c.text()).unwrap();
+    assert_eq!(v["response"], "Hello there,");
+    assert_eq!(v["done"], true);
+}

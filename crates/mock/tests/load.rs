@@ -215,3 +215,23 @@ async fn non_streamed_responses_and_bad_config() {
     assert!(run(LoadConfig::new(server.url()).rate(0.0)).await.is_err());
     assert!(run(LoadConfig::new("not a url")).await.is_err());
 }
+
+#[tokio::test(start_paused = true)]
+async fn ollama_ndjson_streams() {
+    let server = MockServer::start(Script::new().ttft(MS(40)).tokens(4).gap(MS(2)))
+        .await
+        .unwrap();
+    let r = run(LoadConfig::new(server.url())
+        .path("/api/generate")
+        .body(r#"{"model":"llama3","prompt":"hi"}"#)
+        .rate(20.0)
+        .duration(Duration::from_secs(1)))
+    .await
+    .unwrap();
+    assert!(r.scheduled > 0);
+    assert_eq!(r.count(EndReason::Completed), r.scheduled);
+    assert_eq!(r.tokens, 4 * r.scheduled);
+    let s = r.summary();
+    assert!(within_tick(s.ttft.p50, 0.040) && within_tick(s.ttft.p99, 0.040));
+    assert!(close(s.gap.p50, 0.002, 1e-2));
+}

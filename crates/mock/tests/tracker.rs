@@ -210,3 +210,37 @@ async fn grpc_messages_are_tokens() {
         .into_inner();
     assert!(stream.message().await.unwrap().is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn ollama_ndjson() {
+    let server = MockServer::start(Script::new().tokens(4)).await.unwrap();
+    let c = collect(
+        &client(),
+        post(
+            &server.url(),
+            "/api/generate",
+            r#"{"model":"llama3","prompt":"a b"}"#,
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(c.headers["content-type"], "application/x-ndjson");
+    let s = track(&c);
+    assert_eq!(s.tokens, 4);
+    assert_eq!(s.first_token_frame, Some(0));
+    assert!(s.done && !s.error);
+    assert_eq!(s.wire, Wire::Ndjson);
+    let c = collect(
+        &client(),
+        post(
+            &server.url(),
+            "/api/chat",
+            r#"{"messages":[]}"#,
+            &[(SCRIPT_HEADER, "error_after=2")],
+        ),
+    )
+    .await;
+    let s = track(&c);
+    assert_eq!(s.tokens, 2);
+    assert!(s.error);
+}
