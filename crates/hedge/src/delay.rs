@@ -295,7 +295,7 @@ impl Estimator {
         if since < self.config.window {
             return;
         }
-        if since >= self.config.window * 2 {
+        if since >= self.config.window.saturating_mul(2) {
             st.previous.clear();
             st.current.clear();
         } else {

@@ -194,6 +194,9 @@ impl<RB: Body, E> Failure<RB, E> {
     }
 }
 
+/// A deadline that does not come (about 30 years).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 /// In-band error event or retryable gRPC status: the upstream's own words.
 const RANK_IN_BAND: u8 = 3;
 /// A retryable HTTP status with its body.
@@ -346,13 +349,17 @@ where
         );
         // The next delay-triggered attempt goes out `delay` after this one.
         self.timer = match self.delay {
-            Some(d) if self.sent < self.shared.config.max_attempts => match self.timer.take() {
-                Some(mut t) => {
-                    t.as_mut().reset(now + d);
-                    Some(t)
+            Some(d) if self.sent < self.shared.config.max_attempts => {
+                // A delay too large to add is as good as none.
+                let deadline = now.checked_add(d).unwrap_or_else(|| now + FAR_FUTURE);
+                match self.timer.take() {
+                    Some(mut t) => {
+                        t.as_mut().reset(deadline);
+                        Some(t)
+                    }
+                    None => Some(Box::pin(tokio::time::sleep_until(deadline))),
                 }
-                None => Some(Box::pin(tokio::time::sleep_until(now + d))),
-            },
+            }
             _ => None,
         };
     }

@@ -36,7 +36,10 @@ async fn no_allocation_per_frame_after_the_first_token() {
     let mut cx = Context::from_waker(Waker::noop());
     // The replayed role chunk and the first token.
     for _ in 0..2 {
-        assert!(matches!(body.as_mut().poll_frame(&mut cx), Poll::Ready(Some(Ok(_)))));
+        assert!(matches!(
+            body.as_mut().poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
     }
     let region = Region::new(GLOBAL);
     let mut frames = 0;
