@@ -273,7 +273,9 @@ async fn handle(
         .headers()
         .get(ATTEMPT_HEADER)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let guard = inner.shared.begin(req.uri().path(), attempt.clone());
+    let guard = inner
+        .shared
+        .begin(req.uri().path(), attempt.clone(), req.headers().clone());
     let index = guard.index();
 
     let api = match (req.method(), req.uri().path()) {
@@ -334,7 +336,11 @@ async fn handle(
         .collect()
         .await
     {
-        Ok(b) => b.to_bytes(),
+        Ok(b) => {
+            let b = b.to_bytes();
+            guard.set_body(&b);
+            b
+        }
         Err(_) => {
             return Ok(bad_request(
                 StatusCode::PAYLOAD_TOO_LARGE,

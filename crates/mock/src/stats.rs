@@ -37,8 +37,13 @@ pub struct RequestRecord {
     pub index: u64,
     /// Request path.
     pub path: String,
-    /// Value of the `x-tailguard-attempt` header, if any.
+    /// Value of the `x-tailguard-attempt` header, if any (lossy UTF-8).
     pub attempt: Option<String>,
+    /// The request's headers.
+    pub headers: http::HeaderMap,
+    /// The request body, once read (empty for routes that do not read it, and for bodies over
+    /// [`MAX_REQUEST_BODY`](crate::MAX_REQUEST_BODY)).
+    pub body: bytes::Bytes,
     /// When the request arrived.
     pub started: Instant,
     /// When the response head was handed to hyper.
@@ -167,7 +172,12 @@ impl Shared {
     }
 
     /// Registers a new request; the guard ends it.
-    pub(crate) fn begin(self: &Arc<Self>, path: &str, attempt: Option<String>) -> RequestGuard {
+    pub(crate) fn begin(
+        self: &Arc<Self>,
+        path: &str,
+        attempt: Option<String>,
+        headers: http::HeaderMap,
+    ) -> RequestGuard {
         let mut st = self.lock();
         let index = st.next_index;
         st.next_index += 1;
@@ -181,6 +191,8 @@ impl Shared {
             index,
             path: path.to_owned(),
             attempt,
+            headers,
+            body: bytes::Bytes::new(),
             started: Instant::now(),
             headers_sent: None,
             first_token: None,
@@ -234,6 +246,10 @@ impl Recorder {
 }
 
 impl RequestGuard {
+    pub(crate) fn set_body(&self, body: &bytes::Bytes) {
+        self.recorder().with_record(|r| r.body = body.clone());
+    }
+
     pub(crate) fn index(&self) -> u64 {
         self.index
     }

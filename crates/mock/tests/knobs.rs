@@ -396,6 +396,11 @@ async fn header_overrides_and_attempt_scripts() {
     assert_eq!(token_times(&b), vec![MS(20); 3]);
     let s = server.stats();
     assert_eq!(s.by_attempt("2").count(), 1);
+    // Both attempts' headers and bodies are in the log.
+    for r in &s.log[1..] {
+        assert_eq!(r.body.as_ref(), CHAT_STREAM.as_bytes());
+        assert_eq!(r.headers["x-mock-script-1"], "ttft=10s");
+    }
     let rec = s.by_attempt("1").next().unwrap();
     assert_eq!(rec.first_token.unwrap() - rec.started, MS(10_000));
     // A bad script is a 400, not a panic.
