@@ -10,7 +10,10 @@ use tailguard_core::HedgeOutcome;
 use tailguard_hedge::{AdaptiveDelay, FirstTokenHedgeLayer, HedgeBudget};
 use tower::{Layer, ServiceExt};
 
-fn counter(snapshot: &[(String, Vec<(String, String)>, DebugValue)], name: &str) -> u64 {
+/// A metric: name, labels, value.
+type Entry = (String, Vec<(String, String)>, DebugValue);
+
+fn counter(snapshot: &[Entry], name: &str) -> u64 {
     snapshot
         .iter()
         .filter(|(n, _, _)| n == name)
@@ -60,7 +63,7 @@ fn counters_for_hedges_sent_won_and_refused() {
             );
         });
     });
-    let snapshot: Vec<_> = snapshotter
+    let snapshot: Vec<Entry> = snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
