@@ -107,7 +107,8 @@
 //!
 //! `x-request-id` is taken from the request when it is short printable ASCII, else generated
 //! ([`RequestId::generate`]); it is set on the request sent inward, inserted into its
-//! extensions, and set on the response unless the response already has one.
+//! extensions, and set on the response (replacing any id the upstream chose, so the client gets
+//! back the id the logs carry).
 //!
 //! ## Cost
 //!

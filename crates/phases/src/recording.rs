@@ -133,9 +133,8 @@ impl Recording {
         if let Some(u) = ext.get::<Upstream>() {
             self.upstream = u.arc();
         }
-        if let (Some(h), Some(id)) = (&self.cfg.request_id_header, &self.request_id)
-            && !res.headers().contains_key(h)
-        {
+        // Replaces an id the upstream chose: the client gets back the id the logs carry.
+        if let (Some(h), Some(id)) = (&self.cfg.request_id_header, &self.request_id) {
             res.headers_mut()
                 .insert(h.clone(), id.header_value().clone());
         }

@@ -578,7 +578,13 @@ async fn request_id_is_taken_or_generated_and_propagated() {
                 .cloned()
                 .expect("extension");
             assert_eq!(ext.header_value(), &header);
-            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            // An upstream that answers with an id of its own.
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .header("x-request-id", "upstream-id")
+                    .body(Full::new(Bytes::from_static(b"ok")))
+                    .unwrap(),
+            )
         })
     });
     let res = svc
