@@ -337,3 +337,73 @@ async fn hedge_outcome_from_first_token_hedge() {
     let _ = SCRIPT_HEADER;
     server.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn head_timeout_and_deadline_from_sse_idle_timeout() {
+    let server = MockServer::start(Script::new().tokens(100).gap(ms(7)))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(
+            SseIdleTimeoutLayer::new()
+                .with_head_timeout(ms(50))
+                .with_total_timeout(ms(300)),
+        )
+        .service(client());
+    // Headers 200 ms late: the timeout layer answers 504 itself and reports why.
+    let res = svc
+        .clone()
+        .oneshot(chat(&server, &[(SCRIPT_HEADER, "head_delay=200ms")]))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+    res.into_body().collect().await.unwrap();
+    // 100 tokens 7 ms apart from t = 0: the 300 ms deadline cuts the stream after 43 (the 43rd
+    // at 294 ms).
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    res.into_body().collect().await.unwrap();
+
+    let all = reports.all();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].end_reason, EndReason::HeadTimeout);
+    assert!(all[0].end_reason_reported);
+    assert_eq!(all[0].total, ms(50));
+    assert_eq!(all[1].end_reason, EndReason::Deadline);
+    assert_eq!(all[1].total, ms(300));
+    assert_eq!(all[1].output_events, 43);
+    assert_eq!(all[1].gaps.count, 42);
+    assert_eq!((all[1].gaps.min, all[1].gaps.max), (ms(7), ms(7)));
+    assert_eq!(end_reasons(&snap), ["deadline", "head_timeout"]);
+    server.shutdown().await;
+}
+
+/// The error flavour (for tonic stacks) refuses with an `Err(Overloaded)`, not a response: the
+/// recorder gets the reason through the `EndReport`.
+#[tokio::test(start_paused = true)]
+async fn rejection_as_an_error_by_bounded_admission() {
+    let server = MockServer::start(Script::new().ttft(ms(300)).tokens(1))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(
+            BoundedAdmissionLayer::new(1)
+                .with_queue_len(0)
+                .with_error_flavour(),
+        )
+        .service(client());
+    let first = svc.clone().oneshot(chat(&server, &[])).await.unwrap();
+    let second = svc.clone().oneshot(chat(&server, &[])).await;
+    assert!(second.is_err());
+    first.into_body().collect().await.unwrap();
+    let all = reports.all();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].end_reason, EndReason::Rejected);
+    assert!(all[0].end_reason_reported);
+    assert_eq!(all[1].end_reason, EndReason::Completed);
+    assert_eq!(end_reasons(&snap), ["completed", "rejected"]);
+    server.shutdown().await;
+}
