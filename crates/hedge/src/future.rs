@@ -239,6 +239,8 @@ where
     record: Attempt,
     estimator: Option<Arc<Estimator>>,
     delay: Option<Duration>,
+    /// When the next delay-triggered attempt is due.
+    hedge_at: Option<Instant>,
     timer: Option<Pin<Box<Sleep>>>,
     attempts: Vec<Slot<S::Future, RB>>,
     sent: u8,
@@ -276,6 +278,7 @@ where
             record: Attempt::primary(),
             estimator,
             delay: None,
+            hedge_at: None,
             timer: None,
             attempts: Vec::new(),
             sent: 0,
@@ -347,21 +350,37 @@ where
             delay_ms = self.delay.map(|d| d.as_millis() as u64),
             "tailguard-hedge: attempt sent"
         );
-        // The next delay-triggered attempt goes out `delay` after this one.
-        self.timer = match self.delay {
+        // The next delay-triggered attempt goes out `delay` after this one. The timer itself
+        // is armed lazily, only if the race is still undecided when it would go to sleep.
+        self.hedge_at = match self.delay {
             Some(d) if self.sent < self.shared.config.max_attempts => {
                 // A delay too large to add is as good as none.
-                let deadline = now.checked_add(d).unwrap_or_else(|| now + FAR_FUTURE);
-                match self.timer.take() {
-                    Some(mut t) => {
-                        t.as_mut().reset(deadline);
-                        Some(t)
-                    }
-                    None => Some(Box::pin(tokio::time::sleep_until(deadline))),
-                }
+                Some(now.checked_add(d).unwrap_or_else(|| now + FAR_FUTURE))
             }
             _ => None,
         };
+    }
+
+    /// Polls the hedge timer (arming it first if needed); `true` when it fired.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(at) = self.hedge_at else {
+            return false;
+        };
+        let timer = match &mut self.timer {
+            Some(t) => {
+                if t.deadline() != at {
+                    t.as_mut().reset(at);
+                }
+                t
+            }
+            None => self.timer.insert(Box::pin(tokio::time::sleep_until(at))),
+        };
+        if timer.as_mut().poll(cx).is_ready() {
+            self.hedge_at = None;
+            true
+        } else {
+            false
+        }
     }
 
     /// Decides to send another attempt, if the budget allows.
@@ -418,6 +437,7 @@ where
             );
         }
         self.timer = None;
+        self.hedge_at = None;
         self.pending_send = None;
     }
 
@@ -462,6 +482,7 @@ where
     fn finalize(&mut self) -> Result<Response<HedgeBody<RB>>, BoxError> {
         self.phase = Phase::Done;
         self.timer = None;
+        self.hedge_at = None;
         metrics::counter!("tailguard_hedge_all_failed_total").increment(1);
         let Some((index, failure, report)) = self.best.take() else {
             return Err("tailguard-hedge: no attempt completed".into());
@@ -590,10 +611,7 @@ where
                 }
             }
 
-            if let Some(timer) = self.timer.as_mut()
-                && timer.as_mut().poll(cx).is_ready()
-            {
-                self.timer = None;
+            if self.poll_timer(cx) {
                 if self.can_send() && self.pending_send.is_none() {
                     self.want(Trigger::Delay);
                 }
