@@ -95,7 +95,9 @@ pub struct Stats {
     pub in_flight: u64,
     /// The most requests ever in flight at once.
     pub peak_concurrent: u64,
-    /// Every request, in arrival order.
+    /// Every request, in arrival order. It grows with every request (a few hundred bytes plus
+    /// the request's headers and body each); a long-running replica can clear it with
+    /// [`MockServer::reset_stats`](crate::MockServer::reset_stats).
     pub log: Vec<RequestRecord>,
 }
 
