@@ -55,6 +55,17 @@ fn tailguard(frames: &[Bytes], headers: &HeaderMap) -> u64 {
     tracker.events()
 }
 
+/// The SSE scanner alone (no classification), for reference.
+fn scanner_only(frames: &[Bytes]) -> u64 {
+    let mut scanner = tailguard_core::scan::SseScanner::new();
+    scanner.set_capture(16);
+    let mut n = 0;
+    for frame in frames {
+        scanner.feed(frame, |_| n += 1).unwrap();
+    }
+    n
+}
+
 fn eventsource(frames: &[Bytes]) -> u64 {
     let stream = futures_util::stream::iter(frames.iter().cloned().map(Ok::<_, Infallible>));
     let mut events = pin!(stream.eventsource());
@@ -90,6 +101,7 @@ fn scan(c: &mut Criterion) {
 
     // Every contender sees every event.
     assert_eq!(tailguard(&frames, &headers), events);
+    assert_eq!(scanner_only(&frames), events);
     assert_eq!(eventsource(&frames), events);
     assert_eq!(raw_memchr(&frames, &finder), events);
 
@@ -97,6 +109,9 @@ fn scan(c: &mut Criterion) {
     group.throughput(Throughput::Elements(events));
     group.bench_function("tailguard_tracker", |b| {
         b.iter(|| tailguard(black_box(&frames), &headers))
+    });
+    group.bench_function("tailguard_scanner_only", |b| {
+        b.iter(|| scanner_only(black_box(&frames)))
     });
     group.bench_function("eventsource_stream", |b| {
         b.iter(|| eventsource(black_box(&frames)))

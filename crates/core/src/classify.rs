@@ -265,6 +265,7 @@ impl Classify for AnthropicClassifier {
 impl Classify for LlmSseClassifier {
     fn classify(&self, event: &Event<'_>, first_token_seen: bool) -> Class {
         match event {
+            Event::Sse { name, data } if name.is_empty() => openai(name, data, first_token_seen),
             Event::Sse { name, data } => match anthropic_event(name) {
                 Some(class) => class,
                 None => openai(name, data, first_token_seen),
@@ -329,7 +330,19 @@ pub(crate) fn anthropic_event(name: &[u8]) -> Option<Class> {
 }
 
 fn is_done(data: &[u8]) -> bool {
-    data.trim_ascii() == b"[DONE]" || data.trim_ascii_start().starts_with(b"[DONE]")
+    data.trim_ascii_start().starts_with(b"[DONE]")
+}
+
+/// The class of an OpenAI-style data event from its first bytes only: `[DONE]` is done, `{"error"`
+/// an error, anything else a token.
+#[inline]
+fn openai_syntax(data: &[u8]) -> Class {
+    let data = data.trim_ascii_start();
+    match data.first() {
+        Some(b'{') if data[1..].trim_ascii_start().starts_with(b"\"error\"") => Class::Error,
+        Some(b'[') if data.starts_with(b"[DONE]") => Class::Done,
+        _ => Class::Token,
+    }
 }
 
 /// `{` then optional whitespace then `"error"`.
@@ -340,19 +353,22 @@ fn starts_with_error(data: &[u8]) -> bool {
     }
 }
 
+#[inline]
 fn openai(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class {
     if name == b"error" {
-        return Class::Error;
+        Class::Error
+    } else if first_token_seen || !data.is_complete() {
+        openai_syntax(data.bytes)
+    } else {
+        openai_json(data)
     }
+}
+
+/// Before the first token: the whole event's JSON decides.
+#[inline(never)]
+fn openai_json(data: &Captured<'_>) -> Class {
     if is_done(data.bytes) {
         return Class::Done;
-    }
-    if first_token_seen || !data.is_complete() {
-        return if starts_with_error(data.bytes) {
-            Class::Error
-        } else {
-            Class::Token
-        };
     }
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data.bytes) else {
         // Malformed or cut short: undecidable, so not a token.

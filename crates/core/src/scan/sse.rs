@@ -227,6 +227,15 @@ impl SseScanner {
                     continue;
                 }
             }
+            if self.line == Line::Start
+                && !self.in_event
+                && self.pending == 0
+                && chunk.starts_with(b"data:")
+                && let Some(used) = self.whole_data_event(chunk, on_event)
+            {
+                chunk = &chunk[used..];
+                continue;
+            }
             // A line end right here (the blank line that ends an event, most often): no need
             // to search for it.
             let found = match chunk[0] {
@@ -253,6 +262,43 @@ impl SseScanner {
             }
         }
         Ok(())
+    }
+
+    /// The fast path for the common case: a whole `data: ...` event (one data line, then a blank
+    /// line, LF or CRLF ended) at an event boundary, dispatched straight from the frame without
+    /// copying. Returns the bytes used, or `None` to leave the frame to the general path (which
+    /// gives the same result byte for byte, including cap errors).
+    #[inline]
+    fn whole_data_event(
+        &mut self,
+        chunk: &[u8],
+        on_event: &mut impl FnMut(Event<'_>),
+    ) -> Option<usize> {
+        let i = memchr2(b'\n', b'\r', chunk)?;
+        let rest = &chunk[i..];
+        // The event's size as the general path counts it: the data line and its line end.
+        let (used, size) = if rest.starts_with(b"\n\n") {
+            (i + 2, i + 1)
+        } else if rest.starts_with(b"\r\n\r\n") {
+            (i + 4, i + 2)
+        } else {
+            return None;
+        };
+        if size > self.max {
+            return None;
+        }
+        let mut value = &chunk[5..i];
+        if let [b' ', tail @ ..] = value {
+            value = tail;
+        }
+        on_event(Event::Sse {
+            name: b"",
+            data: Captured {
+                bytes: &value[..value.len().min(self.capture)],
+                len: value.len(),
+            },
+        });
+        Some(used)
     }
 
     /// Adds `n` bytes to the current line and checks both caps.
