@@ -53,7 +53,7 @@ pin_project! {
             wait: Option<Duration>,
         },
         Waiting {
-            wait: Box<Wait<S, ReqB>>,
+            wait: Pin<Box<Wait<S, ReqB>>>,
         },
         Refused {
             refusal: Option<Refusal>,
@@ -61,17 +61,21 @@ pin_project! {
     }
 }
 
-/// A queued request: its queue entry, the ready service and the request to send it.
-pub(crate) struct Wait<S, ReqB> {
-    // Declared first so the queue entry is removed before anything else is dropped.
-    queued: Queued,
-    sleep: Option<Pin<Box<Sleep>>>,
-    expired: bool,
-    svc: Option<S>,
-    req: Option<Request<ReqB>>,
-    units: u32,
-    full_status: StatusCode,
-    outcome: bool,
+pin_project! {
+    /// A queued request: its queue entry, its deadline, the ready service and the request to
+    /// send it (boxed once, pinned in place, so the deadline timer needs no box of its own).
+    pub(crate) struct Wait<S, ReqB> {
+        // Declared first so the queue entry is removed before anything else is dropped.
+        queued: Queued,
+        #[pin]
+        sleep: Option<Sleep>,
+        expired: bool,
+        svc: Option<S>,
+        req: Option<Request<ReqB>>,
+        units: u32,
+        full_status: StatusCode,
+        outcome: bool,
+    }
 }
 
 /// A refusal on its way to the caller.
@@ -117,6 +121,7 @@ impl<S, ReqB> State<S, ReqB>
 where
     S: Service<Request<ReqB>>,
 {
+    #[inline]
     pub(crate) fn called(fut: S::Future, permit: Permit, wait: Option<Duration>) -> Self {
         State::Called {
             fut,
@@ -133,7 +138,7 @@ where
         cfg: &Config,
     ) -> Self {
         State::Waiting {
-            wait: Box::new(Wait {
+            wait: Box::pin(Wait {
                 queued,
                 sleep: None,
                 expired: false,
@@ -155,26 +160,30 @@ where
 
 impl<S, ReqB> Wait<S, ReqB> {
     /// Waits for the gate's decision or the deadline, whichever comes first.
-    fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Grant> {
+    fn poll_outcome(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Grant> {
+        let mut this = self.project();
         loop {
-            if let Poll::Ready(r) = Pin::new(&mut self.queued.rx).poll(cx) {
-                self.queued.guard.disarm();
+            if let Poll::Ready(r) = Pin::new(&mut this.queued.rx).poll(cx) {
+                this.queued.guard.disarm();
                 return Poll::Ready(r.unwrap_or(Err(Rejection {
                     reason: OverloadReason::QueueTimeout,
                     retry_after: Duration::from_secs(1),
                 })));
             }
-            if self.expired {
+            if *this.expired {
                 // The gate decided while the deadline fired; its message is on the way.
                 return Poll::Pending;
             }
-            let deadline = self.queued.deadline;
-            let sleep = self
-                .sleep
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            ready!(sleep.as_mut().poll(cx));
-            self.expired = true;
-            if let Some(r) = self.queued.guard.expire() {
+            if this.sleep.is_none() {
+                // Armed lazily, on the first poll, inside the runtime.
+                this.sleep
+                    .set(Some(tokio::time::sleep_until(this.queued.deadline)));
+            }
+            if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
+                ready!(sleep.poll(cx));
+            }
+            *this.expired = true;
+            if let Some(r) = this.queued.guard.expire() {
                 return Poll::Ready(Err(r));
             }
         }
@@ -227,8 +236,8 @@ where
                 return Poll::Ready(Err(Failure::Refused(refusal)));
             }
             StateProj::Waiting { wait } => {
-                let w = &mut **wait;
-                let grant = ready!(w.poll_outcome(cx));
+                let grant = ready!(wait.as_mut().poll_outcome(cx));
+                let w = wait.as_mut().project();
                 let waited = Instant::now().saturating_duration_since(w.queued.enqueued);
                 let req = w.req.take().expect("request present while waiting");
                 let next = match grant {
@@ -242,7 +251,7 @@ where
                     }
                     Err(r) => {
                         EndReport::report_to(req.extensions(), EndReason::Rejected);
-                        State::refused(Refusal::new(w.full_status, r, waited, w.units))
+                        State::refused(Refusal::new(*w.full_status, r, waited, *w.units))
                     }
                 };
                 state.set(next);
@@ -289,6 +298,7 @@ impl<S, ReqB, M> ResponseFuture<S, ReqB, M>
 where
     S: Service<Request<ReqB>>,
 {
+    #[inline]
     pub(crate) fn new(state: State<S, ReqB>) -> Self {
         ResponseFuture {
             state,

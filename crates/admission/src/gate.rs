@@ -245,6 +245,7 @@ struct State {
 /// One gate: configuration plus the locked state.
 pub(crate) struct Shared {
     cfg: Config,
+    max_units: u32,
     created: Instant,
     state: Mutex<State>,
 }
@@ -271,6 +272,7 @@ impl Shared {
     pub(crate) fn new(cfg: Config) -> Arc<Self> {
         let now = Instant::now();
         Arc::new(Shared {
+            max_units: cfg.max_units(),
             cfg,
             created: now,
             state: Mutex::new(State {
@@ -299,8 +301,9 @@ impl Shared {
     }
 
     /// The number of units a request of raw cost `cost` holds.
+    #[inline]
     pub(crate) fn units_for(&self, cost: u32) -> u32 {
-        cost.clamp(1, self.cfg.max_units())
+        cost.clamp(1, self.max_units)
     }
 
     /// Decides on an arriving request.

@@ -78,18 +78,18 @@ impl<S, M> BoundedAdmission<S, M> {
         self.inner
     }
 
-    fn start<ReqB>(&mut self, req: Request<ReqB>) -> State<S, ReqB>
+    #[inline]
+    fn start<ReqB>(&mut self, mut req: Request<ReqB>) -> State<S, ReqB>
     where
         S: Service<Request<ReqB>> + Clone,
     {
         let cfg = self.shared.config();
-        let (cost, req) = if cfg.cost.is_unit() {
-            (1, req)
-        } else {
+        let mut cost = 1;
+        if !cfg.cost.is_unit() {
             let (parts, body) = req.into_parts();
-            let cost = cfg.cost.units(&parts);
-            (cost, Request::from_parts(parts, body))
-        };
+            cost = cfg.cost.units(&parts);
+            req = Request::from_parts(parts, body);
+        }
         let units = self.shared.units_for(cost);
         let ext = req.extensions();
         let acquired = self.shared.acquire(
