@@ -566,3 +566,40 @@ async fn tonic_streaming_call_is_hedged_through_a_channel() {
         Outcome::Completed
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_delay_converges_to_the_p90_of_a_scripted_ttft_distribution() {
+    // Log-normal TTFT, median 200 ms, sigma 0.5: p90 = 200 ms * e^(0.5 * 1.2816) = 379.6 ms.
+    let server =
+        MockServer::start(script().ttft(tailguard_mock::Latency::log_normal(ms(200), 0.5)))
+            .await
+            .unwrap();
+    let svc = FirstTokenHedgeLayer::new()
+        .with_delay(
+            tailguard_hedge::AdaptiveDelay::new()
+                .with_percentile(0.9)
+                .with_window(Duration::from_secs(3600))
+                .with_bounds(ms(1), ms(60_000)),
+        )
+        .with_budget(HedgeBudget::unlimited())
+        .layer(client());
+    let url = format!("{}/v1/chat/completions", server.url());
+    let mut delays = Vec::new();
+    for _ in 0..800 {
+        let res = svc.clone().oneshot(post(&url, CHAT, &[])).await.unwrap();
+        delays.push(outcome(&res).delay);
+        let _ = read_all(res.into_body()).await;
+    }
+    assert!(
+        delays[..20].iter().all(Option::is_none),
+        "no hedge before 20 samples"
+    );
+    let d = delays.last().unwrap().unwrap().as_secs_f64() * 1000.0;
+    assert!((d - 379.6).abs() < 379.6 * 0.07, "delay {d} ms");
+    let s = server.stats();
+    let hedges = s.requests - 800;
+    assert!(
+        hedges > 40,
+        "once warm, the slowest first tokens were hedged: {hedges}"
+    );
+}
