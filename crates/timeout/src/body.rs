@@ -51,12 +51,25 @@ struct Timers {
     first_token: Option<(Instant, Duration)>,
     idle: Option<Duration>,
     total: Option<(Instant, Duration)>,
+    /// When the gap since the last progress event started: the first time the body had to wait
+    /// after that event (see `unstamped`).
     last_progress: Option<Instant>,
+    /// A progress event was delivered and `last_progress` not yet stamped for it. Stamping
+    /// lazily, when the body next waits (or at a flood check), keeps the clock off the per-frame
+    /// path.
+    unstamped: bool,
     first_token_seen: bool,
     keepalive_resets_idle: bool,
 }
 
 impl Timers {
+    fn stamp(&mut self, now: Instant) {
+        if self.unstamped {
+            self.unstamped = false;
+            self.last_progress = Some(now);
+        }
+    }
+
     fn active(&self) -> bool {
         self.first_token.is_some() || self.total.is_some() || self.idle.is_some()
     }
@@ -129,6 +142,8 @@ pin_project! {
         held: VecDeque<B::Data>,
         held_len: usize,
         release: usize,
+        // Frames delivered in a row without waiting (for the flood check).
+        streak: u8,
         hold_back: bool,
         done: bool,
         on_expiry: OnExpiry,
@@ -160,12 +175,14 @@ impl<B: Body> SseIdleTimeoutBody<B> {
                 idle: None,
                 total: None,
                 last_progress: None,
+                unstamped: false,
                 first_token_seen: false,
                 keepalive_resets_idle: false,
             },
             held: VecDeque::new(),
             held_len: 0,
             release: 0,
+            streak: 0,
             hold_back: false,
             done: false,
             on_expiry: OnExpiry::Auto,
@@ -204,6 +221,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
                 .total
                 .and_then(|limit| Some((start.checked_add(limit)?, limit))),
             last_progress: None,
+            unstamped: false,
             first_token_seen: false,
             keepalive_resets_idle: config.keepalive_resets_idle,
         };
@@ -219,6 +237,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
             held: VecDeque::new(),
             held_len: 0,
             release: 0,
+            streak: 0,
             done: false,
             on_expiry: config.on_expiry,
             report,
@@ -235,6 +254,7 @@ where
     type Data = Chunk<B::Data>;
     type Error = BoxError;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -246,7 +266,10 @@ where
             && let Some(inner) = this.inner.as_mut().as_pin_mut()
         {
             return match inner.poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner)))),
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(match frame.into_data() {
+                    Ok(data) => Frame::data(Chunk::Inner(data)),
+                    Err(frame) => frame.map_data(Chunk::Inner),
+                }))),
                 Poll::Ready(Some(Err(e))) => {
                     this.inner.set(None);
                     *this.end = End::Finished;
@@ -260,157 +283,7 @@ where
                 Poll::Pending => Poll::Pending,
             };
         }
-        loop {
-            // 1. Bytes released from the hold-back queue go out first, in order.
-            if *this.release > 0 {
-                let Some(front) = this.held.front_mut() else {
-                    *this.release = 0;
-                    continue;
-                };
-                let len = front.remaining();
-                let chunk = if len <= *this.release {
-                    match this.held.pop_front() {
-                        Some(d) => Chunk::Inner(d),
-                        None => continue,
-                    }
-                } else {
-                    Chunk::Local(front.copy_to_bytes(*this.release))
-                };
-                let n = chunk.remaining();
-                *this.release -= n.min(*this.release);
-                *this.held_len -= n.min(*this.held_len);
-                if n == 0 && *this.release == 0 {
-                    continue;
-                }
-                return Poll::Ready(Some(Ok(Frame::data(chunk))));
-            }
-
-            // 2. After the inner body: what is left to say.
-            if !matches!(this.end, End::Streaming) {
-                return Poll::Ready(match std::mem::replace(this.end, End::Finished) {
-                    End::Local(bytes) => Some(Ok(Frame::data(Chunk::Local(bytes)))),
-                    End::Trailers(t) => Some(Ok(Frame::trailers(t))),
-                    End::Error(e) => Some(Err(e)),
-                    End::Streaming | End::Finished => None,
-                });
-            }
-            let Some(inner) = this.inner.as_mut().as_pin_mut() else {
-                *this.end = End::Finished;
-                continue;
-            };
-
-            // 3. The clock is read once per poll, and only while a timer is armed. The total
-            //    deadline is wall-clock: once it has strictly passed nothing more is delivered.
-            let now = this.timers.active().then(Instant::now);
-            if let (Some(now), Some((at, limit))) = (now, this.timers.total)
-                && now > at
-            {
-                this.inner.set(None);
-                this.sleep.set(None);
-                *this.end = expire(&mut this, Phase::Total, limit, now);
-                continue;
-            }
-
-            // 4. A frame that is ready wins over any timer.
-            match inner.poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    let data = match frame.into_data() {
-                        Ok(data) => data,
-                        Err(frame) => {
-                            let Ok(trailers) = frame.into_trailers() else {
-                                continue;
-                            };
-                            if let Some(tracker) = this.tracker.as_mut() {
-                                tracker.observe_trailers(&trailers);
-                            }
-                            // Trailers end the data: release what was held back, then send them.
-                            this.inner.set(None);
-                            this.sleep.set(None);
-                            *this.release = *this.held_len;
-                            *this.end = End::Trailers(trailers);
-                            continue;
-                        }
-                    };
-                    let Some(tracker) = this.tracker.as_mut() else {
-                        return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
-                    };
-                    let obs = tracker.observe(&data);
-                    let t = &mut *this.timers;
-                    if let Some(now) = now
-                        && (obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0))
-                    {
-                        t.last_progress = Some(now);
-                    }
-                    if obs.first_token {
-                        t.first_token_seen = true;
-                        t.first_token = None;
-                    }
-                    if obs.done {
-                        *this.done = true;
-                    }
-                    if obs.scan_error.is_some() {
-                        // The tracker scans nothing more: stop holding back.
-                        *this.hold_back = false;
-                        *this.release = *this.held_len + data.remaining();
-                    }
-                    if !*this.hold_back && *this.held_len == 0 && *this.release == 0 {
-                        return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
-                    }
-                    let pending = if *this.hold_back {
-                        tracker.pending_bytes()
-                    } else {
-                        0
-                    };
-                    if *this.held_len == 0 && pending == 0 {
-                        return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
-                    }
-                    *this.held_len += data.remaining();
-                    this.held.push_back(data);
-                    *this.release = this.held_len.saturating_sub(pending);
-                    continue;
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    this.inner.set(None);
-                    this.sleep.set(None);
-                    this.held.clear();
-                    *this.held_len = 0;
-                    *this.end = End::Finished;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                Poll::Ready(None) => {
-                    // The upstream ended: whatever it sent goes to the client, even a truncated
-                    // event (the upstream cut it, not this layer).
-                    if let Some(tracker) = this.tracker.as_mut() {
-                        tracker.finish();
-                    }
-                    this.inner.set(None);
-                    this.sleep.set(None);
-                    *this.release = *this.held_len;
-                    *this.end = End::Finished;
-                    continue;
-                }
-                Poll::Pending => {}
-            }
-
-            // 5. Nothing ready: check the next deadline, arming the sleep lazily.
-            let (Some(now), Some((deadline, phase, limit))) = (now, this.timers.next()) else {
-                return Poll::Pending;
-            };
-            if now < deadline {
-                if arm(this.sleep.as_mut(), deadline, cx).is_pending() {
-                    return Poll::Pending;
-                }
-                // The sleep fired: re-check against a fresh clock (it may have been armed for an
-                // earlier deadline that has since moved).
-                if Instant::now() < deadline {
-                    continue;
-                }
-            }
-            this.inner.set(None);
-            this.sleep.set(None);
-            let now = Instant::now();
-            *this.end = expire(&mut this, phase, limit, now);
-        }
+        poll_tracked(&mut this, cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -425,7 +298,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        let queued = self.held.iter().map(Buf::remaining).sum::<usize>() as u64;
+        let queued = self.held_len as u64;
         let mut hint = match (&self.end, &self.inner) {
             (End::Streaming, Some(inner)) => inner.size_hint(),
             (End::Local(b), _) => SizeHint::with_exact(b.len() as u64),
@@ -441,6 +314,186 @@ where
             }
         }
         hint
+    }
+}
+
+/// What `poll_frame` returns.
+type PollFrame<D> = Poll<Option<Result<Frame<Chunk<D>>, BoxError>>>;
+
+/// Deadlines are also checked after this many frames delivered in a row without waiting.
+const FLOOD_CHECK: u8 = 32;
+
+/// The body with a tracker: hold-back queue, end states and timers. Kept out of line so that
+/// the pass-through path of `poll_frame` stays small enough to inline.
+#[inline(never)]
+fn poll_tracked<B>(this: &mut BodyProj<'_, B>, cx: &mut Context<'_>) -> PollFrame<B::Data>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    loop {
+        // 1. Bytes released from the hold-back queue go out first, in order.
+        if *this.release > 0 {
+            let Some(front) = this.held.front_mut() else {
+                *this.release = 0;
+                continue;
+            };
+            let len = front.remaining();
+            let chunk = if len <= *this.release {
+                match this.held.pop_front() {
+                    Some(d) => Chunk::Inner(d),
+                    None => continue,
+                }
+            } else {
+                Chunk::Local(front.copy_to_bytes(*this.release))
+            };
+            let n = chunk.remaining();
+            *this.release -= n.min(*this.release);
+            *this.held_len -= n.min(*this.held_len);
+            if n == 0 && *this.release == 0 {
+                continue;
+            }
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+
+        // 2. After the inner body: what is left to say.
+        if !matches!(this.end, End::Streaming) {
+            return Poll::Ready(match std::mem::replace(this.end, End::Finished) {
+                End::Local(bytes) => Some(Ok(Frame::data(Chunk::Local(bytes)))),
+                End::Trailers(t) => Some(Ok(Frame::trailers(t))),
+                End::Error(e) => Some(Err(e)),
+                End::Streaming | End::Finished => None,
+            });
+        }
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            *this.end = End::Finished;
+            continue;
+        };
+
+        // 3. Flood check: deadlines are checked when the body has to wait, and also after
+        //    every FLOOD_CHECK frames delivered in a row, so that an upstream that always has a
+        //    frame ready (a flood of keepalives) cannot hold a timer off.
+        if *this.streak >= FLOOD_CHECK {
+            *this.streak = 0;
+            if this.timers.active() {
+                let now = Instant::now();
+                this.timers.stamp(now);
+                if let Some((deadline, phase, limit)) = this.timers.next()
+                    && now >= deadline
+                {
+                    this.inner.set(None);
+                    this.sleep.set(None);
+                    *this.end = expire(this, phase, limit, now);
+                    continue;
+                }
+            }
+        }
+
+        // 4. A frame that is ready wins over any timer.
+        match inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                *this.streak = this.streak.saturating_add(1);
+                let data = match frame.into_data() {
+                    Ok(data) => data,
+                    Err(frame) => {
+                        let Ok(trailers) = frame.into_trailers() else {
+                            continue;
+                        };
+                        if let Some(tracker) = this.tracker.as_mut() {
+                            tracker.observe_trailers(&trailers);
+                        }
+                        // Trailers end the data: release what was held back, then send them.
+                        this.inner.set(None);
+                        this.sleep.set(None);
+                        *this.release = *this.held_len;
+                        *this.end = End::Trailers(trailers);
+                        continue;
+                    }
+                };
+                let Some(tracker) = this.tracker.as_mut() else {
+                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                };
+                let obs = tracker.observe(&data);
+                let t = &mut *this.timers;
+                if obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0) {
+                    t.unstamped = true;
+                }
+                if obs.first_token {
+                    t.first_token_seen = true;
+                    t.first_token = None;
+                }
+                if obs.done {
+                    *this.done = true;
+                }
+                if obs.scan_error.is_some() {
+                    // The tracker scans nothing more: stop holding back.
+                    *this.hold_back = false;
+                    *this.release = *this.held_len + data.remaining();
+                }
+                if !*this.hold_back && *this.held_len == 0 && *this.release == 0 {
+                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                }
+                let pending = if *this.hold_back {
+                    tracker.pending_bytes()
+                } else {
+                    0
+                };
+                if *this.held_len == 0 && pending == 0 {
+                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                }
+                *this.held_len += data.remaining();
+                this.held.push_back(data);
+                *this.release = this.held_len.saturating_sub(pending);
+                continue;
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.inner.set(None);
+                this.sleep.set(None);
+                this.held.clear();
+                *this.held_len = 0;
+                *this.end = End::Finished;
+                return Poll::Ready(Some(Err(e.into())));
+            }
+            Poll::Ready(None) => {
+                // The upstream ended: whatever it sent goes to the client, even a truncated
+                // event (the upstream cut it, not this layer).
+                if let Some(tracker) = this.tracker.as_mut() {
+                    tracker.finish();
+                }
+                this.inner.set(None);
+                this.sleep.set(None);
+                *this.release = *this.held_len;
+                *this.end = End::Finished;
+                continue;
+            }
+            Poll::Pending => *this.streak = 0,
+        }
+
+        // 5. Nothing ready: the body waits. Stamp the start of the gap if a progress event
+        //    was delivered since the last wait, then check the next deadline, arming the sleep
+        //    lazily.
+        if !this.timers.active() {
+            return Poll::Pending;
+        }
+        let now = Instant::now();
+        this.timers.stamp(now);
+        let Some((deadline, phase, limit)) = this.timers.next() else {
+            return Poll::Pending;
+        };
+        if now < deadline {
+            if arm(this.sleep.as_mut(), deadline, cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The sleep fired: re-check against a fresh clock (it may have been armed for an
+            // earlier deadline that has since moved).
+            if Instant::now() < deadline {
+                continue;
+            }
+        }
+        this.inner.set(None);
+        this.sleep.set(None);
+        let now = Instant::now();
+        *this.end = expire(this, phase, limit, now);
     }
 }
 

@@ -83,22 +83,26 @@
 //!
 //! ## Timing, precisely
 //!
-//! * **What wins a tie.** Each poll first polls the inner future or body; a timer is acted on
-//!   only when the inner side has nothing ready. So response headers or a frame that is ready
-//!   at the instant its timer expires win, and a gap exactly equal to a limit does not fire:
-//!   a timer fires iff the gap *exceeds* its limit.
+//! * **Frames first.** Each poll first polls the inner future or body. A frame (or the
+//!   response headers) that is ready is always delivered, even if a deadline has passed; the
+//!   timers act when the body has to *wait* (the inner side has nothing ready). So at the same
+//!   instant a ready frame wins over its timer, and a gap exactly equal to a limit does not
+//!   fire: a timer fires iff the gap *exceeds* its limit. So that an upstream that always has a
+//!   frame ready (a flood of keepalives) cannot hold a timer off, the deadlines are also checked
+//!   after every 32 frames delivered in a row without waiting.
 //! * **A client that does not read.** The body runs no task of its own: timers are checked only
-//!   when the client polls the body. Time the client spends not reading counts toward the
-//!   *total* deadline (wall-clock since `call`; once it has strictly passed, no further frame is
-//!   delivered even if one is ready). It does not count against the *first-token* and *idle*
-//!   timers as long as the upstream produced in the meantime: frames waiting for the client are
-//!   delivered first, and a progress event restarts the idle timer when the client receives it.
-//!   If the upstream produced nothing while the client was away and the gap since the last
-//!   progress event the client received exceeds the limit, the next poll fires.
-//! * **Cost.** Timers are armed lazily: a deadline is an [`Instant`](tokio::time::Instant), the
-//!   tokio timer is created only when the body has to wait, and re-armed only when it fired
-//!   before the (moved) deadline, so a steady stream costs one clock read and the event scan per
-//!   frame, with no allocation and no timer-wheel operation.
+//!   when the client polls it. The first-token and total deadlines are fixed instants (from
+//!   `call`, or from the headers for [`FirstTokenClock::FromHeaders`]), so time the client
+//!   spends not reading counts toward them; frames the upstream produced in the meantime are
+//!   still delivered first, so a token that was already there is never lost to a slow reader.
+//!   The idle gap runs from the first moment after a progress event at which the client asked
+//!   for more and the upstream had nothing ready, until the next progress event: time the client
+//!   spends between frames never counts against it.
+//! * **Cost.** Timers are armed lazily: deadlines are [`Instant`](tokio::time::Instant)s, the
+//!   clock is read when the body waits (and once per 32 frames in a row), never per frame; the
+//!   tokio timer is created only when the body first waits and re-armed only when it fired
+//!   before a deadline that has since moved later. A steady stream costs the event scan per
+//!   frame, with no clock read, no timer-wheel operation and no allocation.
 //!
 //! ## Composition
 //!

@@ -5,7 +5,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use common::*;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::Body;
@@ -532,17 +532,41 @@ async fn a_client_that_does_not_read_counts_for_total_but_not_for_idle() {
     assert_eq!(events.last().unwrap(), "data: [DONE]");
     assert!(!probe.cancelled());
 
-    // The total deadline, wall-clock, does count the client's absence.
+    // The total deadline, wall-clock, does count the client's absence: frames the upstream
+    // already produced are still delivered, and the deadline fires when the body next waits.
     let layer = SseIdleTimeoutLayer::new().with_total_timeout(secs(10));
-    let steps = vec![token("a"), token("b"), token("c"), done()];
+    let steps = vec![token("a"), token("b"), token("c"), wait_ms(30_000), done()];
     let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
     let mut body = std::pin::pin!(res.into_body());
     body.frame().await.unwrap().unwrap();
     tokio::time::sleep(secs(11)).await;
     let rest = collect(body.as_mut(), start).await;
     let events = rest.events();
-    assert_eq!(events.len(), 2, "{events:?}");
-    assert_eq!(error_json(&events[0])["error"]["code"], "deadline_exceeded");
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert_eq!(error_json(&events[2])["error"]["code"], "deadline_exceeded");
+    assert_eq!(rest.ended_at, secs(11));
+    assert!(probe.cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_flooding_ready_keepalives_cannot_hold_a_timer_off() {
+    // Every frame is ready at once; the client reads one every 100 ms, so the body never waits.
+    // The flood check (every 32 frames in a row) still fires the first-token timer.
+    let layer = SseIdleTimeoutLayer::new().with_first_token_timeout(secs(1));
+    let steps = (0..1000).map(|_| keepalive()).collect();
+    let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
+    let mut body = std::pin::pin!(res.into_body());
+    let mut text = String::new();
+    while let Some(frame) = body.frame().await {
+        let mut data = frame.unwrap().into_data().unwrap();
+        text.push_str(std::str::from_utf8(&data.copy_to_bytes(data.remaining())).unwrap());
+        tokio::time::sleep(ms(100)).await;
+    }
+    // 32 keepalives delivered at 0.0 .. 3.1 s; the check before the 33rd fires at 3.2 s.
+    assert_eq!(text.matches(": keepalive").count(), 32);
+    assert!(text.contains("first_token_timeout"));
+    // (The error event and [DONE] come in one frame at 3.2 s; the end is seen at 3.3 s.)
+    assert_eq!(start.elapsed(), ms(3300));
     assert!(probe.cancelled());
 }
 
