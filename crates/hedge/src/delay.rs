@@ -55,6 +55,11 @@ impl From<Duration> for HedgeDelay {
 type KeyFn = dyn for<'a> Fn(&'a Parts) -> Option<Cow<'a, str>> + Send + Sync;
 
 /// Which requests share one TTFT estimate.
+///
+/// The first [`max_keys`](AdaptiveDelay::with_max_keys) distinct keys get an estimate (and a
+/// value of the `key` label of `tailguard_hedge_delay_seconds`) of their own; later keys share
+/// the global one. When keys come from client input (a path, a model name), prefer
+/// [`DelayKey::custom`] mapping them onto a known list, so that clients cannot take the slots.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum DelayKey {
