@@ -718,6 +718,35 @@ mod tests {
     }
 
     #[test]
+    fn lines_are_not_buffered_fed_one_byte_at_a_time() {
+        // A 200 KB data line fed one byte per frame with a 16-byte capture: only the captured
+        // prefix is kept, whatever the line's length (so the work per byte is constant).
+        let mut s = SseScanner::new();
+        s.set_capture(16);
+        let mut input = b"event: content_block_delta\ndata: ".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 200_000));
+        input.extend_from_slice(b"\n: also a long comment ");
+        input.extend(std::iter::repeat_n(b'y', 50_000));
+        input.extend_from_slice(b"\n\n");
+        let mut got = Vec::new();
+        for byte in input.chunks(1) {
+            s.feed(byte, |e| push(&mut got, e)).unwrap();
+            assert!(s.data.capacity() <= 64 && s.comment.capacity() <= 64);
+        }
+        assert_eq!(
+            got,
+            vec![
+                Ev::Comment(b" also a long com".to_vec(), 50_000 + 21),
+                Ev::Sse(
+                    b"content_block_delta".to_vec(),
+                    b"xxxxxxxxxxxxxxxx".to_vec(),
+                    200_000
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn feed_buf_sees_every_chunk() {
         let buf = bytes::Buf::chain(&b"data: a"[..], &b"b\n\n"[..]);
         let mut s = SseScanner::new();
