@@ -1,16 +1,22 @@
 //! Incremental scanners that find event boundaries in a body as its frames arrive.
 //!
 //! A scanner is fed each data frame exactly as it arrives and calls back once per complete event.
-//! It never holds on to the frame: what it needs across frames (a partial line, the captured
-//! data of the event being built) lives in buffers it owns and reuses, so once warm it does not
-//! allocate per frame. Fed one byte per frame it stays linear. One line, event or message larger
-//! than the cap ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`](crate::ScanError), never unbounded
-//! buffering.
+//! It never holds on to the frame and never buffers whole lines: what it needs across frames
+//! (where it is in a line, the captured prefix of the event's data, the event name) lives in
+//! small buffers it owns and reuses, so once warm it does not allocate per frame, and fed one
+//! byte per frame it stays linear. A whole event inside one frame is reported straight from the
+//! frame, without a copy. One line, event or message larger than the cap
+//! ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`](crate::ScanError), never unbounded
+//! buffering; the bytes are counted whether they are captured or not.
 //!
 //! *Capture*: how much of each event's data the scanner copies out for the classifier. Before
 //! the first token a classifier needs the whole JSON; after it, a short prefix tells `[DONE]`
 //! from data. [`set_capture`](SseScanner::set_capture) bounds the copy; [`Captured::len`] still
 //! reports the full length.
+//!
+//! *Pending bytes*: each scanner's `pending_bytes()` is the number of bytes fed since the last
+//! event boundary, i.e. the start of an event that is not complete yet. A layer that ends a
+//! stream early forwards everything but those, so the client never sees half an event.
 
 mod grpc;
 mod ndjson;
