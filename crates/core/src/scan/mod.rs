@@ -4,10 +4,10 @@
 //! It never holds on to the frame and never buffers whole lines: what it needs across frames
 //! (where it is in a line, the captured prefix of the event's data, the event name) lives in
 //! small buffers it owns and reuses, so once warm it does not allocate per frame, and fed one
-//! byte per frame it stays linear. A whole event inside one frame is reported straight from the
-//! frame, without a copy. One line, event or message larger than the cap
-//! ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`](crate::ScanError), never unbounded
-//! buffering; the bytes are counted whether they are captured or not.
+//! byte per frame it stays linear. The common case, a whole one-line `data:` event inside one
+//! frame, is reported straight from the frame without a copy. One line, event or message larger
+//! than the cap ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`](crate::ScanError),
+//! never unbounded buffering; the bytes are counted whether they are captured or not.
 //!
 //! *Capture*: how much of each event's data the scanner copies out for the classifier. Before
 //! the first token a classifier needs the whole JSON; after it, a short prefix tells `[DONE]`
