@@ -145,6 +145,8 @@ pin_project! {
         // Frames delivered in a row without waiting (for the flood check).
         streak: u8,
         hold_back: bool,
+        // The tracker stopped scanning (an event over its cap).
+        blind: bool,
         done: bool,
         on_expiry: OnExpiry,
         report: Option<EndReport>,
@@ -184,6 +186,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
             release: 0,
             streak: 0,
             hold_back: false,
+            blind: false,
             done: false,
             on_expiry: OnExpiry::Auto,
             report: None,
@@ -238,6 +241,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
             held_len: 0,
             release: 0,
             streak: 0,
+            blind: false,
             done: false,
             on_expiry: config.on_expiry,
             report,
@@ -426,9 +430,17 @@ where
                     *this.done = true;
                 }
                 if obs.scan_error.is_some() {
-                    // The tracker scans nothing more: stop holding back.
+                    // An event over the scanner's cap: the tracker scans nothing more. Stop
+                    // holding back (what is held goes out below) and count any data as
+                    // progress from now on.
                     *this.hold_back = false;
-                    *this.release = *this.held_len + data.remaining();
+                    *this.blind = true;
+                }
+                if *this.blind && data.remaining() > 0 {
+                    let t = &mut *this.timers;
+                    t.unstamped = true;
+                    t.first_token_seen = true;
+                    t.first_token = None;
                 }
                 if !*this.hold_back && *this.held_len == 0 && *this.release == 0 {
                     return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
@@ -528,6 +540,10 @@ fn expire<B: Body>(this: &mut BodyProj<'_, B>, phase: Phase, limit: Duration, no
         .map_or(Wire::Opaque, StreamTracker::wire);
     let info = err.error_info();
     let mode = match *this.on_expiry {
+        // Blind, the client may hold part of an event: an in-band event would land inside it.
+        OnExpiry::Auto | OnExpiry::InBand if *this.blind && wire != Wire::Grpc => {
+            OnExpiry::BodyError
+        }
         OnExpiry::Auto | OnExpiry::InBand => match render::in_band(wire, &info) {
             Some(bytes) => return End::Local(bytes),
             None if wire == Wire::Grpc => OnExpiry::GrpcTrailers,

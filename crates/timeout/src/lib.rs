@@ -78,6 +78,9 @@
 //! In every case the inner future or body is dropped at once, which cancels the upstream
 //! request, and the [`EndReason`](tailguard_core::EndReason) is reported to an
 //! [`EndReport`](tailguard_core::EndReport) in the request extensions before the final frame.
+//! An event longer than the scanner's cap (1 MiB by default) stops the scan: from then on any
+//! data counts as progress, nothing is held back, and an expiry ends SSE and NDJSON streams with
+//! a body error, since an in-band event could land inside the oversized one.
 //! After the stream said it was done (`data: [DONE]`, `message_stop`), an expiry ends the body
 //! quietly instead: the client already has the whole answer.
 //!

@@ -721,3 +721,41 @@ async fn absurd_header_values_neither_panic_nor_fire() {
         assert!(!probe.cancelled());
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_event_over_the_scan_cap_degrades_to_byte_progress_and_a_body_error() {
+    let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
+    // One event longer than the 1 MiB cap at once, then more of it, 64 KiB every 500 ms:
+    // under the idle limit as bytes, never a complete event.
+    let big = format!("data: {}", "x".repeat(1_100_000));
+    let mut steps = vec![token("a"), data(&big)];
+    let chunk = "x".repeat(64 * 1024);
+    for _ in 0..16 {
+        steps.extend([wait_ms(500), data(&chunk)]);
+    }
+    steps.extend([wait_ms(10_000), data("\n\n"), done()]);
+    let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
+    let seen = collect(res.into_body(), start).await;
+    // Data flowed for 8 s without an idle timeout, then the stall fired it.
+    assert_eq!(seen.ended_at, secs(9));
+    let (_, err) = seen
+        .error
+        .as_ref()
+        .expect("a body error, not an in-band event");
+    assert_eq!(
+        err.downcast_ref::<TimeoutError>().map(TimeoutError::phase),
+        Some(Phase::Idle)
+    );
+    assert_eq!(
+        seen.bytes().len(),
+        token_len("a") + big.len() + 16 * 64 * 1024
+    );
+    assert!(probe.cancelled());
+}
+
+fn token_len(text: &str) -> usize {
+    match token(text) {
+        Step::Data(b) => b.len(),
+        _ => unreachable!(),
+    }
+}
