@@ -407,3 +407,45 @@ async fn rejection_as_an_error_by_bounded_admission() {
     assert_eq!(end_reasons(&snap), ["completed", "rejected"]);
     server.shutdown().await;
 }
+
+/// `PriorityClass` only classifies (no time passes in it), so it goes outside the recorder,
+/// which then finds the `Priority` in the request extensions for its `priority` label.
+#[tokio::test(start_paused = true)]
+async fn priority_label_from_priority_class() {
+    let server = MockServer::start(Script::new().tokens(2)).await.unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(tailguard::priority::PriorityClassLayer::new())
+        .layer(layer)
+        .layer(BoundedAdmissionLayer::new(4))
+        .service(client());
+    for p in ["interactive", "batch", "not-a-class"] {
+        let res = svc
+            .clone()
+            .oneshot(chat(&server, &[("x-priority", p)]))
+            .await
+            .unwrap();
+        res.into_body().collect().await.unwrap();
+    }
+    let labels: Vec<_> = reports
+        .all()
+        .iter()
+        .map(|r| r.labels.priority().to_owned())
+        .collect();
+    assert_eq!(labels, ["interactive", "batch", "standard"]);
+    let mut seen: Vec<String> = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "tailguard_requests_total")
+        .filter_map(|(k, ..)| {
+            k.key()
+                .labels()
+                .find(|l| l.key() == "priority")
+                .map(|l| l.value().to_owned())
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["batch", "interactive", "standard"]);
+    server.shutdown().await;
+}
