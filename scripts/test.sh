@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: every crate's unit, integration and doc tests.
+# Runs the whole test suite: every crate's unit, integration and doc tests, then the client
+# end-to-end tests of the example gateway (the official `openai` Python SDK and `curl -N`,
+# scripts/e2e.sh, which creates its own Python venv in .venv).
 # Anything the tests need is installed by this script; nothing is installed by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --all-features
+./scripts/e2e.sh

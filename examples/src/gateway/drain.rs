@@ -186,3 +186,48 @@ where
         self.done || (!self.draining && self.inner.is_end_stream())
     }
 }
+
+/// Copies the request's [`Priority`](tailguard::core::Priority) into the response extensions,
+/// where the recorder (which runs outside `PriorityClass`, so its clock covers everything) reads
+/// it for its `priority` label. Put it right under `PriorityClassLayer`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EchoPriorityLayer;
+
+impl<S> Layer<S> for EchoPriorityLayer {
+    type Service = EchoPriority<S>;
+    fn layer(&self, inner: S) -> EchoPriority<S> {
+        EchoPriority { inner }
+    }
+}
+
+/// See [`EchoPriorityLayer`].
+#[derive(Clone, Debug)]
+pub struct EchoPriority<S> {
+    inner: S,
+}
+
+impl<S, B, RB> Service<Request<B>> for EchoPriority<S>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<RB>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<RB>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let priority = req.extensions().get::<tailguard::core::Priority>().cloned();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let mut res = fut.await?;
+            if let Some(p) = priority {
+                res.extensions_mut().insert(p);
+            }
+            Ok(res)
+        })
+    }
+}

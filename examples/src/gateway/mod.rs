@@ -52,7 +52,7 @@ pub use config::{
     FileConfig, HedgeConfig, HedgeDelaySetting, MOCK_MODEL, MockConfig, PriorityConfig,
     TimeoutConfig, parse_duration, parse_priority,
 };
-pub use drain::{Drain, DrainBody, DrainLayer};
+pub use drain::{Drain, DrainBody, DrainLayer, EchoPriority, EchoPriorityLayer};
 pub use metrics::{metrics_handle, prometheus_recorder};
 pub use upstream::{HttpClient, Replica, UpstreamBody};
 
@@ -121,6 +121,8 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         .map_response(|res: Response<_>| res.map(Body::new))
         .layer(recorder)
         .layer(priority)
+        // The recorder reads the class from the response (it runs before classification).
+        .layer(EchoPriorityLayer)
         .layer(admission)
         .layer(DrainLayer::new(drain))
         .layer(timeout)

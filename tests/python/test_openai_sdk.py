@@ -1,0 +1,158 @@
+"""The gateway driven by the official `openai` Python SDK (run by scripts/e2e.sh).
+
+The gateway runs over embedded mock replicas with tests/python/gateway.toml. Environment:
+TAILGUARD_GATEWAY_URL (e.g. http://127.0.0.1:8080) and TAILGUARD_UPSTREAM_URL (a healthy
+mock replica, for comparing content with what the upstream itself sends).
+"""
+
+import os
+import time
+
+import httpx
+import openai
+import pytest
+
+GATEWAY = os.environ["TAILGUARD_GATEWAY_URL"]
+UPSTREAM = os.environ["TAILGUARD_UPSTREAM_URL"]
+MODEL = "mock-llm"
+MESSAGES = [{"role": "user", "content": "Hello!"}]
+# The mock's first eight tokens (crates/mock/src/wire.rs).
+SCRIPT = "ttft=10ms,tokens=8,gap=2ms"
+
+
+def client(base: str) -> openai.OpenAI:
+    # No retries: a 429 must reach the test, not be retried away.
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="test", max_retries=0, timeout=15.0)
+
+
+def stream_text(base: str, headers: dict) -> tuple[str, list, httpx.Headers]:
+    raw = client(base).chat.completions.with_raw_response.create(
+        model=MODEL, messages=MESSAGES, stream=True, extra_headers=headers
+    )
+    finish = []
+    text = []
+    for chunk in raw.parse():
+        for choice in chunk.choices:
+            if choice.delta.content:
+                text.append(choice.delta.content)
+            if choice.finish_reason:
+                finish.append(choice.finish_reason)
+    return "".join(text), finish, raw.headers
+
+
+def metric(name: str) -> float:
+    body = httpx.get(f"{GATEWAY}/metrics", timeout=5.0).text
+    total = 0.0
+    for line in body.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_models_and_health():
+    assert httpx.get(f"{GATEWAY}/healthz", timeout=5.0).json() == {"status": "ok"}
+    ids = [m.id for m in client(GATEWAY).models.list()]
+    assert ids == [MODEL]
+
+
+def test_streamed_chat_is_the_upstreams_stream():
+    want, want_finish, _ = stream_text(UPSTREAM, {"x-mock-script": SCRIPT})
+    got, got_finish, headers = stream_text(GATEWAY, {"x-mock-script": SCRIPT})
+    assert want  # the upstream did send tokens
+    assert got == want
+    assert got_finish == want_finish == ["stop"]
+    assert headers["x-request-id"]
+    assert headers["x-tailguard-hedge"] == "attempts=1; winner=0"
+
+
+def test_completions_route():
+    out = client(GATEWAY).completions.create(
+        model=MODEL, prompt="Hello", stream=True, extra_headers={"x-mock-script": SCRIPT}
+    )
+    text = "".join(c.choices[0].text for c in out if c.choices)
+    want = client(UPSTREAM).completions.create(
+        model=MODEL, prompt="Hello", stream=True, extra_headers={"x-mock-script": SCRIPT}
+    )
+    assert text == "".join(c.choices[0].text for c in want if c.choices)
+    assert text
+
+
+def test_hedge_bypasses_a_slow_primary():
+    # The primary attempt (x-tailguard-attempt: 0) takes 3 s to its first token; the backup,
+    # sent after the 50 ms hedge delay to another replica, is fast and wins.
+    want, _, _ = stream_text(UPSTREAM, {"x-mock-script": SCRIPT})
+    won_before = metric("tailguard_hedge_won_total")
+    started = time.monotonic()
+    got, finish, headers = stream_text(
+        GATEWAY, {"x-mock-script": SCRIPT, "x-mock-script-0": "ttft=3s"}
+    )
+    assert time.monotonic() - started < 2.5  # not the primary's 3 s
+    assert got == want  # one clean stream: nothing of the losing attempt leaks in
+    assert finish == ["stop"]
+    assert headers["x-tailguard-hedge"] == "attempts=2; winner=1"
+    assert metric("tailguard_hedge_won_total") == won_before + 1
+
+
+def test_congested_replica_is_bypassed():
+    # Round robin over three replicas: of three requests, at least one's primary lands on the
+    # congested replica (first token after 3 s); the hedge answers it from another replica.
+    want, _, _ = stream_text(UPSTREAM, {"x-mock-script": SCRIPT})
+    outcomes = []
+    for _ in range(3):
+        got, finish, headers = stream_text(GATEWAY, {})
+        assert got == want
+        assert finish == ["stop"]
+        outcomes.append(headers["x-tailguard-hedge"])
+    assert "attempts=2; winner=1" in outcomes, outcomes
+
+
+def test_idle_timeout_raises_api_error():
+    # Three tokens, then the upstream stalls forever behind keepalive comments; the gateway's
+    # 200 ms idle timeout ends the stream with an in-band error event.
+    headers = {"x-mock-script": SCRIPT + ",stall_after=3,keepalive=20ms"}
+    stream = client(GATEWAY).chat.completions.create(
+        model=MODEL, messages=MESSAGES, stream=True, extra_headers=headers
+    )
+    text = []
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+    assert not isinstance(err.value, openai.APIStatusError)  # in-band, after a 200
+    assert err.value.body["code"] == "idle_timeout"
+    assert err.value.body["type"] == "timeout_error"
+    assert "idle" in err.value.message
+    want, _, _ = stream_text(UPSTREAM, {"x-mock-script": "ttft=10ms,tokens=3,gap=2ms"})
+    assert "".join(text) == want  # the three tokens, then the error
+
+
+def test_admission_rejects_with_retry_after():
+    # Capacity 2, no queue: two long streams hold both permits until they end.
+    slow = {"x-mock-script": "ttft=10ms,tokens=2000,gap=20ms"}
+    c = client(GATEWAY)
+    held = [
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, extra_headers=slow)
+        for _ in range(2)
+    ]
+    try:
+        with pytest.raises(openai.RateLimitError) as err:
+            c.chat.completions.create(
+                model=MODEL, messages=MESSAGES, stream=True, extra_headers={"x-mock-script": SCRIPT}
+            )
+        res = err.value.response
+        assert res.status_code == 429
+        assert int(res.headers["retry-after"]) >= 1
+        assert err.value.body["code"] == "queue_full"
+    finally:
+        for s in held:
+            s.close()
+    # The permits come back when the clients go away (bounded wait for the disconnects).
+    for _ in range(100):
+        try:
+            got, _, _ = stream_text(GATEWAY, {"x-mock-script": SCRIPT})
+            break
+        except openai.RateLimitError:
+            time.sleep(0.02)
+    else:
+        pytest.fail("the permits of disconnected clients were not released")
+    assert got
