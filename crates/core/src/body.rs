@@ -14,6 +14,13 @@ pub enum Chunk<D> {
     Local(Bytes),
 }
 
+impl<D> From<Bytes> for Chunk<D> {
+    /// Local bytes, e.g. a rendered error page of a layer outside the one that made `Chunk`s.
+    fn from(bytes: Bytes) -> Self {
+        Chunk::Local(bytes)
+    }
+}
+
 impl<D: Buf> Buf for Chunk<D> {
     #[inline]
     fn remaining(&self) -> usize {
