@@ -89,7 +89,8 @@
 //!   `tailguard_admission_admitted_total` (counter, label `path` = `immediate`|`queued`),
 //!   `tailguard_admission_rejected_total` (counter, label `reason` = `queue_full`|
 //!   `queue_timeout`|`evicted`), `tailguard_admission_queue_wait_seconds` (histogram, admitted
-//!   requests).
+//!   requests). Handles are registered when a class is first seen, so install the recorder
+//!   before the first request.
 //!
 //! One layer value is one gate: clones of the layer and every service it builds share it.
 

@@ -57,7 +57,8 @@
 //! ## Metrics
 //!
 //! `tailguard_priority_classified_total` (counter; labels `priority`, the class name, and
-//! `source`: `classifier`|`route`|`header`|`default`).
+//! `source`: `classifier`|`route`|`header`|`default`). Handles are registered on the first
+//! request, so install the recorder before it.
 
 mod layer;
 mod service;
