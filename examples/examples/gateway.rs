@@ -52,7 +52,10 @@ async fn main() -> ExitCode {
     println!("try:");
     let model = config.models.first().map_or("mock-llm", String::as_str);
     println!("  {}", gateway.curl_line(model));
-    println!("Ctrl-C stops accepting, lets streams finish for {:?}, then ends them in-band.", gateway.grace());
+    println!(
+        "Ctrl-C stops accepting, lets streams finish for {:?}, then ends them in-band.",
+        gateway.grace()
+    );
 
     shutdown_signal().await;
     match gateway.shutdown().await {

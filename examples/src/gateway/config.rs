@@ -94,7 +94,11 @@ pub struct Args {
     #[arg(long, env = "TAILGUARD_PRIORITY_DEFAULT", value_name = "CLASS")]
     pub priority_default: Option<String>,
     /// Share of capacity reserved for `interactive` under contention, 0 for none [default: 0.5].
-    #[arg(long, env = "TAILGUARD_PRIORITY_INTERACTIVE_SHARE", value_name = "SHARE")]
+    #[arg(
+        long,
+        env = "TAILGUARD_PRIORITY_INTERACTIVE_SHARE",
+        value_name = "SHARE"
+    )]
     pub priority_interactive_share: Option<f64>,
 
     /// Embedded mock replicas started when no upstream is configured [default: 3].
@@ -126,7 +130,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
         Some(i) => s.split_at(i),
-        None => return Err(format!("`{s}` has no unit: write e.g. `250ms`, `2s` or `1m`")),
+        None => {
+            return Err(format!(
+                "`{s}` has no unit: write e.g. `250ms`, `2s` or `1m`"
+            ));
+        }
     };
     let n: f64 = num
         .parse()
@@ -535,11 +543,7 @@ impl Config {
         }
 
         let a = &mut c.admission;
-        a.capacity = pick(
-            args.admission_capacity,
-            file.admission.capacity,
-            a.capacity,
-        );
+        a.capacity = pick(args.admission_capacity, file.admission.capacity, a.capacity);
         a.queue_len = pick(
             args.admission_queue_len,
             file.admission.queue_len,
@@ -601,11 +605,16 @@ impl Config {
         );
         if c.upstreams.is_empty() {
             if m.replicas == 0 {
-                return err("mock.replicas (--mock-replicas) must be at least 1 when no upstream is configured");
+                return err(
+                    "mock.replicas (--mock-replicas) must be at least 1 when no upstream is configured",
+                );
             }
             for (key, s) in [
                 ("mock.script (--mock-script)", &m.script),
-                ("mock.congested_script (--mock-congested-script)", &m.congested_script),
+                (
+                    "mock.congested_script (--mock-congested-script)",
+                    &m.congested_script,
+                ),
             ] {
                 if let Err(e) = tailguard_mock::Script::new().apply(s) {
                     return err(format!("{key}: {e}"));
@@ -623,11 +632,11 @@ impl Config {
 pub const MOCK_MODEL: &str = "mock-llm";
 
 fn parse_upstream(u: &str) -> Result<Uri, ConfigError> {
-    let uri: Uri = u.trim().trim_end_matches('/').parse().map_err(|e| {
-        ConfigError(format!(
-            "upstreams (--upstream): `{u}` is not a URL: {e}"
-        ))
-    })?;
+    let uri: Uri = u
+        .trim()
+        .trim_end_matches('/')
+        .parse()
+        .map_err(|e| ConfigError(format!("upstreams (--upstream): `{u}` is not a URL: {e}")))?;
     match (uri.scheme_str(), uri.authority()) {
         (Some("http"), Some(_)) => {}
         _ => {

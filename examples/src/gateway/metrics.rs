@@ -2,7 +2,9 @@
 
 use std::sync::OnceLock;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 use tailguard::phases::{MetricNames, MetricsSink, buckets};
 
 /// A Prometheus recorder whose histograms use the buckets `tailguard-phases` recommends (and
@@ -11,10 +13,20 @@ use tailguard::phases::{MetricNames, MetricsSink, buckets};
 pub fn prometheus_recorder() -> PrometheusRecorder {
     let mut builder = PrometheusBuilder::new();
     let extra: [(&str, &[f64]); 2] = [
-        ("tailguard_admission_queue_wait_seconds", buckets::QUEUE_WAIT),
-        ("tailguard_hedge_delay_used_seconds", buckets::TIME_TO_FIRST_TOKEN),
+        (
+            "tailguard_admission_queue_wait_seconds",
+            buckets::QUEUE_WAIT,
+        ),
+        (
+            "tailguard_hedge_delay_used_seconds",
+            buckets::TIME_TO_FIRST_TOKEN,
+        ),
     ];
-    for (name, b) in MetricNames::tailguard().histogram_buckets().into_iter().chain(extra) {
+    for (name, b) in MetricNames::tailguard()
+        .histogram_buckets()
+        .into_iter()
+        .chain(extra)
+    {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(name.to_owned()), b)
             .expect("the bucket constants are not empty");
@@ -37,9 +49,11 @@ pub fn metrics_handle() -> PrometheusHandle {
                 // now and then so an unscraped gateway does not accumulate samples.
                 std::thread::Builder::new()
                     .name("metrics-upkeep".into())
-                    .spawn(move || loop {
-                        std::thread::sleep(std::time::Duration::from_secs(5));
-                        upkeep.run_upkeep();
+                    .spawn(move || {
+                        loop {
+                            std::thread::sleep(std::time::Duration::from_secs(5));
+                            upkeep.run_upkeep();
+                        }
                     })
                     .ok();
             }

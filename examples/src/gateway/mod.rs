@@ -321,8 +321,16 @@ async fn render_metrics(State(app): State<App>) -> impl IntoResponse {
     )
 }
 
-fn error(status: StatusCode, message: impl Into<String>, kind: &'static str, code: &'static str) -> Response<Body> {
-    error_response(&ErrorInfo::new(status, message.into(), kind, code), Body::from)
+fn error(
+    status: StatusCode,
+    message: impl Into<String>,
+    kind: &'static str,
+    code: &'static str,
+) -> Response<Body> {
+    error_response(
+        &ErrorInfo::new(status, message.into(), kind, code),
+        Body::from,
+    )
 }
 
 /// What the gateway learns from the request body.
@@ -338,7 +346,11 @@ fn facts(json: &serde_json::Value, body_len: usize) -> RequestFacts {
     if let Some(m) = max {
         f = f.with_max_tokens(u32::try_from(m).unwrap_or(u32::MAX));
     }
-    f = f.with_stream(json.get("stream").and_then(|s| s.as_bool()).unwrap_or(false));
+    f = f.with_stream(
+        json.get("stream")
+            .and_then(|s| s.as_bool())
+            .unwrap_or(false),
+    );
     f.with_prompt_bytes(prompt_bytes(json).unwrap_or(body_len as u64))
 }
 
