@@ -96,9 +96,8 @@ impl Body for Frames {
 /// The upstream: answers every request at once with the stream.
 fn upstream<B>(
     frames: Arc<[Bytes]>,
-) -> impl Service<Request<B>, Response = Response<Frames>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
+) -> impl Service<Request<B>, Response = Response<Frames>, Error = Infallible, Future: Send> + Clone + Send
+{
     tower::service_fn(move |_req: Request<B>| {
         let frames = frames.clone();
         async move {
@@ -287,7 +286,13 @@ fn bench(c: &mut Criterion) {
     assert_eq!(drain(hedged_body()), long_bytes);
     eprintln!(
         "allocations per frame after the first token: bare {:.3}, FirstTokenHedge {:.3}",
-        allocs_per_frame(n, Frames { frames: long.clone(), next: 0 }),
+        allocs_per_frame(
+            n,
+            Frames {
+                frames: long.clone(),
+                next: 0
+            }
+        ),
         allocs_per_frame(n, hedged_body()),
     );
 
@@ -295,7 +300,10 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("bare", |b| {
         b.iter_batched(
-            || Frames { frames: long.clone(), next: 0 },
+            || Frames {
+                frames: long.clone(),
+                next: 0,
+            },
             drain,
             BatchSize::SmallInput,
         )
