@@ -113,6 +113,17 @@ impl Shared {
 /// committed (its first token arrived) or every attempt has failed.** Headers that arrive
 /// early from an upstream are held until then.
 ///
+/// A raced response carries a [`HedgeOutcome`](tailguard_core::HedgeOutcome) in its
+/// extensions (attempts sent, the winner, the delay in force, whether the budget refused a
+/// hedge); a request that was not eligible passes straight through and carries none.
+///
+/// # The inner service
+///
+/// `S: Clone`: for an eligible request the service that `poll_ready` made ready goes into the
+/// race and a clone stays behind for the next call (as in tower's `Oneshot` and linkerd's
+/// retries); a backup polls that same service ready again before it is sent, so a balancer
+/// sees ordinary readiness and calls. Clients, balancers and `Buffer`s clone cheaply.
+///
 /// # Request body
 ///
 /// The inner service takes `Request<ReplayBody<B>>` (as linkerd's retry middleware does): for
