@@ -12,6 +12,7 @@ if [[ ${TAILGUARD_SKIP_CLIENT_TESTS:-} == 1 ]]; then
 fi
 command -v curl >/dev/null || { echo "e2e: curl is required" >&2; exit 1; }
 
+export PYTHONDONTWRITEBYTECODE=1
 PY=$(./scripts/python-venv.sh)
 cargo build --quiet -p tailguard-examples --example gateway
 GATEWAY_BIN=target/debug/examples/gateway
@@ -32,6 +33,15 @@ fail() {
   cat "$LOG" >&2 || true
   exit 1
 }
+
+echo "== invalid configuration: a clear error naming the key, non-zero exit"
+printf '[timeout]\nidel = "5s"\n' >"$WORK/bad.toml"
+set +e
+"$GATEWAY_BIN" --listen 127.0.0.1:0 --config "$WORK/bad.toml" </dev/null >"$WORK/bad.out" 2>&1
+RC=$?
+set -e
+[[ $RC -eq 2 ]] || fail "bad config: exit code $RC, want 2"
+grep -q 'unknown field `idel`' "$WORK/bad.out" || fail "bad config: unexpected message: $(cat "$WORK/bad.out")"
 
 # Port 0: the gateway picks a free port and prints it.
 "$GATEWAY_BIN" --listen 127.0.0.1:0 --config tests/python/gateway.toml </dev/null >"$LOG" 2>&1 &
