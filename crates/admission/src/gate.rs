@@ -59,6 +59,7 @@ impl fmt::Debug for Permit {
 }
 
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
         self.shared.release(self.class as usize, self.units);
     }
@@ -296,6 +297,7 @@ impl Shared {
         &self.cfg
     }
 
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -307,32 +309,46 @@ impl Shared {
     }
 
     /// Decides on an arriving request.
+    #[inline]
     pub(crate) fn acquire(
         self: &Arc<Self>,
         priority: Option<&Priority>,
         share: Option<f64>,
         units: u32,
     ) -> Acquire {
+        let mut st = self.lock();
+        let class = self.class_index(&mut st, priority, share);
+        if st.queued == 0 && st.in_use + units <= self.cfg.capacity {
+            st.in_use += units;
+            st.in_flight += 1;
+            let c = &mut st.classes[class];
+            c.in_use += units;
+            c.in_flight += 1;
+            c.metrics.in_flight.increment(1.0);
+            c.metrics.admitted_immediate.increment(1);
+            c.metrics.queue_wait.record(0.0);
+            drop(st);
+            return Acquire::Admitted(Permit {
+                shared: self.clone(),
+                class: class as u32,
+                units,
+            });
+        }
+        self.acquire_slow(st, class, units)
+    }
+
+    /// The arrival does not fit at once: queue it (or refuse it).
+    #[inline(never)]
+    fn acquire_slow(
+        self: &Arc<Self>,
+        st: MutexGuard<'_, State>,
+        class: usize,
+        units: u32,
+    ) -> Acquire {
         let mut deferred = Deferred::new();
         let out = {
-            let mut st = self.lock();
-            let class = self.class_index(&mut st, priority, share);
-            if st.queued == 0 && st.in_use + units <= self.cfg.capacity {
-                st.in_use += units;
-                st.in_flight += 1;
-                let c = &mut st.classes[class];
-                c.in_use += units;
-                c.in_flight += 1;
-                c.metrics.in_flight.increment(1.0);
-                c.metrics.admitted_immediate.increment(1);
-                c.metrics.queue_wait.record(0.0);
-                drop(st);
-                return Acquire::Admitted(Permit {
-                    shared: self.clone(),
-                    class: class as u32,
-                    units,
-                });
-            }
+            // Declared after `deferred`, so the lock is released before `deferred` is dropped.
+            let mut st = st;
             let now = Instant::now();
             if self.cfg.queue_len == 0 {
                 return Acquire::Rejected(self.refuse_full(&mut st, class, now, units));
@@ -571,22 +587,30 @@ impl Shared {
         }
     }
 
+    #[inline]
     fn release(self: &Arc<Self>, class: usize, units: u32) {
+        let mut st = self.lock();
+        st.in_use -= units;
+        st.in_flight -= 1;
+        let c = &mut st.classes[class];
+        c.in_use -= units;
+        c.in_flight -= 1;
+        c.metrics.in_flight.decrement(1.0);
+        st.drain.pending += u64::from(units);
+        if st.queued > 0 {
+            self.release_slow(st);
+        }
+    }
+
+    /// Capacity came free while requests wait: admit them.
+    #[inline(never)]
+    fn release_slow(self: &Arc<Self>, st: MutexGuard<'_, State>) {
         let mut deferred = Deferred::new();
         {
-            let mut st = self.lock();
-            st.in_use -= units;
-            st.in_flight -= 1;
-            let c = &mut st.classes[class];
-            c.in_use -= units;
-            c.in_flight -= 1;
-            c.metrics.in_flight.decrement(1.0);
-            st.drain.pending += u64::from(units);
-            if st.queued > 0 {
-                let now = Instant::now();
-                st.drain.fold(now);
-                self.dispatch(&mut st, now, &mut deferred);
-            }
+            let mut st = st;
+            let now = Instant::now();
+            st.drain.fold(now);
+            self.dispatch(&mut st, now, &mut deferred);
         }
         drop(deferred);
     }
