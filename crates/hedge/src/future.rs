@@ -15,7 +15,8 @@ use http_body::{Body, Frame};
 use pin_project_lite::pin_project;
 use tailguard_core::replay::Buffering;
 use tailguard_core::{
-    BoxError, EndReason, EndReport, HedgeOutcome, ReplayBody, StreamTracker, UpstreamFailure,
+    BoxError, EndReason, EndReport, HedgeOutcome, ReplayBody, StreamTracker, UpstreamError,
+    UpstreamFailure,
 };
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
@@ -501,6 +502,21 @@ where
             failure = failure.kind().as_str(),
             "tailguard-hedge: every attempt failed"
         );
+        if self.shared.config.failures_as_errors {
+            let kind = failure.kind();
+            let message = match failure {
+                Failure::Response { stream, .. } => format!(
+                    "{} attempts failed before a first token; the best answer was {}",
+                    self.sent, stream.head.status
+                ),
+                Failure::Service(e) => format!(
+                    "{} attempts failed before a first token; the last error: {}",
+                    self.sent,
+                    e.into()
+                ),
+            };
+            return Err(UpstreamError::new(kind, message).into());
+        }
         match failure {
             Failure::Response { stream, error, .. } => {
                 let mut res = stream.into_response(error, forward);

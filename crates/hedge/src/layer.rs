@@ -42,6 +42,7 @@ pub struct FirstTokenHedgeLayer {
     pub(crate) attempt_header: Option<HeaderName>,
     pub(crate) priorities: Option<Arc<[Priority]>>,
     pub(crate) rollout: f64,
+    pub(crate) failures_as_errors: bool,
 }
 
 impl Default for FirstTokenHedgeLayer {
@@ -72,7 +73,10 @@ impl FirstTokenHedgeLayer {
     ///   except one whose [`RequestFacts::stream`] says `false` (see
     ///   [`with_predicate`](Self::with_predicate)); not opted out with [`OPT_OUT_HEADER`];
     ///   every priority (see [`with_priorities`](Self::with_priorities)); rollout 100%;
-    /// * attempt header [`ATTEMPT_HEADER`](crate::ATTEMPT_HEADER) set on every attempt.
+    /// * attempt header [`ATTEMPT_HEADER`](crate::ATTEMPT_HEADER) set on every attempt;
+    /// * when every attempt fails, the most informative failure is returned as it is (a
+    ///   response, or the inner error), see [`FirstTokenHedge`]; a proxy passes the upstream's
+    ///   own status and `Retry-After` on (see [`with_failures_as_errors`](Self::with_failures_as_errors)).
     pub fn new() -> Self {
         FirstTokenHedgeLayer {
             max_attempts: 2,
@@ -94,6 +98,7 @@ impl FirstTokenHedgeLayer {
             attempt_header: Some(HeaderName::from_static(ATTEMPT_HEADER)),
             priorities: None,
             rollout: 1.0,
+            failures_as_errors: false,
         }
     }
 
@@ -203,6 +208,15 @@ impl FirstTokenHedgeLayer {
         FirstTokenHedge::new(ReplicaSet::new(replicas), self.clone())
     }
 
+    /// When every attempt fails, resolve to an
+    /// [`UpstreamError`](tailguard_core::UpstreamError) (its kind that of the most
+    /// informative failure) instead of returning that failure as it is. For stacks that
+    /// render errors in one place.
+    pub fn with_failures_as_errors(mut self, on: bool) -> Self {
+        self.failures_as_errors = on;
+        self
+    }
+
     /// Whether the default predicate accepts the request.
     pub(crate) fn default_predicate(parts: &Parts) -> bool {
         parts.method == Method::POST
@@ -229,6 +243,7 @@ impl fmt::Debug for FirstTokenHedgeLayer {
             .field("attempt_header", &self.attempt_header)
             .field("priorities", &self.priorities)
             .field("rollout", &self.rollout)
+            .field("failures_as_errors", &self.failures_as_errors)
             .finish()
     }
 }

@@ -142,6 +142,10 @@ impl Shared {
 ///    (with the body error, if it broke);
 /// 4. the inner service's error (transport failure), as the response future's error.
 ///
+/// With [`with_failures_as_errors`](FirstTokenHedgeLayer::with_failures_as_errors) the
+/// future resolves to an [`UpstreamError`](tailguard_core::UpstreamError) of that failure's kind
+/// instead.
+///
 /// An [`EndReport`](tailguard_core::EndReport) in the request extensions receives
 /// `EndReason::UpstreamError` with the kind of that failure.
 pub struct FirstTokenHedge<S> {

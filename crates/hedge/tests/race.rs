@@ -272,6 +272,28 @@ async fn a_status_outranks_a_stream_without_tokens_which_outranks_transport() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn every_attempt_failing_as_an_upstream_error_when_asked() {
+    let up = Upstream::new(vec![Plan::status(503), Plan::status(502)]);
+    let err = layer()
+        .with_failures_as_errors(true)
+        .layer(up)
+        .oneshot(chat_request())
+        .await
+        .unwrap_err();
+    let e = err
+        .downcast_ref::<tailguard_core::UpstreamError>()
+        .expect("an UpstreamError");
+    assert_eq!(
+        e.failure(),
+        UpstreamFailure::Status(StatusCode::BAD_GATEWAY)
+    );
+    assert_eq!(
+        e.to_string(),
+        "upstream failed (5xx): 2 attempts failed before a first token; the best answer was 502 Bad Gateway"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn every_attempt_failing_in_transport_returns_the_inner_error() {
     let up = Upstream::new(vec![Plan::transport_error()]);
     let report = EndReport::new();
