@@ -58,11 +58,18 @@ async fn main() -> ExitCode {
     );
 
     shutdown_signal().await;
-    match gateway.shutdown().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+    tokio::select! {
+        r = gateway.shutdown() => match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        // A second Ctrl-C does not wait for the grace period.
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("second Ctrl-C: exiting without waiting for in-flight streams");
+            ExitCode::from(130)
         }
     }
 }
