@@ -291,9 +291,11 @@ impl Gateway {
             Ok(r) => r,
             Err(e) => Err(std::io::Error::other(e)),
         };
+        tracing::info!("every connection closed");
         for m in self.mocks {
             m.shutdown().await;
         }
+        tracing::info!("gateway stopped");
         result
     }
 }
