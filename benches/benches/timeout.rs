@@ -2,11 +2,19 @@
 //! body, on the same 1,000-chunk OpenAI stream.
 //!
 //! The stream is a role-only chunk, 1,000 content chunks, a finish chunk and `[DONE]`, one
-//! event per frame, every frame ready at once (an in-memory body), so what is measured is the
-//! wrapper's own work per frame: for `SseIdleTimeout` with all four timers set, the event scan
-//! and classification, one clock read and the deadline bookkeeping; for tower-http, re-arming a
-//! tokio timer on every frame. The response (and the tracker) is built outside the timed
+//! event per frame, from an in-memory body, so what is measured is the wrapper's own work per
+//! frame: for `SseIdleTimeout` with all four timers set, the event scan and classification and
+//! the deadline bookkeeping; for tower-http, re-arming a tokio timer on every frame. Two
+//! delivery patterns: `timeout_per_stream` has every frame ready at once; `timeout_pending_each`
+//! has the body return `Pending` (and wake itself) before every frame, as a network body does
+//! between tokens, so each frame also pays one wait (for `SseIdleTimeout`: a clock read and a
+//! poll of the already-armed sleep). The response (and the tracker) is built outside the timed
 //! section. Allocations per frame are counted once per variant and printed.
+//!
+//! Reference points: `bare_plus_stream_tracker` is the bare body plus `StreamTracker::observe`
+//! on every frame (the scan floor of any token-aware wrapper); `bare_mapped_to_chunk` is the
+//! bare body with its data wrapped in `Chunk` (free); `sse_idle_timeout_head_only` is the
+//! wrapper with no body timer (pass-through).
 //!
 //! Run: `cargo bench -p tailguard-benches --bench timeout -- --warm-up-time 1 --measurement-time 3`
 
@@ -57,10 +65,23 @@ fn openai_stream() -> Arc<[Bytes]> {
         .collect()
 }
 
-/// An in-memory body whose every frame is ready.
+/// An in-memory body: every frame ready, or (`pend`) each frame preceded by one `Pending`.
 struct Frames {
     frames: Arc<[Bytes]>,
     next: usize,
+    pend: bool,
+    flip: bool,
+}
+
+impl Frames {
+    fn new(frames: &Arc<[Bytes]>, pend: bool) -> Self {
+        Frames {
+            frames: frames.clone(),
+            next: 0,
+            pend,
+            flip: false,
+        }
+    }
 }
 
 impl Body for Frames {
@@ -69,8 +90,15 @@ impl Body for Frames {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.pend {
+            self.flip = !self.flip;
+            if self.flip {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
         let i = self.next;
         self.next += 1;
         Poll::Ready(self.frames.get(i).cloned().map(|b| Ok(Frame::data(b))))
@@ -83,13 +111,14 @@ impl Body for Frames {
 
 fn upstream(
     frames: Arc<[Bytes]>,
+    pend: bool,
 ) -> impl tower::Service<Request<()>, Response = Response<Frames>, Error = Infallible> + Clone {
     tower::service_fn(move |_req: Request<()>| {
-        let frames = frames.clone();
+        let body = Frames::new(&frames, pend);
         async move {
             Ok(Response::builder()
                 .header("content-type", "text/event-stream")
-                .body(Frames { frames, next: 0 })
+                .body(body)
                 .unwrap())
         }
     })
@@ -105,7 +134,7 @@ fn drain<B: Body>(body: B) -> usize {
             Poll::Ready(Some(Ok(f))) => n += f.data_ref().map_or(0, Buf::remaining),
             Poll::Ready(Some(Err(_))) => panic!("body error"),
             Poll::Ready(None) => return black_box(n),
-            Poll::Pending => panic!("in-memory body is always ready"),
+            Poll::Pending => {}
         }
     }
 }
@@ -123,8 +152,11 @@ fn layer() -> SseIdleTimeoutLayer {
 fn allocs_per_frame<B: Body>(frames: usize, body: B) -> f64 {
     let mut body = std::pin::pin!(body);
     let mut cx = Context::from_waker(Waker::noop());
-    for _ in 0..3 {
-        let _ = body.as_mut().poll_frame(&mut cx);
+    let mut delivered = 0;
+    while delivered < 3 {
+        if let Poll::Ready(Some(_)) = body.as_mut().poll_frame(&mut cx) {
+            delivered += 1;
+        }
     }
     let region = Region::new(GLOBAL);
     drain(body);
@@ -166,65 +198,78 @@ fn bench(c: &mut Criterion) {
     let frames = openai_stream();
     let n = frames.len();
     let bytes: usize = frames.iter().map(Bytes::len).sum();
-    assert_eq!(drain(Frames { frames: frames.clone(), next: 0 }), bytes);
-
-    let sse = layer().layer(upstream(frames.clone()));
-    // Only a head timer: the body is the wrapper without a tracker (its own overhead).
-    let head_only = SseIdleTimeoutLayer::new()
-        .with_head_timeout(Duration::from_secs(10))
-        .layer(upstream(frames.clone()));
-    let head_only_body = || {
-        rt.block_on(head_only.clone().oneshot(Request::new(())))
-            .unwrap()
-            .into_body()
-    };
     let mut sse_headers = http::HeaderMap::new();
     sse_headers.insert("content-type", "text/event-stream".parse().unwrap());
-    let tracked = || Tracked {
-        inner: Frames { frames: frames.clone(), next: 0 },
-        tracker: StreamTracker::new(&Dialect::Auto, &sse_headers),
-    };
-    let tower_http =
-        tower_http::timeout::ResponseBodyTimeoutLayer::new(Duration::from_secs(5))
-            .layer(upstream(frames.clone()));
-    let sse_body = || rt.block_on(sse.clone().oneshot(Request::new(()))).unwrap().into_body();
-    let th_body = || {
-        rt.block_on(tower_http.clone().oneshot(Request::new(())))
-            .unwrap()
-            .into_body()
-    };
-    assert_eq!(drain(sse_body()), bytes);
-    assert_eq!(drain(th_body()), bytes);
 
-    eprintln!(
-        "allocations per frame: bare {:.3}, SseIdleTimeout {:.3}, tower-http {:.3}",
-        allocs_per_frame(n, Frames { frames: frames.clone(), next: 0 }),
-        allocs_per_frame(n, sse_body()),
-        allocs_per_frame(n, th_body()),
-    );
+    for (group, pend) in [
+        ("timeout_per_stream", false),
+        ("timeout_pending_each", true),
+    ] {
+        let sse = layer().layer(upstream(frames.clone(), pend));
+        // Only a head timer: the wrapper without a tracker (pass-through).
+        let head_only = SseIdleTimeoutLayer::new()
+            .with_head_timeout(Duration::from_secs(10))
+            .layer(upstream(frames.clone(), pend));
+        let tower_http = tower_http::timeout::ResponseBodyTimeoutLayer::new(Duration::from_secs(5))
+            .layer(upstream(frames.clone(), pend));
+        let bare = || Frames::new(&frames, pend);
+        let tracked = || Tracked {
+            inner: Frames::new(&frames, pend),
+            tracker: StreamTracker::new(&Dialect::Auto, &sse_headers),
+        };
+        let mapped = || {
+            http_body_util::BodyExt::map_frame(Frames::new(&frames, pend), |f| {
+                f.map_data(tailguard::core::Chunk::Inner)
+            })
+        };
+        let head_only_body = || {
+            rt.block_on(head_only.clone().oneshot(Request::new(())))
+                .unwrap()
+                .into_body()
+        };
+        let sse_body = || {
+            rt.block_on(sse.clone().oneshot(Request::new(())))
+                .unwrap()
+                .into_body()
+        };
+        let th_body = || {
+            rt.block_on(tower_http.clone().oneshot(Request::new(())))
+                .unwrap()
+                .into_body()
+        };
+        assert_eq!(drain(bare()), bytes);
+        assert_eq!(drain(sse_body()), bytes);
+        assert_eq!(drain(th_body()), bytes);
+        eprintln!(
+            "{group}: allocations per frame after the first token: bare {:.3}, \
+             SseIdleTimeout {:.3}, tower-http {:.3}",
+            allocs_per_frame(n, bare()),
+            allocs_per_frame(n, sse_body()),
+            allocs_per_frame(n, th_body()),
+        );
 
-    let mut g = c.benchmark_group("timeout_per_stream");
-    g.throughput(Throughput::Elements(n as u64));
-    g.bench_function("bare", |b| {
-        b.iter_batched(
-            || Frames { frames: frames.clone(), next: 0 },
-            drain,
-            BatchSize::SmallInput,
-        )
-    });
-    g.bench_function("bare_plus_stream_tracker", |b| {
-        b.iter_batched(tracked, drain, BatchSize::SmallInput)
-    });
-    g.bench_function("sse_idle_timeout_head_only", |b| {
-        b.iter_batched(head_only_body, drain, BatchSize::SmallInput)
-    });
-    g.bench_function("sse_idle_timeout", |b| {
-        b.iter_batched(sse_body, drain, BatchSize::SmallInput)
-    });
-    g.bench_function("tower_http_body_timeout", |b| {
-        b.iter_batched(th_body, drain, BatchSize::SmallInput)
-    });
-    g.finish();
+        let mut g = c.benchmark_group(group);
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function("bare", |b| {
+            b.iter_batched(bare, drain, BatchSize::SmallInput)
+        });
+        g.bench_function("bare_plus_stream_tracker", |b| {
+            b.iter_batched(tracked, drain, BatchSize::SmallInput)
+        });
+        g.bench_function("bare_mapped_to_chunk", |b| {
+            b.iter_batched(mapped, drain, BatchSize::SmallInput)
+        });
+        g.bench_function("sse_idle_timeout_head_only", |b| {
+            b.iter_batched(head_only_body, drain, BatchSize::SmallInput)
+        });
+        g.bench_function("sse_idle_timeout", |b| {
+            b.iter_batched(sse_body, drain, BatchSize::SmallInput)
+        });
+        g.bench_function("tower_http_body_timeout", |b| {
+            b.iter_batched(th_body, drain, BatchSize::SmallInput)
+        });
+        g.finish();
+    }
 }
 
 criterion_group!(benches, bench);

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -135,6 +135,8 @@ pin_project! {
         inner: Option<B>,
         #[pin]
         sleep: Option<Sleep>,
+        // The waker `sleep` was last polled with.
+        waker: Option<Waker>,
         tracker: Option<StreamTracker>,
         timers: Timers,
         // Bytes of an event not yet complete (when holding back), and how many bytes at the
@@ -170,6 +172,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         SseIdleTimeoutBody {
             inner: None,
             sleep: None,
+            waker: None,
             tracker: None,
             timers: Timers {
                 start: Instant::now(),
@@ -234,6 +237,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         SseIdleTimeoutBody {
             inner: Some(inner),
             sleep: None,
+            waker: None,
             hold_back: tracker.is_some() && config.on_expiry != OnExpiry::BodyError,
             tracker,
             timers,
@@ -487,13 +491,41 @@ where
         if !this.timers.active() {
             return Poll::Pending;
         }
+        let registered = this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if !this.timers.unstamped {
+            // No progress since the last wait, so the deadline has not moved: if the sleep is
+            // armed no later than it, has not fired and was registered with this task's waker,
+            // there is nothing to do, not even a clock read (a wait after a keepalive).
+            let Some((deadline, _, _)) = this.timers.next() else {
+                return Poll::Pending;
+            };
+            if registered
+                && let Some(s) = this.sleep.as_mut().as_pin_mut()
+                && s.deadline() <= deadline
+                && !s.is_elapsed()
+            {
+                return Poll::Pending;
+            }
+        }
         let now = Instant::now();
         this.timers.stamp(now);
         let Some((deadline, phase, limit)) = this.timers.next() else {
             return Poll::Pending;
         };
         if now < deadline {
+            // The sleep is armed no later than the deadline, has not fired and was registered
+            // with this task's waker: no need to poll it again (a wait between tokens).
+            if registered
+                && let Some(s) = this.sleep.as_mut().as_pin_mut()
+                && s.deadline() <= deadline
+                && now < s.deadline()
+            {
+                return Poll::Pending;
+            }
             if arm(this.sleep.as_mut(), deadline, cx).is_pending() {
+                if !registered {
+                    *this.waker = Some(cx.waker().clone());
+                }
                 return Poll::Pending;
             }
             // The sleep fired: re-check against a fresh clock (it may have been armed for an
