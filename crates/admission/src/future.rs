@@ -238,10 +238,9 @@ where
             StateProj::Waiting { wait } => {
                 let grant = ready!(wait.as_mut().poll_outcome(cx));
                 let w = wait.as_mut().project();
-                let waited = Instant::now().saturating_duration_since(w.queued.enqueued);
                 let req = w.req.take().expect("request present while waiting");
                 let next = match grant {
-                    Ok(permit) => {
+                    Ok((permit, waited)) => {
                         let mut svc = w.svc.take().expect("service present while waiting");
                         State::Called {
                             fut: svc.call(req),
@@ -250,6 +249,7 @@ where
                         }
                     }
                     Err(r) => {
+                        let waited = Instant::now().saturating_duration_since(w.queued.enqueued);
                         EndReport::report_to(req.extensions(), EndReason::Rejected);
                         State::refused(Refusal::new(*w.full_status, r, waited, *w.units))
                     }

@@ -27,7 +27,8 @@ pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 const AGING_STEP: u128 = 10;
 
 /// What a waiter receives: admission (a permit) or a rejection.
-pub(crate) type Grant = Result<Permit, Rejection>;
+/// The permit comes with the time the waiter spent queued, measured by the gate.
+pub(crate) type Grant = Result<(Permit, Duration), Rejection>;
 
 /// A refusal decided by the gate.
 #[derive(Clone, Copy, Debug)]
@@ -570,9 +571,8 @@ impl Shared {
             c.in_flight += 1;
             c.metrics.in_flight.increment(1.0);
             c.metrics.admitted_queued.increment(1);
-            c.metrics
-                .queue_wait
-                .record(now.saturating_duration_since(w.enqueued).as_secs_f64());
+            let waited = now.saturating_duration_since(w.enqueued);
+            c.metrics.queue_wait.record(waited.as_secs_f64());
             st.in_use += units;
             st.in_flight += 1;
             self.unqueue(st, i, units);
@@ -581,7 +581,7 @@ impl Shared {
                 class: i as u32,
                 units,
             };
-            if let Err(g) = w.tx.send(Ok(permit)) {
+            if let Err(g) = w.tx.send(Ok((permit, waited))) {
                 deferred.push(g);
             }
         }
