@@ -81,6 +81,15 @@
 //!
 //! Headers therefore reach the client only once a winner is committed or every attempt failed.
 //!
+//! ## Composition
+//!
+//! Put the hedge outside what should run once per attempt (a per-attempt first-token timeout,
+//! a balancer, the client) and inside what should run once per request (admission, the
+//! recorder). Layers below it see each attempt as a request of its own, with an [`Attempt`] in
+//! its extensions. Each raced attempt gets an [`EndReport`](tailguard_core::EndReport) of its
+//! own when the request carries one, so a loser's end (it is dropped) never reaches the outer
+//! report; the winner's reason is forwarded to it before the client sees the end of the body.
+//!
 //! ## tonic
 //!
 //! A tonic `Channel` takes `tonic::body::Body`; the replayed request body yields
