@@ -457,28 +457,33 @@ impl Shared {
             .position(|c| c.priority.level() == p.level())
         {
             Some(i) => i,
-            None => {
-                let configured = self
-                    .cfg
-                    .reserved
-                    .iter()
-                    .find(|(q, _)| q.level() == p.level())
-                    .map(|(_, s)| *s);
-                st.classes.push(Class {
-                    priority: p.clone(),
-                    in_use: 0,
-                    in_flight: 0,
-                    reserved: self.cfg.reserved_units(configured.unwrap_or(0.0)),
-                    waiters: VecDeque::new(),
-                    metrics: ClassMetrics::new(p.name()),
-                });
-                st.classes.len() - 1
-            }
+            None => self.new_class(st, p),
         };
         if let Some(s) = share {
             st.classes[i].reserved = self.cfg.reserved_units(s);
         }
         i
+    }
+
+    /// The first request of a class: its state and metric handles.
+    #[cold]
+    #[inline(never)]
+    fn new_class(&self, st: &mut State, p: &Priority) -> usize {
+        let configured = self
+            .cfg
+            .reserved
+            .iter()
+            .find(|(q, _)| q.level() == p.level())
+            .map(|(_, s)| *s);
+        st.classes.push(Class {
+            priority: p.clone(),
+            in_use: 0,
+            in_flight: 0,
+            reserved: self.cfg.reserved_units(configured.unwrap_or(0.0)),
+            waiters: VecDeque::new(),
+            metrics: ClassMetrics::new(p.name()),
+        });
+        st.classes.len() - 1
     }
 
     fn standing(&self, st: &State, now: Instant) -> bool {
