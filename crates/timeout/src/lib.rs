@@ -101,11 +101,12 @@
 //!   The idle gap runs from the first moment after a progress event at which the client asked
 //!   for more and the upstream had nothing ready, until the next progress event: time the client
 //!   spends between frames never counts against it.
-//! * **Cost.** Timers are armed lazily: deadlines are [`Instant`](tokio::time::Instant)s, the
-//!   clock is read when the body waits (and once per 32 frames in a row), never per frame; the
-//!   tokio timer is created only when the body first waits and re-armed only when it fired
-//!   before a deadline that has since moved later. A steady stream costs the event scan per
-//!   frame, with no clock read, no timer-wheel operation and no allocation.
+//! * **Cost.** Timers are armed lazily: deadlines are [`Instant`](tokio::time::Instant)s; the
+//!   clock is read only when the body waits after a progress event (and once per 32 frames in a
+//!   row), never per frame; the tokio timer is created when the body first waits, polled again
+//!   only when its deadline or the task's waker changed, and re-armed only when it fired before
+//!   a deadline that has since moved later. A frame costs the event scan and a few comparisons,
+//!   with no clock read, no timer-wheel operation and no allocation.
 //!
 //! ## Composition
 //!
