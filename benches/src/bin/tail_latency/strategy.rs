@@ -1,0 +1,159 @@
+//! The five strategies, each built over the same replica services.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use tailguard::admission::BoundedAdmissionLayer;
+use tailguard::hedge::{Attempt, FirstTokenHedgeLayer, ReplicaSet};
+use tailguard::phases::LatencyPhaseRecorderLayer;
+use tailguard::priority::PriorityClassLayer;
+use tailguard::timeout::SseIdleTimeoutLayer;
+use tower::ServiceBuilder;
+use tower::buffer::Buffer;
+use tower::hedge::{Hedge, Policy};
+use tower::util::BoxCloneService;
+
+use crate::upstream::{BoxError, Stack, Upstream, box_body};
+
+/// A way to send a request to the replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Strategy {
+    /// Round robin, one attempt.
+    NoHedge,
+    /// `tower::hedge` (p90 of latency to headers, 20 data points, 1 s period) over the
+    /// round robin.
+    TowerHedge,
+    /// `FirstTokenHedge` with a fixed delay.
+    FixedDelay,
+    /// `FirstTokenHedge` with the default adaptive delay (p90 of recent TTFTs).
+    Adaptive,
+    /// Recorder → priority → timeouts → admission → adaptive `FirstTokenHedge`.
+    FullStack,
+}
+
+impl Strategy {
+    pub(crate) const ALL: [Strategy; 5] = [
+        Strategy::NoHedge,
+        Strategy::TowerHedge,
+        Strategy::FixedDelay,
+        Strategy::Adaptive,
+        Strategy::FullStack,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Strategy::NoHedge => "no hedge",
+            Strategy::TowerHedge => "tower::hedge p90",
+            Strategy::FixedDelay => "FirstTokenHedge fixed",
+            Strategy::Adaptive => "FirstTokenHedge adaptive p90",
+            Strategy::FullStack => "full stack",
+        }
+    }
+
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Strategy::NoHedge => "no_hedge",
+            Strategy::TowerHedge => "tower_hedge",
+            Strategy::FixedDelay => "first_token_hedge_fixed",
+            Strategy::Adaptive => "first_token_hedge_adaptive",
+            Strategy::FullStack => "full_stack",
+        }
+    }
+
+    /// Whether it hedges on the first token (the strategies the targets are about).
+    pub(crate) fn first_token(self) -> bool {
+        matches!(
+            self,
+            Strategy::FixedDelay | Strategy::Adaptive | Strategy::FullStack
+        )
+    }
+}
+
+/// `tower::hedge`'s request policy: clone every request; the clone shares the primary's
+/// [`Attempt`] so the router sends it to the other replica.
+#[derive(Clone, Copy, Debug)]
+struct ClonePolicy;
+
+impl Policy<Request<Full<Bytes>>> for ClonePolicy {
+    fn clone_request(&self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut clone = Request::new(req.body().clone());
+        *clone.method_mut() = req.method().clone();
+        *clone.uri_mut() = req.uri().clone();
+        *clone.version_mut() = req.version();
+        *clone.headers_mut() = req.headers().clone();
+        clone
+            .headers_mut()
+            .insert("x-tailguard-attempt", http::HeaderValue::from_static("1"));
+        if let Some(a) = req.extensions().get::<Attempt>() {
+            clone.extensions_mut().insert(a.clone());
+        }
+        Some(clone)
+    }
+
+    fn can_retry(&self, _req: &Request<Full<Bytes>>) -> bool {
+        true
+    }
+}
+
+fn boxed_response<B>(res: Response<B>) -> Response<crate::upstream::BoxBody>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    res.map(box_body)
+}
+
+/// Builds `strategy` over `replicas`.
+pub(crate) fn build(strategy: Strategy, replicas: Vec<Upstream>, fixed_delay: Duration) -> Stack {
+    match strategy {
+        Strategy::NoHedge => BoxCloneService::new(
+            ServiceBuilder::new()
+                .map_response(boxed_response)
+                .service(ReplicaSet::new(replicas)),
+        ),
+        Strategy::TowerHedge => {
+            let hedge = Hedge::new(
+                ReplicaSet::new(replicas),
+                ClonePolicy,
+                20,
+                0.9,
+                Duration::from_secs(1),
+            );
+            BoxCloneService::new(
+                ServiceBuilder::new()
+                    .map_response(boxed_response)
+                    .service(Buffer::new(hedge, 4096)),
+            )
+        }
+        Strategy::FixedDelay => BoxCloneService::new(
+            ServiceBuilder::new().map_response(boxed_response).service(
+                FirstTokenHedgeLayer::new()
+                    .with_delay(fixed_delay)
+                    .layer_replicas(replicas),
+            ),
+        ),
+        Strategy::Adaptive => BoxCloneService::new(
+            ServiceBuilder::new()
+                .map_response(boxed_response)
+                .service(FirstTokenHedgeLayer::new().layer_replicas(replicas)),
+        ),
+        Strategy::FullStack => BoxCloneService::new(
+            ServiceBuilder::new()
+                .map_err(Into::<BoxError>::into)
+                .map_response(boxed_response)
+                .layer(LatencyPhaseRecorderLayer::new().with_routes(["/v1/chat/completions"]))
+                .layer(PriorityClassLayer::new())
+                .layer(
+                    SseIdleTimeoutLayer::new()
+                        .with_first_token_timeout(Duration::from_secs(5))
+                        .with_idle_timeout(Duration::from_secs(2))
+                        .with_total_timeout(Duration::from_secs(30)),
+                )
+                .layer(BoundedAdmissionLayer::new(1024).with_queue_len(1024))
+                .service(FirstTokenHedgeLayer::new().layer_replicas(replicas)),
+        ),
+    }
+}
