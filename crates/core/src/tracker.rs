@@ -1,6 +1,6 @@
 //! Per-response token tracking: a scanner and a classifier driven frame by frame.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use bytes::Buf;
 use http::HeaderMap;
@@ -147,12 +147,19 @@ struct State {
     usage: Option<UsageState>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct UsageState {
-    finder: memmem::Finder<'static>,
     usage: Usage,
     seen: bool,
 }
+
+/// The `"usage"` key, searched for in every complete event while usage extraction is on. Built
+/// once per process: a tracker is built per response, and building a searcher costs more than
+/// running it over a few events.
+const USAGE_KEY_LEN: usize = b"\"usage\"".len();
+
+static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
 
 impl StreamTracker {
     /// A tracker for a response with `headers`, finding tokens as `dialect` says.
@@ -216,11 +223,7 @@ impl StreamTracker {
     /// Also extracts [`Usage`] from the stream (off by default: it captures the data of events
     /// that may carry usage after the first token).
     pub fn with_usage(mut self, usage: bool) -> Self {
-        self.state.usage = usage.then(|| UsageState {
-            finder: memmem::Finder::new(b"\"usage\""),
-            usage: Usage::default(),
-            seen: false,
-        });
+        self.state.usage = usage.then(UsageState::default);
         self.set_capture();
         self
     }
@@ -433,14 +436,28 @@ impl UsageState {
     }
 
     /// `"usage"`, optional whitespace, `:`, optional whitespace, `{` somewhere in `bytes`.
+    ///
+    /// One search over the event settles the common case (no `"usage"` key at all); only an
+    /// event that has one is searched again for the object.
+    #[inline]
     fn may_carry_usage(&self, bytes: &[u8]) -> bool {
-        self.finder.find_iter(bytes).any(|at| {
-            let rest = bytes[at + 7..].trim_ascii_start();
+        let finder = &*USAGE_KEY;
+        let Some(first) = finder.find(bytes) else {
+            return false;
+        };
+        let object_at = |at: usize| {
+            let rest = bytes[at + USAGE_KEY_LEN..].trim_ascii_start();
             match rest.split_first() {
                 Some((b':', rest)) => rest.trim_ascii_start().first() == Some(&b'{'),
                 _ => false,
             }
-        })
+        };
+        // Non-overlapping occurrences, as one `find_iter` over the whole event would give.
+        let next = first + USAGE_KEY_LEN;
+        object_at(first)
+            || finder
+                .find_iter(&bytes[next..])
+                .any(|at| object_at(next + at))
     }
 }
 
@@ -602,6 +619,22 @@ mod tests {
         // A fixed dialect ignores the content-type.
         let mut t = StreamTracker::new(&Dialect::OpenAi, &headers("application/json"));
         assert!(t.observe(&b(TOKEN)).first_token);
+    }
+
+    #[test]
+    fn usage_object_is_found_after_any_number_of_other_usage_keys() {
+        let u = UsageState::default();
+        assert!(u.may_carry_usage(br#"{"usage":{"prompt_tokens":1}}"#));
+        assert!(u.may_carry_usage(br#"{"usage" :  {"a":1}}"#));
+        assert!(u.may_carry_usage(br#"{"usage":null,"x":{"usage":"no"},"y":{"usage":{}}}"#));
+        assert!(!u.may_carry_usage(br#"{"usage":null,"x":{"usage":"no"}}"#));
+        assert!(!u.may_carry_usage(br#"{"choices":[],"usage":null}"#));
+        assert!(!u.may_carry_usage(br#"{"usage""#));
+        assert!(!u.may_carry_usage(br#"{"usage":"#));
+        assert!(!u.may_carry_usage(b""));
+        // Overlapping candidates: `"usage"usage"` holds the key once, at 0.
+        assert!(!u.may_carry_usage(br#""usage"usage":{}"#));
+        assert!(u.may_carry_usage(br#""usage""usage":{}"#));
     }
 
     #[test]

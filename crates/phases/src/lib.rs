@@ -137,7 +137,7 @@ mod sink;
 pub use body::LatencyPhaseRecorderBody;
 pub use labels::{OTHER, Route, UNKNOWN, Upstream};
 pub use layer::LatencyPhaseRecorderLayer;
-pub use metrics_sink::{MetricNames, MetricsSink, buckets};
+pub use metrics_sink::{MAX_CACHED_LABEL_SETS, MetricNames, MetricsSink, buckets};
 pub use report::{GapStats, PhaseLabels, PhaseReport, end_reason_label};
 pub use request_id::{MAX_REQUEST_ID_LEN, RequestId, X_REQUEST_ID};
 pub use service::LatencyPhaseRecorder;

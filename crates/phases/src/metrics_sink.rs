@@ -1,10 +1,14 @@
 //! The `metrics` output: names, labels, recommended buckets, and [`MetricsSink`].
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use metrics::{Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit};
+use metrics::{
+    Counter, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit,
+};
 
 use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
 use crate::sink::PhaseSink;
@@ -61,7 +65,8 @@ pub mod buckets {
 /// Two schemes are provided: [`MetricNames::tailguard`] (the default: Prometheus style,
 /// `tailguard_` prefix, unit suffix `_seconds`) and [`MetricNames::otel_genai`] (OpenTelemetry
 /// GenAI semantic-convention names where a convention exists, `tailguard.*` otherwise). Fields are
-/// public so a scheme can be adjusted; keep names `'static`, they are registered per request.
+/// public so a scheme can be adjusted (names are `'static`: the sink builds its keys from them
+/// once per label set, see [`MetricsSink`]).
 ///
 /// | metric (tailguard scheme) | kind | labels | value |
 /// |---|---|---|---|
@@ -205,19 +210,53 @@ static METADATA: Metadata<'static> =
 ///
 /// Emits into the recorder installed for the `metrics` facade (global, or local to the thread),
 /// or into a recorder of its own set with [`with_recorder`](MetricsSink::with_recorder).
-/// Handles are registered once per request, at the end (and, for gaps, when headers arrive);
-/// nothing is registered per frame.
+/// Nothing is registered per frame: the inter-token gap histogram is resolved once per streamed
+/// response (when headers arrive), everything else once per request, at its end.
+///
+/// # Caching
+///
+/// Labels are bounded by design (configured routes and models, upstreams, priorities, end
+/// reasons, streamed or not), so the sink builds the metric [`Key`]s of each label set once, on
+/// its first use, and keeps them: a steady-state request does one hash-map lookup under a read
+/// lock and no allocation in this crate. What is cached beyond the keys depends on where the
+/// sink emits:
+///
+/// * **its own recorder** ([`with_recorder`](MetricsSink::with_recorder),
+///   [`with_shared_recorder`](MetricsSink::with_shared_recorder)): the handles too. Each metric
+///   is registered once per label set, the first time a request records into it, and its handle
+///   is reused from then on (the recorder cannot change, so the handles stay valid). This is
+///   the fastest setup: to have it with a recorder that is also installed globally, install an
+///   `Arc` of it with `metrics::set_global_recorder` and hand a clone to
+///   [`with_shared_recorder`](MetricsSink::with_shared_recorder).
+/// * **the facade** (the default): the keys only. Every request registers its keys against the
+///   recorder current at that moment, so a global recorder installed after the first requests
+///   is used from the next request on, and a `metrics::with_local_recorder` scope receives the
+///   requests that end inside it, exactly as with the `metrics` macros. With no recorder
+///   installed this costs a few calls into the no-op recorder; with one installed it costs one
+///   registry lookup per metric (the keys' hashes are computed once and cached in the keys).
+///
+/// At most [`MAX_CACHED_LABEL_SETS`] label sets are cached per sink (and its clones); should a
+/// misconfigured route function produce more, the extra ones are built per request, as
+/// without a cache, so memory stays bounded.
 #[derive(Clone, Default)]
 pub struct MetricsSink {
     names: MetricNames,
     recorder: Option<Arc<dyn Recorder + Send + Sync>>,
+    cache: Arc<SeriesCache>,
 }
+
+/// How many label sets a [`MetricsSink`] caches keys (and handles) for; see
+/// [Caching](MetricsSink#caching). Far above what bounded labels produce (routes × models ×
+/// upstreams × priorities × end reasons × 2), and small enough to be harmless: each set holds
+/// a dozen keys.
+pub const MAX_CACHED_LABEL_SETS: usize = 4096;
 
 impl fmt::Debug for MetricsSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MetricsSink")
             .field("names", &self.names)
             .field("own_recorder", &self.recorder.is_some())
+            .field("cached_label_sets", &self.cache.len())
             .finish()
     }
 }
@@ -231,6 +270,7 @@ impl MetricsSink {
     /// Uses the names of `names` (e.g. [`MetricNames::otel_genai`]).
     pub fn with_names(mut self, names: MetricNames) -> Self {
         self.names = names;
+        self.cache = Arc::default();
         self
     }
 
@@ -238,18 +278,27 @@ impl MetricsSink {
     /// coexist, and in tests).
     pub fn with_recorder(mut self, recorder: impl Recorder + Send + Sync + 'static) -> Self {
         self.recorder = Some(Arc::new(recorder));
+        self.cache = Arc::default();
         self
     }
 
     /// Emits into a shared `recorder`.
     pub fn with_shared_recorder(mut self, recorder: Arc<dyn Recorder + Send + Sync>) -> Self {
         self.recorder = Some(recorder);
+        self.cache = Arc::default();
         self
     }
 
     /// The names in use.
     pub fn names(&self) -> &MetricNames {
         &self.names
+    }
+
+    /// How many label sets this sink (and its clones, which share the cache) has cached so far:
+    /// one per label set with an end reason, plus one per label set of a streamed response (its
+    /// inter-token gaps). At most [`MAX_CACHED_LABEL_SETS`]; see [Caching](MetricsSink#caching).
+    pub fn cached_label_sets(&self) -> usize {
+        self.cache.len()
     }
 
     /// Describes every metric (unit and help text) to the recorder; call once at start-up.
@@ -308,82 +357,297 @@ impl MetricsSink {
         }
     }
 
-    fn base_labels(&self, l: &PhaseLabels) -> Vec<Label> {
-        let n = &self.names;
-        let mut v = Vec::with_capacity(7);
-        v.push(Label::new(
-            n.route_label,
-            SharedString::from(l.route.clone()),
+    /// The series of `labels` (with `end_reason`, or the gap series without), cached.
+    fn series(&self, labels: &PhaseLabels, end_reason: Option<&'static str>) -> Arc<Series> {
+        let id = SeriesRef {
+            route: &labels.route,
+            model: &labels.model,
+            upstream: &labels.upstream,
+            priority: labels.priority(),
+            streamed: labels.streamed,
+            end_reason,
+        };
+        let hash = self.cache.hasher.hash_one(&id);
+        if let Some(series) = self.cache.get(hash, &id) {
+            return series;
+        }
+        let series = Arc::new(Series::new(&self.names, &id));
+        self.cache.insert(hash, &series);
+        series
+    }
+
+    /// Records `value` into histogram `slot` of `series`.
+    #[inline]
+    fn record(&self, series: &Series, slot: Slot, value: f64) {
+        let slot = &series.slots[slot as usize];
+        match &self.recorder {
+            Some(r) => slot
+                .histogram
+                .get_or_init(|| r.register_histogram(&slot.key, &METADATA))
+                .record(value),
+            None => {
+                metrics::with_recorder(|r| r.register_histogram(&slot.key, &METADATA).record(value))
+            }
+        }
+    }
+
+    /// Increments counter `slot` of `series`.
+    #[inline]
+    fn increment(&self, series: &Series, slot: Slot) {
+        let slot = &series.slots[slot as usize];
+        match &self.recorder {
+            Some(r) => slot
+                .counter
+                .get_or_init(|| r.register_counter(&slot.key, &METADATA))
+                .increment(1),
+            None => {
+                metrics::with_recorder(|r| r.register_counter(&slot.key, &METADATA).increment(1))
+            }
+        }
+    }
+}
+
+/// The metrics of one label set, in [`Series::new`] order.
+#[derive(Clone, Copy)]
+enum Slot {
+    /// The gap series has this one slot only.
+    Gap = 0,
+    Requests,
+    RequestDuration,
+    QueueWait,
+    TimeToHeaders,
+    TimeToFirstToken,
+    TimePerOutputToken,
+    OutputEvents,
+    UsageInput,
+    UsageOutput,
+    HedgeAttempts,
+    HedgedPrimary,
+    HedgedHedge,
+}
+
+/// One metric of a label set: its key, and its handle once registered (own recorder only).
+struct SeriesSlot {
+    key: Key,
+    counter: OnceLock<Counter>,
+    histogram: OnceLock<Histogram>,
+}
+
+impl SeriesSlot {
+    fn new(name: &'static str, labels: Vec<Label>) -> Self {
+        SeriesSlot {
+            key: Key::from_parts(name, labels),
+            counter: OnceLock::new(),
+            histogram: OnceLock::new(),
+        }
+    }
+}
+
+/// Everything cached for one label set.
+struct Series {
+    route: Arc<str>,
+    model: Arc<str>,
+    upstream: Arc<str>,
+    priority: Arc<str>,
+    streamed: bool,
+    end_reason: Option<&'static str>,
+    /// Indexed by [`Slot`]: the gap series holds [`Slot::Gap`] only, a report series holds an
+    /// unused placeholder there and every other slot after it.
+    slots: Box<[SeriesSlot]>,
+}
+
+impl Series {
+    fn new(n: &MetricNames, id: &SeriesRef<'_>) -> Self {
+        let route = Arc::<str>::from(id.route);
+        let model = Arc::<str>::from(id.model);
+        let upstream = Arc::<str>::from(id.upstream);
+        let priority = Arc::<str>::from(id.priority);
+        let label = |key: &'static str, value: &Arc<str>| {
+            Label::new(key, SharedString::from(value.clone()))
+        };
+        let mut base = Vec::with_capacity(8);
+        base.push(label(n.route_label, &route));
+        base.push(label(n.model_label, &model));
+        base.push(label(n.upstream_label, &upstream));
+        base.push(label(n.priority_label, &priority));
+        base.push(Label::from_static_parts(
+            n.streamed_label,
+            if id.streamed { "true" } else { "false" },
         ));
-        v.push(Label::new(
-            n.model_label,
-            SharedString::from(l.model.clone()),
-        ));
-        v.push(Label::new(
-            n.upstream_label,
-            SharedString::from(l.upstream.clone()),
-        ));
-        v.push(Label::new(n.priority_label, l.priority().to_owned()));
-        v.push(Label::from_static_parts(n.streamed_label, l.streamed_str()));
-        v
+        let slots: Box<[SeriesSlot]> = match id.end_reason {
+            None => Box::new([SeriesSlot::new(n.inter_token_gap, base)]),
+            Some(reason) => {
+                base.push(Label::from_static_parts(n.end_reason_label, reason));
+                let with = |extra: Label| {
+                    let mut l = base.clone();
+                    l.push(extra);
+                    l
+                };
+                let token = |ty| with(Label::from_static_parts(n.token_type_label, ty));
+                let winner = |w| with(Label::from_static_parts(n.winner_label, w));
+                Box::new([
+                    // The placeholder for `Slot::Gap`: never registered.
+                    SeriesSlot::new(n.inter_token_gap, Vec::new()),
+                    SeriesSlot::new(n.requests, base.clone()),
+                    SeriesSlot::new(n.request_duration, base.clone()),
+                    SeriesSlot::new(n.queue_wait, base.clone()),
+                    SeriesSlot::new(n.time_to_headers, base.clone()),
+                    SeriesSlot::new(n.time_to_first_token, base.clone()),
+                    SeriesSlot::new(n.time_per_output_token, base.clone()),
+                    SeriesSlot::new(n.output_events, base.clone()),
+                    SeriesSlot::new(n.usage_tokens, token("input")),
+                    SeriesSlot::new(n.usage_tokens, token("output")),
+                    SeriesSlot::new(n.hedge_attempts, base.clone()),
+                    SeriesSlot::new(n.hedged_requests, winner("primary")),
+                    SeriesSlot::new(n.hedged_requests, winner("hedge")),
+                ])
+            }
+        };
+        Series {
+            route,
+            model,
+            upstream,
+            priority,
+            streamed: id.streamed,
+            end_reason: id.end_reason,
+            slots,
+        }
+    }
+
+    fn is(&self, id: &SeriesRef<'_>) -> bool {
+        self.streamed == id.streamed
+            && self.end_reason == id.end_reason
+            && *self.route == *id.route
+            && *self.model == *id.model
+            && *self.upstream == *id.upstream
+            && *self.priority == *id.priority
+    }
+}
+
+/// A label set as a request sees it: borrowed, so a lookup allocates nothing.
+#[derive(Hash)]
+struct SeriesRef<'a> {
+    route: &'a str,
+    model: &'a str,
+    upstream: &'a str,
+    priority: &'a str,
+    streamed: bool,
+    end_reason: Option<&'static str>,
+}
+
+/// The label sets seen so far, by the hash of their [`SeriesRef`].
+#[derive(Default)]
+struct SeriesCache {
+    hasher: RandomState,
+    map: RwLock<SeriesMap>,
+}
+
+#[derive(Default)]
+struct SeriesMap {
+    by_hash: HashMap<u64, Vec<Arc<Series>>, BuildHasherDefault<PassThrough>>,
+    len: usize,
+}
+
+impl SeriesCache {
+    fn get(&self, hash: u64, id: &SeriesRef<'_>) -> Option<Arc<Series>> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.by_hash.get(&hash)?.iter().find(|s| s.is(id)).cloned()
+    }
+
+    fn insert(&self, hash: u64, series: &Arc<Series>) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if map.len >= MAX_CACHED_LABEL_SETS {
+            return;
+        }
+        let id = SeriesRef {
+            route: &series.route,
+            model: &series.model,
+            upstream: &series.upstream,
+            priority: &series.priority,
+            streamed: series.streamed,
+            end_reason: series.end_reason,
+        };
+        let bucket = map.by_hash.entry(hash).or_default();
+        // Another request may have inserted the same set since our lookup.
+        if !bucket.iter().any(|s| s.is(&id)) {
+            bucket.push(series.clone());
+            map.len += 1;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).len
+    }
+}
+
+/// The map's keys are already hashes.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 
 impl PhaseSink for MetricsSink {
     fn gap_histogram(&self, labels: &PhaseLabels) -> Option<metrics::Histogram> {
-        let key = Key::from_parts(self.names.inter_token_gap, self.base_labels(labels));
-        Some(self.with(|r| r.register_histogram(&key, &METADATA)))
+        let series = self.series(labels, None);
+        let slot = &series.slots[Slot::Gap as usize];
+        Some(match &self.recorder {
+            Some(r) => slot
+                .histogram
+                .get_or_init(|| r.register_histogram(&slot.key, &METADATA))
+                .clone(),
+            None => metrics::with_recorder(|r| r.register_histogram(&slot.key, &METADATA)),
+        })
     }
 
     fn on_report(&self, rep: &PhaseReport) {
-        let n = &self.names;
-        let mut labels = self.base_labels(&rep.labels);
-        labels.push(Label::from_static_parts(
-            n.end_reason_label,
-            end_reason_label(&rep.end_reason),
-        ));
-        self.with(|r| {
-            let hist = |name: &'static str, extra: Option<Label>| {
-                let mut l = labels.clone();
-                l.extend(extra);
-                r.register_histogram(&Key::from_parts(name, l), &METADATA)
-            };
-            let secs = |name: &'static str, d: Option<Duration>| {
-                if let Some(d) = d {
-                    hist(name, None).record(d.as_secs_f64());
-                }
-            };
-            r.register_counter(&Key::from_parts(n.requests, labels.clone()), &METADATA)
-                .increment(1);
-            secs(n.request_duration, Some(rep.total));
-            secs(n.queue_wait, rep.queue_wait);
-            secs(n.time_to_headers, rep.time_to_headers);
-            secs(n.time_to_first_token, rep.time_to_first_token);
-            secs(n.time_per_output_token, rep.time_per_output_token);
-            if rep.labels.streamed {
-                hist(n.output_events, None).record(rep.output_events as f64);
+        let series = self.series(&rep.labels, Some(end_reason_label(&rep.end_reason)));
+        let s = &*series;
+        let secs = |slot: Slot, d: Option<Duration>| {
+            if let Some(d) = d {
+                self.record(s, slot, d.as_secs_f64());
             }
-            if let Some(u) = rep.usage {
-                for (ty, v) in [("input", u.prompt_tokens), ("output", u.completion_tokens)] {
-                    if let Some(v) = v {
-                        hist(
-                            n.usage_tokens,
-                            Some(Label::from_static_parts(n.token_type_label, ty)),
-                        )
-                        .record(v as f64);
-                    }
-                }
+        };
+        self.increment(s, Slot::Requests);
+        secs(Slot::RequestDuration, Some(rep.total));
+        secs(Slot::QueueWait, rep.queue_wait);
+        secs(Slot::TimeToHeaders, rep.time_to_headers);
+        secs(Slot::TimeToFirstToken, rep.time_to_first_token);
+        secs(Slot::TimePerOutputToken, rep.time_per_output_token);
+        if rep.labels.streamed {
+            self.record(s, Slot::OutputEvents, rep.output_events as f64);
+        }
+        if let Some(u) = rep.usage {
+            if let Some(v) = u.prompt_tokens {
+                self.record(s, Slot::UsageInput, v as f64);
             }
-            if let Some(h) = &rep.hedge {
-                hist(n.hedge_attempts, None).record(f64::from(h.attempts));
-                if h.attempts > 1 {
-                    let winner = if h.winner == 0 { "primary" } else { "hedge" };
-                    let mut l = labels.clone();
-                    l.push(Label::from_static_parts(n.winner_label, winner));
-                    r.register_counter(&Key::from_parts(n.hedged_requests, l), &METADATA)
-                        .increment(1);
-                }
+            if let Some(v) = u.completion_tokens {
+                self.record(s, Slot::UsageOutput, v as f64);
             }
-        });
+        }
+        if let Some(h) = &rep.hedge {
+            self.record(s, Slot::HedgeAttempts, f64::from(h.attempts));
+            if h.attempts > 1 {
+                let winner = if h.winner == 0 {
+                    Slot::HedgedPrimary
+                } else {
+                    Slot::HedgedHedge
+                };
+                self.increment(s, winner);
+            }
+        }
     }
 }

@@ -49,7 +49,7 @@ pub(crate) struct Recording {
     ttft: Option<Duration>,
     last_token: Instant,
     gaps: GapStats,
-    gap_hists: Vec<metrics::Histogram>,
+    gap_hists: GapHistograms,
     output_events: u64,
     events: u64,
     done_seen: bool,
@@ -88,7 +88,7 @@ impl Recording {
             ttft: None,
             last_token: start,
             gaps: GapStats::default(),
-            gap_hists: Vec::new(),
+            gap_hists: GapHistograms::default(),
             output_events: 0,
             events: 0,
             done_seen: false,
@@ -161,13 +161,15 @@ impl Recording {
             self.tracker =
                 Some(StreamTracker::new(&self.cfg.dialect, headers).with_usage(self.cfg.usage));
             let labels = self.labels();
-            self.gap_hists = self
+            for h in self
                 .cfg
                 .sinks
                 .0
                 .iter()
                 .filter_map(|s| s.gap_histogram(&labels))
-                .collect();
+            {
+                self.gap_hists.push(h);
+            }
         }
     }
 
@@ -203,10 +205,7 @@ impl Recording {
         } else {
             let gap = now.saturating_duration_since(self.last_token);
             self.gaps.add(gap);
-            let secs = gap.as_secs_f64();
-            for h in &self.gap_hists {
-                h.record(secs);
-            }
+            self.gap_hists.record(gap);
         }
         self.last_token = now;
         self.output_events += u64::from(obs.tokens);
@@ -264,6 +263,34 @@ impl Recording {
         };
         for sink in &self.cfg.sinks.0 {
             sink.on_report(&report);
+        }
+    }
+}
+
+/// The live gap histograms of the sinks: one (the metrics sink's) without allocating.
+#[derive(Default)]
+struct GapHistograms {
+    first: Option<metrics::Histogram>,
+    more: Vec<metrics::Histogram>,
+}
+
+impl GapHistograms {
+    fn push(&mut self, h: metrics::Histogram) {
+        if self.first.is_none() {
+            self.first = Some(h);
+        } else {
+            self.more.push(h);
+        }
+    }
+
+    #[inline]
+    fn record(&self, gap: Duration) {
+        if let Some(first) = &self.first {
+            let secs = gap.as_secs_f64();
+            first.record(secs);
+            for h in &self.more {
+                h.record(secs);
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use http::HeaderValue;
 
 /// The header a request id travels in by default.
@@ -49,7 +50,11 @@ impl RequestId {
         let mut buf = [0u8; 32];
         hex(hi, &mut buf[..16]);
         hex(lo, &mut buf[16..]);
-        RequestId(HeaderValue::from_bytes(&buf).expect("hex digits are a valid header value"))
+        // One allocation, shared by every clone (the id travels upstream and back).
+        RequestId(
+            HeaderValue::from_maybe_shared(Bytes::from_owner(buf))
+                .expect("hex digits are a valid header value"),
+        )
     }
 
     /// The id as a string.

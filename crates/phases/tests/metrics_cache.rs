@@ -1,0 +1,182 @@
+//! `MetricsSink` caches keys (and, with a recorder of its own, handles) per label set: metrics
+//! still land in the recorder current at each request (facade), counts add up, and the cache is
+//! bounded.
+
+mod common;
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Empty};
+use metrics_util::debugging::DebuggingRecorder;
+use tailguard_phases::{LatencyPhaseRecorderLayer, MAX_CACHED_LABEL_SETS, MetricsSink, Route};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+fn sse(body: Scripted) -> Response<Scripted> {
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(body)
+        .unwrap()
+}
+
+async fn drain<B: Body>(body: B) -> Result<(), B::Error> {
+    body.collect().await.map(|_| ())
+}
+
+fn upstream()
+-> impl Service<Request<Empty<Bytes>>, Response = Response<Scripted>, Error = Infallible, Future: Send>
++ Clone {
+    service_fn(|_req: Request<Empty<Bytes>>| async {
+        Ok::<_, Infallible>(sse(Scripted::new([
+            Step::Data(ROLE),
+            Step::Wait(ms(10)),
+            Step::Data(TOKEN),
+            Step::Wait(ms(10)),
+            Step::Data(TOKEN),
+            Step::Data(DONE),
+        ])))
+    })
+}
+
+async fn request<S>(svc: &S, route: Option<&str>)
+where
+    S: Service<
+            Request<Empty<Bytes>>,
+            Response = Response<tailguard_phases::LatencyPhaseRecorderBody<Scripted>>,
+            Error = Infallible,
+        > + Clone,
+{
+    let mut req = Request::new(Empty::new());
+    if let Some(route) = route {
+        req.extensions_mut().insert(Route::new(route));
+    }
+    let res = svc.clone().oneshot(req).await.unwrap();
+    drain(res.into_body()).await.unwrap();
+}
+
+/// `tailguard_requests_total` by route. (A snapshot drains the debugging recorder's
+/// histograms: take one, then read everything from it.)
+fn requests_total(all: &[Seen]) -> Vec<(String, u64)> {
+    let mut v: Vec<_> = all
+        .iter()
+        .filter(|s| s.name == "tailguard_requests_total")
+        .map(|s| (s.label("route").unwrap().to_owned(), s.counter()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// With the facade, keys are cached but handles are not: each request lands in the recorder
+/// current when it runs, whether installed before or after the label set was first seen, and a
+/// recorder replaced by another (possibly at the same address) never receives the other's.
+#[tokio::test(start_paused = true)]
+async fn facade_uses_the_recorder_current_at_each_request() {
+    let sink = MetricsSink::new();
+    let svc = LatencyPhaseRecorderLayer::new()
+        .without_sinks()
+        .with_sink(sink.clone())
+        .layer(upstream());
+
+    // No recorder: the label set is cached, nothing is recorded anywhere.
+    request(&svc, Some("/a")).await;
+    assert_eq!(
+        sink.cached_label_sets(),
+        2,
+        "the report's set and the gap set"
+    );
+
+    for round in 1..=3u64 {
+        let rec = DebuggingRecorder::new();
+        let snap = rec.snapshotter();
+        let guard = metrics::set_default_local_recorder(&rec);
+        for _ in 0..round {
+            request(&svc, Some("/a")).await;
+        }
+        drop(guard);
+        let all = snapshot(&snap);
+        assert_eq!(requests_total(&all), [("/a".to_owned(), round)]);
+        let gaps = metric(&all, "tailguard_inter_token_gap_seconds").hist();
+        assert_eq!(gaps.len() as u64, round, "one gap per request, live");
+        // After the scope, nothing more lands in this recorder (its snapshot drained it).
+        request(&svc, Some("/a")).await;
+        assert!(
+            requests_total(&snapshot(&snap))
+                .iter()
+                .all(|(_, n)| *n == 0)
+        );
+    }
+    assert_eq!(sink.cached_label_sets(), 2);
+}
+
+/// With a recorder of its own, handles are registered once per label set and reused: counts and
+/// histograms add up across requests and label sets.
+#[tokio::test(start_paused = true)]
+async fn own_recorder_handles_are_reused() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    let sink = MetricsSink::new().with_recorder(rec);
+    let svc = LatencyPhaseRecorderLayer::new()
+        .without_sinks()
+        .with_sink(sink.clone())
+        .layer(upstream());
+    for i in 0..60 {
+        request(&svc, Some(if i % 3 == 0 { "/b" } else { "/a" })).await;
+    }
+    let all = snapshot(&snap);
+    assert_eq!(
+        requests_total(&all),
+        [("/a".to_owned(), 40), ("/b".to_owned(), 20)]
+    );
+    let durations: usize = all
+        .iter()
+        .filter(|s| s.name == "tailguard_request_duration_seconds")
+        .map(|s| s.hist().len())
+        .sum();
+    assert_eq!(durations, 60);
+    let gaps: usize = all
+        .iter()
+        .filter(|s| s.name == "tailguard_inter_token_gap_seconds")
+        .map(|s| s.hist().len())
+        .sum();
+    assert_eq!(gaps, 60);
+    assert_eq!(sink.cached_label_sets(), 4);
+    // A sink configured anew starts with an empty cache of its own.
+    assert_eq!(
+        MetricsSink::new()
+            .with_recorder(DebuggingRecorder::new())
+            .cached_label_sets(),
+        0
+    );
+}
+
+/// A route function that (wrongly) produces unbounded labels cannot grow the cache past its
+/// cap; the label sets beyond it are still recorded, and still add up.
+#[tokio::test(start_paused = true)]
+async fn cache_is_bounded_and_sets_beyond_it_still_record() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    let sink = MetricsSink::new().with_recorder(rec);
+    let svc = LatencyPhaseRecorderLayer::new()
+        .without_sinks()
+        .with_sink(sink.clone())
+        .layer(upstream());
+    let routes = MAX_CACHED_LABEL_SETS / 2 + 8;
+    for i in 0..routes {
+        request(&svc, Some(&format!("/r{i}"))).await;
+    }
+    assert_eq!(sink.cached_label_sets(), MAX_CACHED_LABEL_SETS);
+    // The last routes were not cached: requested again, they still count.
+    let last = format!("/r{}", routes - 1);
+    request(&svc, Some(&last)).await;
+    let totals = requests_total(&snapshot(&snap));
+    assert_eq!(totals.len(), routes);
+    assert!(
+        totals
+            .iter()
+            .all(|(r, n)| *n == if *r == last { 2 } else { 1 })
+    );
+    assert_eq!(sink.cached_label_sets(), MAX_CACHED_LABEL_SETS);
+}
