@@ -262,7 +262,7 @@ where
     type Data = Chunk<B::Data>;
     type Error = BoxError;
 
-    #[inline]
+    #[inline(always)]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -278,14 +278,13 @@ where
                     Ok(data) => Frame::data(Chunk::Inner(data)),
                     Err(frame) => frame.map_data(Chunk::Inner),
                 }))),
+                // Without an inner body, `End::Streaming` reads as the end.
                 Poll::Ready(Some(Err(e))) => {
                     this.inner.set(None);
-                    *this.end = End::Finished;
                     Poll::Ready(Some(Err(e.into())))
                 }
                 Poll::Ready(None) => {
                     this.inner.set(None);
-                    *this.end = End::Finished;
                     Poll::Ready(None)
                 }
                 Poll::Pending => Poll::Pending,
