@@ -393,12 +393,19 @@ impl State {
 }
 
 impl UsageState {
-    /// Extracts usage from an event whose data has a `"usage"` member holding an object.
+    /// Extracts usage from an event whose data has a `"usage"` member holding an object. The
+    /// search is inlined into the event path; the parse, rare, is not.
+    #[inline]
     fn scan(&mut self, data: &Captured<'_>) {
-        if !data.is_complete() || !self.may_carry_usage(data.bytes) {
-            return;
+        if data.is_complete() && self.may_carry_usage(data.bytes) {
+            self.parse(data.bytes);
         }
-        let Ok(value) = serde_json::from_slice::<serde_json::Value>(data.bytes) else {
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn parse(&mut self, bytes: &[u8]) {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
             return;
         };
         let field = |v: Option<&serde_json::Value>, key: &str| {

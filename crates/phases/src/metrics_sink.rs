@@ -360,9 +360,9 @@ impl MetricsSink {
     /// The series of `labels` (with `end_reason`, or the gap series without), cached.
     fn series(&self, labels: &PhaseLabels, end_reason: Option<&'static str>) -> Arc<Series> {
         let id = SeriesRef {
-            route: &labels.route,
-            model: &labels.model,
-            upstream: &labels.upstream,
+            route: ArcLabel(&labels.route),
+            model: ArcLabel(&labels.model),
+            upstream: ArcLabel(&labels.upstream),
             priority: labels.priority(),
             streamed: labels.streamed,
             end_reason,
@@ -458,9 +458,11 @@ struct Series {
 
 impl Series {
     fn new(n: &MetricNames, id: &SeriesRef<'_>) -> Self {
-        let route = Arc::<str>::from(id.route);
-        let model = Arc::<str>::from(id.model);
-        let upstream = Arc::<str>::from(id.upstream);
+        // The request's own `Arc`s (from the configuration, mostly): a later lookup with the
+        // same ones compares pointers, not strings.
+        let route = id.route.0.clone();
+        let model = id.model.0.clone();
+        let upstream = id.upstream.0.clone();
         let priority = Arc::<str>::from(id.priority);
         let label = |key: &'static str, value: &Arc<str>| {
             Label::new(key, SharedString::from(value.clone()))
@@ -517,19 +519,37 @@ impl Series {
     fn is(&self, id: &SeriesRef<'_>) -> bool {
         self.streamed == id.streamed
             && self.end_reason == id.end_reason
-            && *self.route == *id.route
-            && *self.model == *id.model
-            && *self.upstream == *id.upstream
+            && id.route.is(&self.route)
+            && id.model.is(&self.model)
+            && id.upstream.is(&self.upstream)
             && *self.priority == *id.priority
+    }
+}
+
+/// A label value held in an `Arc`: equal when the pointers are (the common case, values from
+/// the configuration), else when the strings are. Hashes as its string.
+#[derive(Clone, Copy)]
+struct ArcLabel<'a>(&'a Arc<str>);
+
+impl ArcLabel<'_> {
+    #[inline]
+    fn is(&self, other: &Arc<str>) -> bool {
+        Arc::ptr_eq(self.0, other) || **self.0 == **other
+    }
+}
+
+impl std::hash::Hash for ArcLabel<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (**self.0).hash(state);
     }
 }
 
 /// A label set as a request sees it: borrowed, so a lookup allocates nothing.
 #[derive(Hash)]
 struct SeriesRef<'a> {
-    route: &'a str,
-    model: &'a str,
-    upstream: &'a str,
+    route: ArcLabel<'a>,
+    model: ArcLabel<'a>,
+    upstream: ArcLabel<'a>,
     priority: &'a str,
     streamed: bool,
     end_reason: Option<&'static str>,
@@ -538,8 +558,84 @@ struct SeriesRef<'a> {
 /// The label sets seen so far, by the hash of their [`SeriesRef`].
 #[derive(Default)]
 struct SeriesCache {
-    hasher: RandomState,
+    hasher: LabelHasher,
     map: RwLock<SeriesMap>,
+}
+
+/// Hashes a [`SeriesRef`] eight bytes at a time (the labels are a few short strings, where
+/// SipHash's per-write cost dominates), from a random per-cache seed: a label set cannot be
+/// chosen to collide without knowing it, and a bucket is scanned linearly anyway.
+struct LabelHasher {
+    seed: u64,
+}
+
+impl Default for LabelHasher {
+    fn default() -> Self {
+        LabelHasher {
+            seed: RandomState::new().hash_one(0x7461_696c_6775_6172_u64),
+        }
+    }
+}
+
+impl BuildHasher for LabelHasher {
+    type Hasher = FoldHasher;
+
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(self.seed)
+    }
+}
+
+/// A multiply-rotate hash over eight-byte words (the FxHash scheme), finished with a
+/// multiply-xorshift so that both the high and the low bits depend on every input bit.
+struct FoldHasher(u64);
+
+const FOLD_K: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl FoldHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(FOLD_K);
+    }
+}
+
+impl Hasher for FoldHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut buf = [0u8; 8];
+            buf.copy_from_slice(w);
+            self.add(u64::from_le_bytes(buf));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut buf = [0u8; 8];
+            buf[..rest.len()].copy_from_slice(rest);
+            // The length tells `"ab"` from `"ab\0"`.
+            self.add(u64::from_le_bytes(buf) ^ ((rest.len() as u64) << 56));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n) | 0x100);
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        let h = self.0;
+        (h ^ (h >> 29)).wrapping_mul(FOLD_K) ^ (h >> 32)
+    }
 }
 
 #[derive(Default)]
@@ -560,9 +656,9 @@ impl SeriesCache {
             return;
         }
         let id = SeriesRef {
-            route: &series.route,
-            model: &series.model,
-            upstream: &series.upstream,
+            route: ArcLabel(&series.route),
+            model: ArcLabel(&series.model),
+            upstream: ArcLabel(&series.upstream),
             priority: &series.priority,
             streamed: series.streamed,
             end_reason: series.end_reason,

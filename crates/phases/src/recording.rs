@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Buf;
-use http::{HeaderMap, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, Response, StatusCode, header};
 use tailguard_core::{
     AdmissionOutcome, Dialect, EndReason, EndReport, HedgeOutcome, Observation, Priority,
     RequestFacts, StreamTracker, UpstreamFailure,
@@ -48,7 +48,7 @@ pub(crate) struct Recording {
     tracker: Option<StreamTracker>,
     ttft: Option<Duration>,
     last_token: Instant,
-    gaps: GapStats,
+    gaps: Gaps,
     gap_hists: GapHistograms,
     output_events: u64,
     events: u64,
@@ -87,7 +87,7 @@ impl Recording {
             tracker: None,
             ttft: None,
             last_token: start,
-            gaps: GapStats::default(),
+            gaps: Gaps::default(),
             gap_hists: GapHistograms::default(),
             output_events: 0,
             events: 0,
@@ -248,7 +248,7 @@ impl Recording {
             queue_wait: self.admission.as_ref().map(|a| a.queue_wait),
             time_to_headers: self.time_to_headers,
             time_to_first_token: self.ttft,
-            gaps: self.gaps,
+            gaps: self.gaps.stats(),
             time_per_output_token,
             total,
             output_events: self.output_events,
@@ -263,6 +263,39 @@ impl Recording {
         };
         for sink in &self.cfg.sinks.0 {
             sink.on_report(&report);
+        }
+    }
+}
+
+/// [`GapStats`] accumulated in nanoseconds: integer compares and adds per frame instead of
+/// `Duration` arithmetic; converted (exactly) once, for the report.
+#[derive(Default)]
+struct Gaps {
+    count: u64,
+    sum: u64,
+    min: u64,
+    max: u64,
+}
+
+impl Gaps {
+    #[inline]
+    fn add(&mut self, gap: Duration) {
+        // Saturates past 584 years, which a gap between two frames does not reach.
+        let ns = u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX);
+        if self.count == 0 || ns < self.min {
+            self.min = ns;
+        }
+        self.max = self.max.max(ns);
+        self.sum = self.sum.saturating_add(ns);
+        self.count += 1;
+    }
+
+    fn stats(&self) -> GapStats {
+        GapStats {
+            count: self.count,
+            sum: Duration::from_nanos(self.sum),
+            min: Duration::from_nanos(self.min),
+            max: Duration::from_nanos(self.max),
         }
     }
 }
@@ -311,8 +344,11 @@ fn is_stream(headers: &HeaderMap) -> bool {
         || starts("application/jsonl")
 }
 
+/// Parsed once: `HeaderMap::get` with a `&str` parses (and checks) the name on every call.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
 fn grpc_error(headers: &HeaderMap) -> bool {
     headers
-        .get("grpc-status")
+        .get(GRPC_STATUS)
         .is_some_and(|v| v.as_bytes() != b"0")
 }

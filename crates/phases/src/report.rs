@@ -79,18 +79,6 @@ pub struct GapStats {
 }
 
 impl GapStats {
-    #[inline]
-    pub(crate) fn add(&mut self, gap: Duration) {
-        if self.count == 0 || gap < self.min {
-            self.min = gap;
-        }
-        if gap > self.max {
-            self.max = gap;
-        }
-        self.sum += gap;
-        self.count += 1;
-    }
-
     /// Mean gap, when any was recorded.
     pub fn mean(&self) -> Option<Duration> {
         u32::try_from(self.count)
