@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use crate::scan::{Captured, Event};
 
+mod json;
+
 /// What one event means for latency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Class {
@@ -365,13 +367,31 @@ fn openai(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class {
 }
 
 /// Before the first token: the whole event's JSON decides.
+///
+/// The JSON is walked without building a `Value` and without allocating (see [`json`]): the
+/// same documents are accepted as by `serde_json::from_slice::<Value>`, and a member given twice
+/// counts by its last value, as in a `Value` map.
 #[inline(never)]
 fn openai_json(data: &Captured<'_>) -> Class {
     if is_done(data.bytes) {
         return Class::Done;
     }
+    match json::chunk(data.bytes) {
+        // Malformed or cut short: undecidable, so not a token. Not an object: nothing to say.
+        Err(_) | Ok(None) => Class::Meta,
+        Ok(Some(chunk)) if chunk.error => Class::Error,
+        Ok(Some(chunk)) if chunk.token => Class::Token,
+        Ok(Some(_)) => Class::Meta,
+    }
+}
+
+/// The reference for [`openai_json`]: the same decision over a `serde_json::Value`.
+#[cfg(test)]
+fn openai_json_value(data: &Captured<'_>) -> Class {
+    if is_done(data.bytes) {
+        return Class::Done;
+    }
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data.bytes) else {
-        // Malformed or cut short: undecidable, so not a token.
         return Class::Meta;
     };
     let Some(object) = value.as_object() else {
@@ -387,6 +407,7 @@ fn openai_json(data: &Captured<'_>) -> Class {
     if has_token { Class::Token } else { Class::Meta }
 }
 
+#[cfg(test)]
 fn choice_has_output(choice: &serde_json::Value) -> bool {
     if non_empty(choice.get("text")) {
         return true;
@@ -406,6 +427,7 @@ fn choice_has_output(choice: &serde_json::Value) -> bool {
     .any(|key| non_empty(delta.get(key)))
 }
 
+#[cfg(test)]
 fn non_empty(value: Option<&serde_json::Value>) -> bool {
     match value {
         Some(serde_json::Value::String(s)) => !s.is_empty(),
@@ -420,14 +442,19 @@ fn anthropic(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class 
         return class;
     }
     if name.is_empty() && !first_token_seen && data.is_complete() {
-        let typ = serde_json::from_slice::<serde_json::Value>(data.bytes)
-            .ok()
-            .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_owned));
-        if let Some(class) = typ.and_then(|t| anthropic_event(t.as_bytes())) {
+        // Malformed, not an object, no `type` or an unknown one: meta, as an unknown event.
+        if let Some(class) = json::anthropic_type(data.bytes) {
             return class;
         }
     }
     Class::Meta
+}
+
+/// The reference for the JSON part of [`anthropic`]: the same decision over a `Value`.
+#[cfg(test)]
+fn anthropic_type_value(bytes: &[u8]) -> Option<Class> {
+    let value = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+    anthropic_event(value.get("type")?.as_str()?.as_bytes())
 }
 
 fn ndjson(data: &Captured<'_>, first_token_seen: bool) -> Class {
@@ -439,7 +466,24 @@ fn ndjson(data: &Captured<'_>, first_token_seen: bool) -> Class {
             || memchr::memmem::find(data.bytes, b"\"done\": true").is_some();
         return if done { Class::Done } else { Class::Token };
     }
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data.bytes) else {
+    ndjson_json(data.bytes)
+}
+
+/// A whole NDJSON line before the first token: its JSON decides.
+fn ndjson_json(bytes: &[u8]) -> Class {
+    match json::line(bytes) {
+        // Malformed, or not an object: a line of output all the same.
+        Err(_) | Ok(None) => Class::Token,
+        Ok(Some(line)) if line.error => Class::Error,
+        Ok(Some(line)) if line.done && !line.output => Class::Done,
+        Ok(Some(_)) => Class::Token,
+    }
+}
+
+/// The reference for [`ndjson_json`]: the same decision over a `Value`.
+#[cfg(test)]
+fn ndjson_json_value(bytes: &[u8]) -> Class {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
         return Class::Token;
     };
     if value.get("error").is_some_and(|e| !e.is_null()) {
@@ -458,6 +502,8 @@ fn ndjson(data: &Captured<'_>, first_token_seen: bool) -> Class {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn sse<'a>(name: &'a [u8], data: &'a [u8]) -> Event<'a> {
@@ -472,6 +518,345 @@ mod tests {
 
     fn openai(data: &str, first: bool) -> Class {
         OpenAiClassifier.classify(&sse(b"", data.as_bytes()), first)
+    }
+
+    /// The walk and the `Value` reference agree on `data`.
+    fn same_as_value(data: &[u8]) -> Class {
+        let captured = Captured {
+            bytes: data,
+            len: data.len(),
+        };
+        let class = openai_json(&captured);
+        assert_eq!(
+            class,
+            openai_json_value(&captured),
+            "{:?}",
+            String::from_utf8_lossy(data)
+        );
+        same_as_value_anthropic_ndjson(data);
+        class
+    }
+
+    /// The Anthropic and NDJSON walks and their `Value` references agree on `data`.
+    fn same_as_value_anthropic_ndjson(data: &[u8]) {
+        let shown = String::from_utf8_lossy(data);
+        assert_eq!(
+            json::anthropic_type(data),
+            anthropic_type_value(data),
+            "{shown:?}"
+        );
+        assert_eq!(ndjson_json(data), ndjson_json_value(data), "{shown:?}");
+    }
+
+    #[test]
+    fn anthropic_and_ndjson_walks_match_value_on_edge_cases() {
+        for data in [
+            r#"{"type":"ping"}"#,
+            r#"{"type":"\u0070ing"}"#,
+            r#"{"type":"content_block_delta","type":"message_stop"}"#,
+            r#"{"type":"ping","type":5}"#,
+            r#"{"type":5,"type":"ping"}"#,
+            r#"{"type":"something_new"}"#,
+            r#"{"type":["ping"]}"#,
+            r#"[{"type":"ping"}]"#,
+            r#""ping""#,
+            r#"{"type":"ping""#,
+            r#"{"type":"ping"} x"#,
+            r#"{"x":1e400,"type":"ping"}"#,
+            r#"{"response":"","done":true}"#,
+            r#"{"response":"\n","done":true}"#,
+            r#"{"response":"a","done":true,"response":""}"#,
+            r#"{"done":true,"done":false}"#,
+            r#"{"done":false,"done":true}"#,
+            r#"{"done":1}"#,
+            r#"{"done":"true"}"#,
+            r#"{"message":{"content":""},"done":true}"#,
+            r#"{"message":{"content":"\u00e9"},"done":true}"#,
+            r#"{"message":{"tool_calls":[{}]},"done":true}"#,
+            r#"{"message":{"tool_calls":[]},"done":true}"#,
+            r#"{"message":{"content":"a"},"message":{},"done":true}"#,
+            r#"{"message":"content","done":true}"#,
+            r#"{"message":[{"content":"a"}],"done":true}"#,
+            r#"{"error":null,"done":true}"#,
+            r#"{"error":false}"#,
+            r#"{"error":"boom","error":null,"done":true}"#,
+            r#"[1]"#,
+            r#"true"#,
+            r#"{"done":true,}"#,
+            "",
+        ] {
+            same_as_value_anthropic_ndjson(data.as_bytes());
+        }
+        same_as_value_anthropic_ndjson(b"{\"x\":\"\xff\",\"type\":\"ping\"}");
+        same_as_value_anthropic_ndjson(b"{\"x\":\"\xff\",\"done\":true}");
+    }
+
+    #[test]
+    fn json_walk_matches_value_on_grammar_edges() {
+        let token = r#""choices":[{"text":"a"}]"#;
+        let nested = |depth: usize| {
+            // The top-level object is one level, `choices`' array and its object two more.
+            format!(
+                "{{{token},\"x\":{}{}}}",
+                "[".repeat(depth - 1),
+                "]".repeat(depth - 1)
+            )
+        };
+        // serde_json's limit: 127 levels are fine, 128 are not.
+        assert_eq!(same_as_value(nested(127).as_bytes()), Class::Token);
+        assert_eq!(same_as_value(nested(128).as_bytes()), Class::Meta);
+        let long_key = format!("{{\"{}\":1,{token}}}", "\\u0063".repeat(30));
+        same_as_value(long_key.as_bytes());
+        let huge = format!("{{\"x\":{},{token}}}", "9".repeat(400));
+        assert_eq!(same_as_value(huge.as_bytes()), Class::Meta);
+        for value in [
+            "0",
+            "-0",
+            "01",
+            "-01",
+            "-",
+            "1.",
+            ".5",
+            "1.5",
+            "1e",
+            "1e+",
+            "1E-5",
+            "1e+5",
+            "+1",
+            "1.5e308",
+            "1.8e308",
+            "-1.8e308",
+            "1e-400",
+            "123456789012345678",
+            "1234567890123456789",
+            "12345678901234567890",
+            "123456789012345678901234567890",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "18446744073709551616",
+            "1-2",
+            "1e5e5",
+            "0x10",
+            "null",
+            "nul",
+            "nulll",
+            "True",
+            "true",
+            "false",
+            "fals",
+            r#""\ud83d\ude00""#,
+            r#""\ud83d""#,
+            r#""\ude00""#,
+            r#""\ud83d\n""#,
+            r#""\ud83d\u0041""#,
+            r#""\ud83d\ud83d\ude00""#,
+            r#""\ud83dx""#,
+            r#""\ud83d\""#,
+            r#""\u12""#,
+            r#""\u12g4""#,
+            r#""\x""#,
+            r#""\/\b\f\r\t""#,
+            "\"a\tb\"",
+            "\"a\u{7f}b\"",
+            "\"\u{e9}\"",
+            "\"a",
+            "[1,]",
+            "[,1]",
+            "[1 2]",
+            "{}",
+            "[]",
+            " [ ] ",
+        ] {
+            for doc in [
+                format!("{{\"x\":{value},{token}}}"),
+                format!("{{\"choices\":[{{\"text\":{value}}}]}}"),
+                format!("{{\"choices\":[{{\"delta\":{{\"content\":{value}}}}}]}}"),
+                format!("{{\"type\":{value},\"response\":{value},\"done\":true}}"),
+                value.to_owned(),
+            ] {
+                same_as_value(doc.as_bytes());
+            }
+        }
+        for doc in [
+            "{1:2}",
+            r#"{"a" 1}"#,
+            r#"{"a":1 "b":2}"#,
+            r#"{"a":1,}"#,
+            r#"{,"a":1}"#,
+            "{\"choices\":[{\"text\":\"a\"}]}\u{c}",
+            "\t\r\n{\"choices\":[{\"text\":\"a\"}]}\t\r\n",
+            r#"{"choices":[{"text":"a"}]}{}"#,
+            r#"{"content\u0000":1}"#,
+            r#"{"\u0063ontent":"x"}"#,
+            r#"{"choices":[{"delta":{"\u0063ontent":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"content\u0000":"x"}}]}"#,
+        ] {
+            same_as_value(doc.as_bytes());
+        }
+    }
+
+    #[test]
+    fn escaped_strings_count_as_output() {
+        for data in [
+            r#"{"choices":[{"delta":{"content":"\n"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"\u00e9"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"\""}}]}"#,
+            r#"{"choices":[{"text":"\ud83d\ude00"}]}"#,
+        ] {
+            assert_eq!(same_as_value(data.as_bytes()), Class::Token, "{data}");
+        }
+        let line = br#"{"message":{"content":"\t"},"done":true}"#;
+        assert_eq!(ndjson_json(line), Class::Token);
+        // A lone surrogate is malformed, as for `Value`.
+        assert_eq!(
+            same_as_value(br#"{"choices":[{"delta":{"content":"\ud800"}}]}"#),
+            Class::Meta
+        );
+    }
+
+    #[test]
+    fn json_walk_matches_value_on_edge_cases() {
+        let deep = format!("{{\"x\":{}{}}}", "[".repeat(200), "]".repeat(200));
+        let deep_ok = format!("{{\"x\":{}{}}}", "[".repeat(100), "]".repeat(100));
+        for (data, want) in [
+            // Last duplicate wins, for `error`, `choices`, `text`, `delta` and its members.
+            (
+                r#"{"error":{"m":1},"error":null,"choices":[{"text":"a"}]}"#,
+                Class::Token,
+            ),
+            (r#"{"error":null,"error":0}"#, Class::Error),
+            (r#"{"choices":[{"text":"a"}],"choices":[]}"#, Class::Meta),
+            (r#"{"choices":[{"text":"a","text":""}]}"#, Class::Meta),
+            (
+                r#"{"choices":[{"delta":{"content":"a"},"delta":{}}]}"#,
+                Class::Meta,
+            ),
+            (
+                r#"{"choices":[{"delta":{"content":"a","content":""}}]}"#,
+                Class::Meta,
+            ),
+            (
+                r#"{"choices":[{"delta":{"content":"","refusal":"no"}}]}"#,
+                Class::Token,
+            ),
+            (
+                r#"{"choices":[{"delta":{"tool_calls":[{}]}}]}"#,
+                Class::Token,
+            ),
+            (r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#, Class::Meta),
+            (
+                r#"{"choices":[{"delta":{"function_call":{"a":1}}}]}"#,
+                Class::Token,
+            ),
+            (r#"{"choices":[{"delta":{"content":7}}]}"#, Class::Meta),
+            (r#"{"choices":[1,"a",null,[],{"text":"x"}]}"#, Class::Token),
+            (r#"{"choices":{"0":{"text":"x"}}}"#, Class::Meta),
+            (r#"{"choices":[{"delta":"content"}]}"#, Class::Meta),
+            // Escaped names and values.
+            (r#"{"\u0063hoices":[{"text":"\u0041"}]}"#, Class::Token),
+            (r#"{"\u0065rror":"x"}"#, Class::Error),
+            // Not an object, malformed, trailing bytes, bad escapes, numbers out of range.
+            (r#"[{"choices":[{"text":"a"}]}]"#, Class::Meta),
+            (r#""x""#, Class::Meta),
+            (r#"{"choices":[{"text":"a"}]} x"#, Class::Meta),
+            (r#"{"choices":[{"text":"a"}]}  "#, Class::Token),
+            (r#"{"choices":[{"text":"a"}],}"#, Class::Meta),
+            (r#"{"choices":[{"text":"\q"}]}"#, Class::Meta),
+            (r#"{"x":1e400,"choices":[{"text":"a"}]}"#, Class::Meta),
+            (r#"{"x":-0.5e-3,"choices":[{"text":"a"}]}"#, Class::Token),
+            (r#"{"choices":[{"text":"a"}]"#, Class::Meta),
+            ("", Class::Meta),
+            (deep.as_str(), Class::Meta),
+            (deep_ok.as_str(), Class::Meta),
+        ] {
+            assert_eq!(same_as_value(data.as_bytes()), want, "{data}");
+        }
+        // Invalid UTF-8 in a string nobody reads is still malformed.
+        assert_eq!(
+            same_as_value(b"{\"x\":\"\xff\",\"choices\":[{\"text\":\"a\"}]}"),
+            Class::Meta
+        );
+    }
+
+    fn json_value() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("null"),
+            Just("true"),
+            Just("0"),
+            Just("-2.5e3"),
+            Just("\"\""),
+            Just("\"x\""),
+            Just("\"\\u0041\""),
+            Just("false"),
+            Just("\"ping\""),
+            Just("\"content_block_delta\""),
+            Just("\"\\u0070ing\""),
+            Just("[]"),
+            Just("{}"),
+        ]
+        .prop_map(String::from);
+        leaf.prop_recursive(5, 48, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec((json_key(), inner), 0..5).prop_map(|members| {
+                    let members: Vec<String> = members
+                        .iter()
+                        .map(|(k, v)| format!("\"{k}\":{v}"))
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }),
+            ]
+        })
+    }
+
+    fn json_key() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![
+            "choices",
+            "delta",
+            "text",
+            "content",
+            "error",
+            "tool_calls",
+            "refusal",
+            "reasoning",
+            "reasoning_content",
+            "function_call",
+            "\\u0065rror",
+            "type",
+            "done",
+            "response",
+            "message",
+            "\\u0074ype",
+            "x",
+        ])
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn json_walk_matches_value_on_json_ish_bytes(
+            bytes in prop::collection::vec(
+                prop::sample::select(b"{}[]\",:\\u0123456789abcdefABCDEF.eE+- \t\nnulrsx\xc3\xa9".to_vec()),
+                0..48,
+            ),
+        ) {
+            same_as_value(&bytes);
+        }
+
+        #[test]
+        fn json_walk_matches_value(doc in json_value(), cut in 0usize..64, byte in 0u8..128) {
+            same_as_value(doc.as_bytes());
+            // And on damaged documents: a byte replaced, and the document cut short.
+            let mut bytes = doc.clone().into_bytes();
+            if !bytes.is_empty() {
+                let at = cut % bytes.len();
+                bytes[at] = byte;
+                same_as_value(&bytes);
+                same_as_value(&doc.as_bytes()[..at]);
+            }
+        }
     }
 
     #[test]
