@@ -400,27 +400,25 @@ where
         match inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 *this.streak = this.streak.saturating_add(1);
-                let data = match frame.into_data() {
-                    Ok(data) => data,
-                    Err(frame) => {
-                        let Ok(trailers) = frame.into_trailers() else {
-                            continue;
-                        };
-                        if let Some(tracker) = this.tracker.as_mut() {
-                            tracker.observe_trailers(&trailers);
-                        }
-                        // Trailers end the data: release what was held back, then send them.
-                        this.inner.set(None);
-                        this.sleep.set(None);
-                        *this.release = *this.held_len;
-                        *this.end = End::Trailers(trailers);
+                let Some(data) = frame.data_ref() else {
+                    let Ok(trailers) = frame.into_trailers() else {
                         continue;
+                    };
+                    if let Some(tracker) = this.tracker.as_mut() {
+                        tracker.observe_trailers(&trailers);
                     }
+                    // Trailers end the data: release what was held back, then send them.
+                    this.inner.set(None);
+                    this.sleep.set(None);
+                    *this.release = *this.held_len;
+                    *this.end = End::Trailers(trailers);
+                    continue;
                 };
                 let Some(tracker) = this.tracker.as_mut() else {
-                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                    return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner))));
                 };
-                let obs = tracker.observe(&data);
+                let obs = tracker.observe(data);
+                let len = data.remaining();
                 let t = &mut *this.timers;
                 if obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0) {
                     t.unstamped = true;
@@ -439,24 +437,24 @@ where
                     *this.hold_back = false;
                     *this.blind = true;
                 }
-                if *this.blind && data.remaining() > 0 {
-                    let t = &mut *this.timers;
+                if *this.blind && len > 0 {
                     t.unstamped = true;
                     t.first_token_seen = true;
                     t.first_token = None;
-                }
-                if !*this.hold_back && *this.held_len == 0 && *this.release == 0 {
-                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
                 }
                 let pending = if *this.hold_back {
                     tracker.pending_bytes()
                 } else {
                     0
                 };
-                if *this.held_len == 0 && pending == 0 {
-                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                if *this.held_len == 0 && *this.release == 0 && pending == 0 {
+                    // The frame ends on an event boundary (what LLM servers send): pass it on.
+                    return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner))));
                 }
-                *this.held_len += data.remaining();
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                *this.held_len += len;
                 this.held.push_back(data);
                 *this.release = this.held_len.saturating_sub(pending);
                 continue;
