@@ -139,6 +139,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let n: f64 = num
         .parse()
         .map_err(|_| format!("`{s}` is not a duration: write e.g. `250ms`, `2s` or `1m`"))?;
+    let unit = unit.trim();
     let secs = match unit {
         "ms" => n / 1000.0,
         "s" => n,
@@ -460,7 +461,13 @@ impl Config {
 
     /// Parses the TOML text of a configuration file.
     pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError(format!("invalid configuration: {e}")))
+        toml::from_str(text).map_err(|e| {
+            let key = e.span().and_then(|span| key_at(text, span.start));
+            match key {
+                Some(key) => ConfigError(format!("invalid configuration, key `{key}`: {e}")),
+                None => ConfigError(format!("invalid configuration: {e}")),
+            }
+        })
     }
 
     /// Merges `file` and `args` (args win) over the defaults and validates the result.
@@ -628,6 +635,25 @@ impl Config {
     }
 }
 
+/// The dotted key (`timeout.idle`) of the `key = value` line holding byte `offset` of `text`.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset)?;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next()?;
+    let key = line.split_once('=')?.0.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') || key.starts_with('#') {
+        return None;
+    }
+    let table = before[..line_start].lines().rev().find_map(|l| {
+        let l = l.trim();
+        (l.starts_with('[') && !l.starts_with("[[")).then(|| l.trim_matches(['[', ']']).trim())
+    });
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{key}"),
+        _ => key.to_owned(),
+    })
+}
+
 /// The model name the gateway lists when it runs over embedded mocks.
 pub const MOCK_MODEL: &str = "mock-llm";
 
@@ -664,6 +690,22 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(parse_duration("5 s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_timer("off"), Ok(Timer(None)));
+    }
+
+    #[test]
+    fn errors_name_the_dotted_key() {
+        let text = "listen = \"127.0.0.1:1\"\n[timeout]\nhead = \"1s\"\nidle = \"5 parsecs\"\n";
+        let e = Config::parse_file(text).unwrap_err().to_string();
+        assert!(e.contains("key `timeout.idle`"), "{e}");
+        let e = Config::parse_file("[hedge]\nmax_attempt = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `hedge.max_attempt`"), "{e}");
+        let e = Config::parse_file("listen = 8080\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `listen`"), "{e}");
     }
 }
