@@ -397,3 +397,48 @@ fn flags_and_environment_override_the_file_which_overrides_defaults() {
     let bad = Args::try_parse_from(["gateway", "--timeout-idle", "5 parsecs"]).unwrap_err();
     assert!(bad.to_string().contains("--timeout-idle"), "{bad}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn real_upstreams_by_url_and_their_model_list() {
+    let upstreams = tailguard_mock::MockServer::start_replicas(
+        2,
+        tailguard_mock::Script::new().apply(SCRIPT).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut config = test_config();
+    config.models.clear();
+    config.upstreams = upstreams.iter().map(|m| m.url().parse().unwrap()).collect();
+    let gw = Gateway::start(config).await.unwrap();
+    assert!(
+        gw.mocks().is_empty(),
+        "no embedded mocks with upstreams configured"
+    );
+    let c = client();
+    for _ in 0..2 {
+        let res = c
+            .request(post(&gw, "/v1/chat/completions", CHAT, &[]))
+            .await
+            .unwrap();
+        assert_eq!(content(&text(res).await), EIGHT_TOKENS);
+    }
+    // Round robin: one request each.
+    assert!(upstreams.iter().all(|m| m.stats().requests == 1));
+    // No model configured: the first upstream's own list.
+    let models = c
+        .request(
+            Request::get(format!("http://{}/v1/models", gw.addr()))
+                .body(Full::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(models.status(), StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_str(&text(models).await).unwrap();
+    assert_eq!(v["object"], "list");
+    assert!(v["data"][0]["id"].is_string());
+    gw.shutdown().await.unwrap();
+    for m in upstreams {
+        m.shutdown().await;
+    }
+}

@@ -134,6 +134,8 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
 struct App {
     stack: Stack,
     models: Arc<[String]>,
+    /// Where `/v1/models` is forwarded when no model is configured.
+    models_from: Option<Replica>,
     max_request_bytes: usize,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
@@ -200,6 +202,7 @@ impl Gateway {
         let (stop, stop_rx) = watch::channel(false);
         let (drain_tx, drain_rx) = watch::channel(false);
         let app = App {
+            models_from: replicas.first().cloned(),
             stack: build_stack(&config, replicas, drain_rx),
             models: config.models.clone().into(),
             max_request_bytes: config.max_request_bytes,
@@ -307,13 +310,28 @@ async fn healthz() -> impl IntoResponse {
     )
 }
 
-async fn models(State(app): State<App>) -> impl IntoResponse {
+async fn models(State(app): State<App>) -> Response<Body> {
+    if let (true, Some(replica)) = (app.models.is_empty(), app.models_from) {
+        // No model configured: the first upstream's own list.
+        let req = Request::get("/v1/models")
+            .body(UpstreamBody::from_bytes(Bytes::new()))
+            .expect("a static request");
+        return match replica.oneshot(req).await {
+            Ok(res) => res.map(Body::new),
+            Err(e) => error(
+                StatusCode::BAD_GATEWAY,
+                format!("upstream request failed: {e}"),
+                "upstream_error",
+                "bad_gateway",
+            ),
+        };
+    }
     let data: Vec<_> = app
         .models
         .iter()
         .map(|m| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "tailguard"}))
         .collect();
-    axum::Json(serde_json::json!({"object": "list", "data": data}))
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
 async fn render_metrics(State(app): State<App>) -> impl IntoResponse {
