@@ -159,8 +159,23 @@ struct Str {
 /// serde_json's nesting limit: the 128th nested array or object is an error.
 const MAX_DEPTH: u8 = 128;
 
-/// Names compared with are at most this long.
+/// Names compared with are at most this long (an escaped string that unescapes to more matches
+/// no name).
 const MAX_NAME: usize = 24;
+
+// The longest names fit.
+const _: () = {
+    let mut i = 0;
+    while i < EVENT_NAMES.len() {
+        assert!(EVENT_NAMES[i].len() <= MAX_NAME);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < OUTPUT_KEYS.len() {
+        assert!(OUTPUT_KEYS[i].len() <= MAX_NAME);
+        i += 1;
+    }
+};
 
 struct Reader<'a> {
     bytes: &'a [u8],
