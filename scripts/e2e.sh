@@ -82,8 +82,23 @@ curl -fsS --max-time 5 "$URL/metrics" >"$WORK/metrics.txt" || fail "GET /metrics
 grep -q '^tailguard_time_to_first_token_seconds_bucket{' "$WORK/metrics.txt" \
   || fail "/metrics has no time-to-first-token histogram"
 
-echo "== graceful shutdown"
+echo "== graceful shutdown: an in-flight stream runs on for the grace period (2s), then ends in-band"
+STREAM=$WORK/stream.out
+curl -sS -N --max-time 20 "$URL/v1/chat/completions" \
+  -H 'content-type: application/json' \
+  -H 'x-mock-script: ttft=10ms,tokens=1000,gap=50ms' \
+  -d '{"model":"mock-llm","stream":true,"messages":[{"role":"user","content":"Hello!"}]}' \
+  >"$STREAM" 2>&1 &
+CURL_PID=$!
+for _ in $(seq 1 100); do
+  grep -q '"content":"' "$STREAM" && break
+  sleep 0.05
+done
+grep -q '"content":"' "$STREAM" || fail "the in-flight stream did not start: $(cat "$STREAM")"
 kill -TERM "$GW_PID"
+wait "$CURL_PID" || fail "curl failed during the shutdown: $(tail -n 3 "$STREAM")"
+grep -q '"code":"shutdown"' "$STREAM" || fail "the stream did not end with the shutdown event: $(tail -n 3 "$STREAM")"
+[[ $(tail -n 2 "$STREAM" | head -n 1) == "data: [DONE]" ]] || fail "the stream did not end with [DONE]"
 for _ in $(seq 1 100); do
   kill -0 "$GW_PID" 2>/dev/null || break
   sleep 0.1
