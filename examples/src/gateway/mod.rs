@@ -1,10 +1,16 @@
 //! An OpenAI-compatible LLM gateway guarded by every tailguard layer.
 //!
 //! ```text
-//! client ─▶ axum router ─▶ LatencyPhaseRecorder ─▶ PriorityClass ─▶ BoundedAdmission
-//!        ─▶ Drain (graceful shutdown) ─▶ SseIdleTimeout ─▶ FirstTokenHedge ─▶ ReplicaSet
+//! client ─▶ axum router ─▶ LatencyPhaseRecorder ─▶ PriorityClass ─▶ EchoPriority
+//!        ─▶ BoundedAdmission ─▶ Drain ─▶ SseIdleTimeout ─▶ FirstTokenHedge ─▶ ReplicaSet
 //!        ─▶ pooled hyper client ─▶ upstream replicas
 //! ```
+//!
+//! The five tailguard layers in the recommended order, plus two small layers of the gateway's
+//! own: [`EchoPriority`] copies the request's class into the response for the recorder's
+//! `priority` label, and [`Drain`] ends in-flight streams in-band when the shutdown grace period
+//! is over (and turns the timeout layer's `Chunk<Bytes>` data into the `Bytes` admission's
+//! rendered refusals need).
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (proxied through the stack),
 //! `GET /v1/models`, `GET /metrics` (Prometheus text), `GET /healthz`.
@@ -75,9 +81,12 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
 
     let p = &config.priority;
     let mut priority = PriorityClassLayer::new()
-        .with_header(p.header.as_deref().map(|h| {
-            HeaderName::from_bytes(h.as_bytes()).expect("validated when the config was loaded")
-        }))
+        // Validated when the configuration was loaded; a hand-built invalid name means no header.
+        .with_header(
+            p.header
+                .as_deref()
+                .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
+        )
         .with_default(p.default.clone());
     if p.interactive_share > 0.0 {
         priority = priority.with_policy(
