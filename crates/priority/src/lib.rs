@@ -5,7 +5,10 @@
 //! `batch` > `sheddable`), and the [`Priority`](tailguard_core::Priority) and the class's
 //! [`ClassPolicy`](tailguard_core::ClassPolicy) go into the request extensions, where admission
 //! (reserved shares, shedding order), hedging (per-class switch), timeouts (per-class limits) and
-//! the recorder (the `priority` label) read them.
+//! the recorder (the `priority` label) read them. The `Priority` is also copied into the
+//! response extensions, so a recorder placed *outside* `PriorityClass` (the recommended order:
+//! `LatencyPhaseRecorder -> PriorityClass -> BoundedAdmission -> SseIdleTimeout ->
+//! FirstTokenHedge`) still labels every request with its class.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -60,6 +63,7 @@
 //! `source`: `classifier`|`route`|`header`|`default`). Handles are registered on the first
 //! request, so install the recorder before it.
 
+pub mod future;
 mod layer;
 mod service;
 mod table;

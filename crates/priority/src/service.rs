@@ -4,16 +4,18 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::Request;
+use http::{Request, Response};
 use tower_service::Service;
 
+use crate::future::ResponseFuture;
 use crate::layer::Classifier;
 
 /// Classifies each request and inserts its [`Priority`](tailguard_core::Priority) and
 /// [`ClassPolicy`](tailguard_core::ClassPolicy); built by
 /// [`PriorityClassLayer`](crate::PriorityClassLayer).
 ///
-/// Responses and errors pass through untouched; the future is the inner service's own.
+/// Errors pass through untouched; a response gets the request's `Priority` copied into its
+/// extensions (see [`ResponseFuture`](crate::future::ResponseFuture)).
 #[derive(Clone)]
 pub struct PriorityClass<S> {
     inner: S,
@@ -50,13 +52,13 @@ impl<S> PriorityClass<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for PriorityClass<S>
+impl<S, B, ResB> Service<Request<B>> for PriorityClass<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<ResB>>,
 {
-    type Response = S::Response;
+    type Response = Response<ResB>;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -66,8 +68,11 @@ where
         let (mut parts, body) = req.into_parts();
         let c = self.cls.classify(&parts);
         self.cls.count(&c);
-        parts.extensions.insert(c.priority);
+        parts.extensions.insert(c.priority.clone());
         parts.extensions.insert(c.policy);
-        self.inner.call(Request::from_parts(parts, body))
+        ResponseFuture::new(
+            self.inner.call(Request::from_parts(parts, body)),
+            c.priority,
+        )
     }
 }

@@ -219,3 +219,40 @@ async fn service_inserts_priority_and_policy() {
     assert_eq!(p, Some(Priority::standard()));
     assert_eq!(pol, Some(ClassPolicy::new()));
 }
+
+#[tokio::test]
+async fn response_carries_the_priority_for_outer_layers() {
+    let svc = PriorityClassLayer::new().layer(service_fn(|_req: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(()))
+    }));
+    let res = svc
+        .clone()
+        .oneshot(req(
+            Method::POST,
+            "/v1/chat/completions",
+            &[("x-priority", "batch")],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(res.extensions().get::<Priority>(), Some(&Priority::batch()));
+
+    // A class an inner layer already wrote into the response wins.
+    let inner = service_fn(|_req: Request<()>| async {
+        let mut res = Response::new(());
+        res.extensions_mut().insert(Priority::sheddable());
+        Ok::<_, Infallible>(res)
+    });
+    let res = PriorityClassLayer::new()
+        .layer(inner)
+        .oneshot(req(
+            Method::POST,
+            "/v1/chat/completions",
+            &[("x-priority", "batch")],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        res.extensions().get::<Priority>(),
+        Some(&Priority::sheddable())
+    );
+}
