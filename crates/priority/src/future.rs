@@ -38,10 +38,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut res = ready!(this.inner.poll(cx));
-        if let (Ok(res), Some(p)) = (&mut res, this.priority.take()) {
-            if res.extensions().get::<Priority>().is_none() {
-                res.extensions_mut().insert(p);
-            }
+        if let (Ok(res), Some(p)) = (&mut res, this.priority.take())
+            && res.extensions().get::<Priority>().is_none()
+        {
+            res.extensions_mut().insert(p);
         }
         Poll::Ready(res)
     }
