@@ -1,0 +1,416 @@
+//! Overhead of tailguard against tower: every layer alone, the full stack, and the closest
+//! tower / tower-http analogues, per request and per frame, in process (no sockets).
+//!
+//! * `overhead_per_request`: `ready` + `call` + reading the whole body of a short stream (a
+//!   role-only chunk, one content chunk, a finish chunk, `[DONE]`: four frames, all ready at
+//!   once) through each stack, built once and warmed up (the adaptive hedge delay and
+//!   `tower::hedge` have their data points, so both arm a hedge timer on every request).
+//! * `overhead_per_frame`: a 1,003-frame OpenAI stream (role chunk, 1,000 content chunks,
+//!   finish chunk, `[DONE]`) read to its end through each stack's response body; the response
+//!   is built outside the timed section, so this is the body wrappers' cost per frame.
+//!
+//! Layers as configured in a gateway: `FirstTokenHedge` default (adaptive p90, budget);
+//! `SseIdleTimeout` with first-token, idle and total timeouts; `BoundedAdmission` of 1,024;
+//! `PriorityClass` default; `LatencyPhaseRecorder` with its default sinks (metrics and
+//! tracing) and no recorder or subscriber installed, like `TraceLayer` here. The full stack:
+//! recorder → priority → timeouts → admission → hedge. The tower analogue stack: `TraceLayer`
+//! → `ConcurrencyLimit` → `tower::timeout` → `ResponseBodyTimeout` → `tower::hedge`.
+//!
+//! After the run, `benches/results/overhead.json` gets the per-request and per-frame costs over
+//! the bare service and the ratios of each layer to its tower analogue (read from criterion's
+//! estimates under `target/criterion`).
+//!
+//! Run: `cargo bench -p tailguard-benches --bench overhead` (about two minutes).
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use criterion::{BatchSize, Criterion, Throughput};
+use http::{Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::Full;
+use tailguard::admission::BoundedAdmissionLayer;
+use tailguard::hedge::FirstTokenHedgeLayer;
+use tailguard::phases::LatencyPhaseRecorderLayer;
+use tailguard::priority::PriorityClassLayer;
+use tailguard::timeout::SseIdleTimeoutLayer;
+use tower::limit::ConcurrencyLimitLayer;
+use tower::timeout::TimeoutLayer;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_http::timeout::ResponseBodyTimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+const CONTENT_CHUNKS: usize = 1_000;
+const REQUEST: &[u8] =
+    br#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#;
+
+fn leak(s: String) -> Bytes {
+    Bytes::from_static(Box::leak(s.into_boxed_str()).as_bytes())
+}
+
+/// Role chunk, `content` content chunks, finish chunk, `[DONE]`: one event per frame.
+fn openai_stream(content: usize) -> Arc<[Bytes]> {
+    const WORDS: [&str; 8] = [
+        " the", " quick", " brown", " fox", " jumps", " over", " a", " dog",
+    ];
+    let head = r#"{"id":"chatcmpl-8f7a6b5c4d3e2f1a0b9c8d7e","object":"chat.completion.chunk","created":1796053661,"model":"gpt-4o-2024-08-06","system_fingerprint":"fp_5f20662549","choices":[{"index":0,"delta":"#;
+    let mut frames = Vec::with_capacity(content + 3);
+    frames.push(leak(format!(
+        "data: {head}{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+    )));
+    for i in 0..content {
+        let word = WORDS[i % WORDS.len()];
+        frames.push(leak(format!(
+            "data: {head}{{\"content\":\"{word}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+        )));
+    }
+    frames.push(leak(format!(
+        "data: {head}{{}},\"logprobs\":null,\"finish_reason\":\"stop\"}}]}}\n\n"
+    )));
+    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    frames.into()
+}
+
+/// An in-memory body whose every frame is ready.
+struct Frames {
+    frames: Arc<[Bytes]>,
+    next: usize,
+}
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let i = self.next;
+        self.next += 1;
+        Poll::Ready(self.frames.get(i).cloned().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.next >= self.frames.len()
+    }
+}
+
+/// The upstream: answers every request at once with the stream.
+fn upstream<B>(
+    frames: Arc<[Bytes]>,
+) -> impl Service<Request<B>, Response = Response<Frames>, Error = Infallible, Future: Send> + Clone + Send
+{
+    tower::service_fn(move |_req: Request<B>| {
+        let frames = frames.clone();
+        async move {
+            Ok(Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Frames { frames, next: 0 })
+                .unwrap())
+        }
+    })
+}
+
+fn request() -> Request<Full<Bytes>> {
+    Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(REQUEST)))
+        .unwrap()
+}
+
+/// Polls every frame; returns the bytes seen.
+fn drain<B: Body>(body: B) -> usize {
+    let mut body = std::pin::pin!(body);
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut n = 0;
+    loop {
+        match body.as_mut().poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(f))) => n += f.data_ref().map_or(0, Buf::remaining),
+            Poll::Ready(Some(Err(_))) => panic!("body error"),
+            Poll::Ready(None) => return black_box(n),
+            Poll::Pending => panic!("in-memory body is always ready"),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct ClonePolicy;
+
+impl tower::hedge::Policy<Request<Full<Bytes>>> for ClonePolicy {
+    fn clone_request(&self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut r = Request::new(req.body().clone());
+        *r.method_mut() = req.method().clone();
+        *r.uri_mut() = req.uri().clone();
+        *r.headers_mut() = req.headers().clone();
+        Some(r)
+    }
+
+    fn can_retry(&self, _: &Request<Full<Bytes>>) -> bool {
+        true
+    }
+}
+
+fn tower_hedge<S>(inner: S) -> tower::hedge::Hedge<S, ClonePolicy>
+where
+    S: Service<Request<Full<Bytes>>> + Clone,
+    S::Error: Into<tower::BoxError>,
+{
+    tower::hedge::Hedge::new(inner, ClonePolicy, 10, 0.9, Duration::from_secs(60))
+}
+
+fn sse_timeout() -> SseIdleTimeoutLayer {
+    SseIdleTimeoutLayer::new()
+        .with_first_token_timeout(Duration::from_secs(30))
+        .with_idle_timeout(Duration::from_secs(10))
+        .with_total_timeout(Duration::from_secs(300))
+}
+
+fn recorder() -> LatencyPhaseRecorderLayer {
+    LatencyPhaseRecorderLayer::new().with_routes(["/v1/chat/completions"])
+}
+
+/// One request through `svc`, its body read to the end.
+async fn one<S, B>(svc: &mut S) -> usize
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+{
+    let res = svc.ready().await.unwrap().call(request()).await.unwrap();
+    drain(res.into_body())
+}
+
+/// A response from `svc`, for the per-frame benchmark.
+fn respond<S, B>(rt: &tokio::runtime::Runtime, svc: &mut S) -> B
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+{
+    rt.block_on(async { svc.ready().await.unwrap().call(request()).await.unwrap() })
+        .into_body()
+}
+
+/// Benchmarks one stack: per request (short stream) and per frame (long stream).
+macro_rules! stack {
+    ($c:expr, $rt:expr, $name:literal, $make:expr) => {{
+        let short = openai_stream(1);
+        let short_bytes: usize = short.iter().map(Bytes::len).sum();
+        let long = openai_stream(CONTENT_CHUNKS);
+        let long_bytes: usize = long.iter().map(Bytes::len).sum();
+        #[allow(clippy::redundant_closure_call)]
+        let mut svc = ($make)(upstream::<_>(short.clone()));
+        #[allow(clippy::redundant_closure_call)]
+        let mut svc_long = ($make)(upstream::<_>(long.clone()));
+        // Warm up: estimates, histograms, pools.
+        $rt.block_on(async {
+            for _ in 0..200 {
+                assert_eq!(one(&mut svc).await, short_bytes);
+            }
+        });
+        assert_eq!(drain(respond(&$rt, &mut svc_long)), long_bytes);
+        $c.benchmark_group("overhead_per_request")
+            .throughput(Throughput::Elements(1))
+            .bench_function($name, |b| b.iter(|| $rt.block_on(one(&mut svc))));
+        $c.benchmark_group("overhead_per_frame")
+            .throughput(Throughput::Elements(long.len() as u64))
+            .bench_function($name, |b| {
+                b.iter_batched(
+                    || respond(&$rt, &mut svc_long),
+                    drain,
+                    BatchSize::PerIteration,
+                )
+            });
+    }};
+}
+
+fn bench(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    stack!(c, rt, "bare", |s| s);
+
+    // tailguard, each layer alone.
+    stack!(c, rt, "first_token_hedge", |s| FirstTokenHedgeLayer::new()
+        .layer(s));
+    stack!(c, rt, "sse_idle_timeout", |s| sse_timeout().layer(s));
+    stack!(c, rt, "bounded_admission", |s| BoundedAdmissionLayer::new(
+        1024
+    )
+    .layer(s));
+    stack!(c, rt, "priority_class", |s| PriorityClassLayer::new()
+        .layer(s));
+    stack!(c, rt, "latency_phase_recorder", |s| recorder().layer(s));
+    stack!(c, rt, "tailguard_full_stack", |s| ServiceBuilder::new()
+        .layer(recorder())
+        .layer(PriorityClassLayer::new())
+        .layer(sse_timeout())
+        .layer(BoundedAdmissionLayer::new(1024))
+        .layer(FirstTokenHedgeLayer::new())
+        .service(s));
+
+    // tower / tower-http analogues.
+    stack!(c, rt, "tower_hedge", tower_hedge);
+    stack!(c, rt, "tower_timeout", |s| TimeoutLayer::new(
+        Duration::from_secs(30)
+    )
+    .layer(s));
+    stack!(c, rt, "tower_http_response_body_timeout", |s| {
+        ResponseBodyTimeoutLayer::new(Duration::from_secs(10)).layer(s)
+    });
+    stack!(c, rt, "tower_concurrency_limit", |s| {
+        ConcurrencyLimitLayer::new(1024).layer(s)
+    });
+    stack!(c, rt, "tower_http_trace", |s| TraceLayer::new_for_http()
+        .layer(s));
+    stack!(c, rt, "tower_analogue_stack", |s| ServiceBuilder::new()
+        .layer(TraceLayer::new_for_http())
+        .layer(ConcurrencyLimitLayer::new(1024))
+        .layer(TimeoutLayer::new(Duration::from_secs(30)))
+        .layer(ResponseBodyTimeoutLayer::new(Duration::from_secs(10)))
+        .service(tower_hedge(s)));
+}
+
+/// Criterion's point estimate (mean, ns per iteration) of one benchmark.
+fn estimate(dir: &std::path::Path, group: &str, name: &str) -> Option<f64> {
+    let path = dir
+        .join(group)
+        .join(name)
+        .join("new")
+        .join("estimates.json");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    json["mean"]["point_estimate"].as_f64()
+}
+
+/// Writes `benches/results/overhead.json` from criterion's estimates, and prints a summary.
+fn summarise() -> Result<(), Box<dyn std::error::Error>> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest.join("..").join("target"));
+    let dir = target.join("criterion");
+    let frames = openai_stream(CONTENT_CHUNKS).len() as f64;
+    const NAMES: [&str; 13] = [
+        "bare",
+        "first_token_hedge",
+        "sse_idle_timeout",
+        "bounded_admission",
+        "priority_class",
+        "latency_phase_recorder",
+        "tailguard_full_stack",
+        "tower_hedge",
+        "tower_timeout",
+        "tower_http_response_body_timeout",
+        "tower_concurrency_limit",
+        "tower_http_trace",
+        "tower_analogue_stack",
+    ];
+    let req = |n: &str| estimate(&dir, "overhead_per_request", n);
+    let frame = |n: &str| estimate(&dir, "overhead_per_frame", n).map(|v| v / frames);
+    let (Some(bare_req), Some(bare_frame)) = (req("bare"), frame("bare")) else {
+        eprintln!("no criterion estimates found under {}", dir.display());
+        return Ok(());
+    };
+    let mut rows = serde_json::Map::new();
+    println!(
+        "\n{:<34} {:>12} {:>12} {:>12} {:>12}",
+        "stack", "ns/request", "over bare", "ns/frame", "over bare"
+    );
+    for n in NAMES {
+        let (Some(r), Some(f)) = (req(n), frame(n)) else {
+            continue;
+        };
+        println!(
+            "{n:<34} {r:>12.0} {:>12.0} {f:>12.1} {:>12.1}",
+            r - bare_req,
+            f - bare_frame
+        );
+        rows.insert(
+            n.to_owned(),
+            serde_json::json!({
+                "ns_per_request": r,
+                "ns_per_request_over_bare": r - bare_req,
+                "ns_per_frame": f,
+                "ns_per_frame_over_bare": f - bare_frame,
+            }),
+        );
+    }
+    // Each layer against its tower analogue: total per-frame time (bare included) and the
+    // overhead over bare per request.
+    const PAIRS: [(&str, &str); 6] = [
+        ("first_token_hedge", "tower_hedge"),
+        ("sse_idle_timeout", "tower_http_response_body_timeout"),
+        ("sse_idle_timeout", "tower_timeout"),
+        ("bounded_admission", "tower_concurrency_limit"),
+        ("latency_phase_recorder", "tower_http_trace"),
+        ("tailguard_full_stack", "tower_analogue_stack"),
+    ];
+    let mut pairs = Vec::new();
+    println!(
+        "\n{:<50} {:>16} {:>16}",
+        "layer / tower analogue", "per-frame ratio", "per-request ratio"
+    );
+    for (ours, theirs) in PAIRS {
+        let (Some(of), Some(tf), Some(or), Some(tr)) =
+            (frame(ours), frame(theirs), req(ours), req(theirs))
+        else {
+            continue;
+        };
+        println!(
+            "{:<50} {:>16.2} {:>16.2}",
+            format!("{ours} / {theirs}"),
+            of / tf,
+            or / tr
+        );
+        pairs.push(serde_json::json!({
+            "layer": ours,
+            "analogue": theirs,
+            "per_frame_ratio": of / tf,
+            "per_request_ratio": or / tr,
+        }));
+    }
+    let full_req = req("tailguard_full_stack").map(|r| r - bare_req);
+    let full_frame = frame("tailguard_full_stack").map(|f| f - bare_frame);
+    println!(
+        "\nfull stack over bare: {:.0} ns/request (target <= 3000), {:.1} ns/frame (target <= 150)",
+        full_req.unwrap_or(f64::NAN),
+        full_frame.unwrap_or(f64::NAN)
+    );
+    let out = serde_json::json!({
+        "bench": "overhead",
+        "unit": "nanoseconds (criterion mean)",
+        "short_stream_frames": 4,
+        "long_stream_frames": frames,
+        "targets": "full stack <= 3000 ns/request and <= 150 ns/frame over bare; no layer slower per frame than its tower analogue",
+        "stacks": rows,
+        "analogues": pairs,
+        "full_stack_over_bare": { "ns_per_request": full_req, "ns_per_frame": full_frame },
+    });
+    let results = manifest.join("results");
+    std::fs::create_dir_all(&results)?;
+    let path = results.join("overhead.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _enter = rt.enter();
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    bench(&mut c, &rt);
+    c.final_summary();
+    // `cargo bench --no-run` and `--list` never get here with estimates; a filtered run
+    // summarises what it measured.
+    if let Err(e) = summarise() {
+        eprintln!("summary failed: {e}");
+    }
+}
