@@ -23,8 +23,10 @@ use crate::sink::{PhaseSink, Sinks, TracingSink};
 ///
 /// * dialect [`Dialect::Auto`]: the framing follows each response's `content-type`, which is
 ///   right for any mix of OpenAI, Anthropic, gRPC and NDJSON upstreams;
-/// * usage extraction on: billing needs it, and it costs only the capture of events that can
-///   carry usage (see [`StreamTracker::with_usage`](tailguard_core::StreamTracker::with_usage));
+/// * usage extraction on: billing needs it, and it costs one search of each event for a
+///   `"usage"` key, plus a parse of the events that carry a usage object (see
+///   [`StreamTracker::with_usage`](tailguard_core::StreamTracker::with_usage)); the crate
+///   README gives the measured cost per frame;
 /// * sinks: a [`MetricsSink`] (the [`MetricNames::tailguard`](crate::MetricNames::tailguard)
 ///   scheme, to the `metrics` facade's recorder) and a [`TracingSink`]: with no recorder and no
 ///   subscriber installed both cost next to nothing;

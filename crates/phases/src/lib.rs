@@ -118,10 +118,12 @@
 //!
 //! ## Cost
 //!
-//! Per request: a few small allocations (the state box, labels, the report). Per data frame: one
-//! incremental scan of the frame, and a clock read only when the frame carried tokens; no lock,
-//! no allocation. Gaps reach histograms as they happen through handles registered once per
-//! request ([`PhaseSink::gap_histogram`]); everything else is emitted once, at the end.
+//! Per request: a few small allocations (the state box, the request id, the request extensions);
+//! the [`MetricsSink`] builds the keys of each label set once and then only looks them up (see
+//! [its caching](MetricsSink#caching)). Per data frame: one incremental scan of the frame, and
+//! one clock read only when the frame carried tokens; no lock, no allocation. Gaps reach
+//! histograms as they happen through a handle resolved once per response
+//! ([`PhaseSink::gap_histogram`]); everything else is emitted once, at the end.
 
 mod body;
 pub mod future;
