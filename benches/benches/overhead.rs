@@ -18,7 +18,7 @@
 //!
 //! After the run, `benches/results/overhead.json` gets the per-request and per-frame costs over
 //! the bare service and the ratios of each layer to its tower analogue (read from criterion's
-//! estimates under `target/criterion`).
+//! estimates under `target/criterion`), and `benches/results/overhead.svg` draws them as bars.
 //!
 //! Run: `cargo bench -p tailguard-benches --bench overhead` (about two minutes).
 
@@ -393,6 +393,67 @@ fn summarise() -> Result<(), Box<dyn std::error::Error>> {
     let path = results.join("overhead.json");
     std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
     println!("wrote {}", path.display());
+    let bars: Vec<(&str, f64, f64)> = NAMES
+        .iter()
+        .filter(|n| **n != "bare")
+        .filter_map(|n| Some((*n, req(n)? - bare_req, frame(n)? - bare_frame)))
+        .collect();
+    let svg = results.join("overhead.svg");
+    plot(&svg, &bars)?;
+    println!("wrote {}", svg.display());
+    Ok(())
+}
+
+/// Two bar charts: overhead over the bare service per request and per frame, per stack.
+fn plot(
+    path: &std::path::Path,
+    bars: &[(&str, f64, f64)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1000, 900)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (upper, lower) = root.split_vertically(450);
+    let n = bars.len();
+    for (area, per_frame) in [(upper, false), (lower, true)] {
+        let value = |b: &(&str, f64, f64)| if per_frame { b.2 } else { b.1 };
+        let caption = if per_frame {
+            "overhead over the bare service per frame (ns); grey: tower / tower-http"
+        } else {
+            "overhead over the bare service per request (ns); grey: tower / tower-http"
+        };
+        let max = bars.iter().map(value).fold(1.0, f64::max) * 1.1;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(caption, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(260)
+            .build_cartesian_2d(0.0..max, (0..n).into_segmented())?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n)
+            .y_label_formatter(&|y| match y {
+                SegmentValue::CenterOf(i) if *i < n => bars[n - 1 - *i].0.to_owned(),
+                _ => String::new(),
+            })
+            .draw()?;
+        chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
+            let y = n - 1 - i;
+            let color = if b.0.starts_with("tower") {
+                RGBColor(150, 150, 150)
+            } else {
+                RGBColor(31, 119, 180)
+            };
+            Rectangle::new(
+                [
+                    (0.0, SegmentValue::Exact(y)),
+                    (value(b).max(0.0), SegmentValue::Exact(y + 1)),
+                ],
+                color.filled(),
+            )
+        }))?;
+    }
+    root.present()?;
     Ok(())
 }
 
