@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p tailguard-benches --bin gateway_throughput            # ~1 minute
-//! cargo run --release -p tailguard-benches --bin gateway_throughput -- --quick # ~25 seconds
+//! cargo run --release -p tailguard-benches --bin gateway_throughput -- --quick # ~40 seconds
 //! ```
 //!
 //! Each mode runs in a child process of its own (so one mode's freed memory does not hide the

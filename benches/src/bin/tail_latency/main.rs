@@ -1,8 +1,8 @@
 //! Tail latency of LLM streaming calls, strategy by strategy, over real loopback HTTP.
 //!
 //! ```text
-//! cargo run --release -p tailguard-benches --bin tail_latency            # ~3 minutes
-//! cargo run --release -p tailguard-benches --bin tail_latency -- --quick # ~40 seconds
+//! cargo run --release -p tailguard-benches --bin tail_latency            # ~4.5 minutes
+//! cargo run --release -p tailguard-benches --bin tail_latency -- --quick # ~1 minute
 //! cargo run --release -p tailguard-benches --bin tail_latency -- --scenario a
 //! ```
 //!
