@@ -104,6 +104,8 @@ impl Refusal {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn into_response<B>(self) -> Response<AdmissionBody<B>>
     where
         B: Body,
@@ -199,6 +201,7 @@ pub(crate) enum Failure<E> {
     Refused(Refusal),
 }
 
+#[inline]
 fn poll_state<S, ReqB, ResB>(
     mut state: Pin<&mut State<S, ReqB>>,
     cx: &mut Context<'_>,
@@ -235,29 +238,41 @@ where
                     .expect("ResponseFuture polled after completion");
                 return Poll::Ready(Err(Failure::Refused(refusal)));
             }
-            StateProj::Waiting { wait } => {
-                let grant = ready!(wait.as_mut().poll_outcome(cx));
-                let w = wait.as_mut().project();
-                let req = w.req.take().expect("request present while waiting");
-                let next = match grant {
-                    Ok((permit, waited)) => {
-                        let mut svc = w.svc.take().expect("service present while waiting");
-                        State::Called {
-                            fut: svc.call(req),
-                            permit: Some(permit),
-                            wait: w.outcome.then_some(waited),
-                        }
-                    }
-                    Err(r) => {
-                        let waited = Instant::now().saturating_duration_since(w.queued.enqueued);
-                        EndReport::report_to(req.extensions(), EndReason::Rejected);
-                        State::refused(Refusal::new(*w.full_status, r, waited, *w.units))
-                    }
-                };
-                state.set(next);
-            }
+            StateProj::Waiting { .. } => ready!(poll_waiting(state.as_mut(), cx)),
         }
     }
+}
+
+/// A queued request: waits for the gate's decision, then moves `state` on to `Called` or
+/// `Refused`. Outlined so that the admitted-at-once path of [`poll_state`] stays small.
+#[inline(never)]
+fn poll_waiting<S, ReqB>(mut state: Pin<&mut State<S, ReqB>>, cx: &mut Context<'_>) -> Poll<()>
+where
+    S: Service<Request<ReqB>>,
+{
+    let StateProj::Waiting { wait } = state.as_mut().project() else {
+        return Poll::Ready(());
+    };
+    let grant = ready!(wait.as_mut().poll_outcome(cx));
+    let w = wait.as_mut().project();
+    let req = w.req.take().expect("request present while waiting");
+    let next = match grant {
+        Ok((permit, waited)) => {
+            let mut svc = w.svc.take().expect("service present while waiting");
+            State::Called {
+                fut: svc.call(req),
+                permit: Some(permit),
+                wait: w.outcome.then_some(waited),
+            }
+        }
+        Err(r) => {
+            let waited = Instant::now().saturating_duration_since(w.queued.enqueued);
+            EndReport::report_to(req.extensions(), EndReason::Rejected);
+            State::refused(Refusal::new(*w.full_status, r, waited, *w.units))
+        }
+    };
+    state.set(next);
+    Poll::Ready(())
 }
 
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, Respond>
@@ -268,6 +283,7 @@ where
 {
     type Output = Result<Response<AdmissionBody<ResB>>, S::Error>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
             Ok(res) => Ok(res),

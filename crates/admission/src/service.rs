@@ -15,7 +15,7 @@ use tower_service::Service;
 use crate::body::AdmissionBody;
 use crate::future::{Refusal, ResponseFuture, State};
 use crate::gate::{Acquire, Shared};
-use crate::layer::{AdmissionHandle, Fail, Respond};
+use crate::layer::{AdmissionHandle, Config, Fail, Respond};
 
 /// Admission control in front of an inner service; built by
 /// [`BoundedAdmissionLayer`](crate::BoundedAdmissionLayer).
@@ -84,19 +84,45 @@ impl<S, M> BoundedAdmission<S, M> {
         S: Service<Request<ReqB>> + Clone,
     {
         let cfg = self.shared.config();
-        let mut cost = 1;
-        if !cfg.cost.is_unit() {
-            let (parts, body) = req.into_parts();
-            cost = cfg.cost.units(&parts);
-            req = Request::from_parts(parts, body);
-        }
-        let units = self.shared.units_for(cost);
+        let units = if cfg.cost.is_unit() {
+            // The request is not moved on this path (cheaper than taking it apart).
+            self.shared.units_for(1)
+        } else {
+            let (r, cost) = weigh(cfg, req);
+            req = r;
+            self.shared.units_for(cost)
+        };
         let ext = req.extensions();
         let acquired = self.shared.acquire(
             ext.get::<Priority>(),
             ext.get::<ClassPolicy>().and_then(|p| p.reserved_share),
             units,
         );
+        match acquired {
+            // The common case stays small enough to be inlined into `call`: the slow arms
+            // (refusal, queueing) are outlined.
+            Acquire::Admitted(permit) => State::called(
+                self.inner.call(req),
+                permit,
+                cfg.outcome.then_some(Duration::ZERO),
+            ),
+            other => self.start_slow(other, req, units),
+        }
+    }
+
+    /// Refusal or queueing of an arrival that was not admitted at once.
+    #[cold]
+    #[inline(never)]
+    fn start_slow<ReqB>(
+        &mut self,
+        acquired: Acquire,
+        req: Request<ReqB>,
+        units: u32,
+    ) -> State<S, ReqB>
+    where
+        S: Service<Request<ReqB>> + Clone,
+    {
+        let cfg = self.shared.config();
         match acquired {
             Acquire::Admitted(permit) => State::called(
                 self.inner.call(req),
@@ -117,6 +143,14 @@ impl<S, M> BoundedAdmission<S, M> {
     }
 }
 
+/// The raw cost of `req` under a non-unit cost function.
+#[inline(never)]
+fn weigh<ReqB>(cfg: &Config, req: Request<ReqB>) -> (Request<ReqB>, u32) {
+    let (parts, body) = req.into_parts();
+    let cost = cfg.cost.units(&parts);
+    (Request::from_parts(parts, body), cost)
+}
+
 impl<S, ReqB, ResB> Service<Request<ReqB>> for BoundedAdmission<S, Respond>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
@@ -131,6 +165,7 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         ResponseFuture::new(self.start(req))
     }
@@ -150,6 +185,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         ResponseFuture::new(self.start(req))
     }
