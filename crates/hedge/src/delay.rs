@@ -257,6 +257,9 @@ struct State {
     current: Hist,
     previous: Hist,
     rotated_at: Instant,
+    /// `rotated_at + window` (`None` when that overflows): before it, `rotate` is one
+    /// comparison.
+    rotate_due: Option<Instant>,
     cached: Option<Duration>,
     dirty: u32,
 }
@@ -278,13 +281,16 @@ impl fmt::Debug for Estimator {
 
 impl Estimator {
     pub(crate) fn new(config: AdaptiveDelay, label: Arc<str>) -> Self {
+        let now = Instant::now();
+        let rotate_due = now.checked_add(config.window);
         Estimator {
             config,
             label,
             state: Mutex::new(State {
                 current: Hist::new(),
                 previous: Hist::new(),
-                rotated_at: Instant::now(),
+                rotated_at: now,
+                rotate_due,
                 cached: None,
                 dirty: 0,
             }),
@@ -296,6 +302,10 @@ impl Estimator {
     }
 
     fn rotate(&self, st: &mut State, now: Instant) {
+        // The common case, without the duration arithmetic.
+        if st.rotate_due.is_none_or(|due| now < due) {
+            return;
+        }
         let since = now.saturating_duration_since(st.rotated_at);
         if since < self.config.window {
             return;
@@ -308,6 +318,7 @@ impl Estimator {
             st.current.clear();
         }
         st.rotated_at = now;
+        st.rotate_due = now.checked_add(self.config.window);
         st.dirty += 1;
     }
 

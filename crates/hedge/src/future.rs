@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Buf;
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, response};
+use http::{Extensions, HeaderMap, HeaderName, Method, Request, Response, Uri, Version, response};
 use http_body::{Body, Frame};
 use pin_project_lite::pin_project;
 use tailguard_core::replay::Buffering;
@@ -25,6 +25,7 @@ use crate::attempt::{Attempt, attempt_header_value};
 use crate::body::{Forward, HedgeBody};
 use crate::delay::Estimator;
 use crate::error::RequestBodyError;
+use crate::layer::MAX_ATTEMPTS;
 use crate::service::Shared;
 
 pin_project! {
@@ -195,6 +196,97 @@ impl<RB: Body, E> Failure<RB, E> {
     }
 }
 
+/// The request head of a race.
+enum Head {
+    /// As the client sent it (with the primary's attempt header), until the primary takes it:
+    /// the primary is sent with the original head, not a copy.
+    Original(Parts),
+    /// The copy backups are built from, made when the primary was sent.
+    Template(Template),
+    /// Given to the only attempt there will be.
+    Taken,
+}
+
+/// The request head backups are built from (`http::request::Parts` cannot be cloned).
+struct Template {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+    extensions: Extensions,
+}
+
+impl Template {
+    fn of(parts: &Parts) -> Self {
+        Template {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            version: parts.version,
+            headers: parts.headers.clone(),
+            extensions: parts.extensions.clone(),
+        }
+    }
+}
+
+/// The attempts in flight, in the order they were sent: at most [`MAX_ATTEMPTS`], kept inline
+/// (no allocation per request).
+struct Slots<T> {
+    items: [Option<T>; MAX_ATTEMPTS as usize],
+    len: usize,
+}
+
+impl<T> Slots<T> {
+    fn new() -> Self {
+        Slots {
+            items: [const { None }; MAX_ATTEMPTS as usize],
+            len: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `item`. At most `max_attempts <= MAX_ATTEMPTS` attempts are ever sent, so there
+    /// is always room.
+    fn push(&mut self, item: T) {
+        debug_assert!(
+            self.len < self.items.len(),
+            "more attempts than MAX_ATTEMPTS"
+        );
+        if let Some(slot) = self.items.get_mut(self.len) {
+            *slot = Some(item);
+            self.len += 1;
+        }
+    }
+
+    /// The item at `i < len`.
+    fn get_mut(&mut self, i: usize) -> &mut T {
+        self.items[i].as_mut().expect("slot below len is filled")
+    }
+
+    /// Removes the item at `i < len`, keeping the order of the others.
+    fn remove(&mut self, i: usize) -> T {
+        let item = self.items[i].take().expect("slot below len is filled");
+        self.items[i..self.len].rotate_left(1);
+        self.len -= 1;
+        item
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.items[..self.len].iter().flatten()
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        let len = std::mem::take(&mut self.len);
+        self.items[..len].iter_mut().filter_map(Option::take)
+    }
+}
+
 /// A deadline that does not come (about 30 years).
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
@@ -234,7 +326,7 @@ where
     /// Whether `service` is ready for a call (it is for the first: `call` took the ready one).
     ready: bool,
     phase: Phase<S::Future, B>,
-    parts: Parts,
+    head: Head,
     outer_report: Option<EndReport>,
     body: Option<ReplayBody<B>>,
     record: Attempt,
@@ -243,7 +335,7 @@ where
     /// When the next delay-triggered attempt is due.
     hedge_at: Option<Instant>,
     timer: Option<Pin<Box<Sleep>>>,
-    attempts: Vec<Slot<S::Future, RB>>,
+    attempts: Slots<Slot<S::Future, RB>>,
     sent: u8,
     pending_send: Option<Trigger>,
     best: Option<Kept<RB, S::Error>>,
@@ -274,14 +366,14 @@ where
             service,
             ready: true,
             phase: Phase::Buffering(ReplayBody::buffer(body, cap)),
-            parts,
+            head: Head::Original(parts),
             body: None,
             record: Attempt::primary(),
             estimator,
             delay: None,
             hedge_at: None,
             timer: None,
-            attempts: Vec::new(),
+            attempts: Slots::new(),
             sent: 0,
             pending_send: None,
             best: None,
@@ -289,18 +381,33 @@ where
         }
     }
 
+    /// The request of attempt `index`. The first one takes the original head (keeping a copy
+    /// for backups only when `keep_template`); later ones get a copy of the template.
     fn request(
-        &self,
+        &mut self,
         index: u8,
         body: ReplayBody<B>,
         report: Option<&EndReport>,
+        keep_template: bool,
     ) -> Request<ReplayBody<B>> {
-        let mut req = Request::new(body);
-        *req.method_mut() = self.parts.method.clone();
-        *req.uri_mut() = self.parts.uri.clone();
-        *req.version_mut() = self.parts.version;
-        *req.headers_mut() = self.parts.headers.clone();
-        *req.extensions_mut() = self.parts.extensions.clone();
+        let mut req = if let Head::Template(t) = &self.head {
+            let mut req = Request::new(body);
+            *req.method_mut() = t.method.clone();
+            *req.uri_mut() = t.uri.clone();
+            *req.version_mut() = t.version;
+            *req.headers_mut() = t.headers.clone();
+            *req.extensions_mut() = t.extensions.clone();
+            req
+        } else {
+            let head = match &self.head {
+                Head::Original(parts) if keep_template => Head::Template(Template::of(parts)),
+                _ => Head::Taken,
+            };
+            match std::mem::replace(&mut self.head, head) {
+                Head::Original(parts) => Request::from_parts(parts, body),
+                _ => Request::new(body),
+            }
+        };
         if index > 0
             && let Some(h) = &self.shared.config.attempt_header
         {
@@ -331,7 +438,8 @@ where
         };
         let index = self.sent;
         let report = self.outer_report.as_ref().map(|_| EndReport::new());
-        let req = self.request(index, body, report.as_ref());
+        let backups = self.sent + 1 < self.shared.config.max_attempts;
+        let req = self.request(index, body, report.as_ref(), backups);
         let fut = self.service.call(req);
         self.ready = false;
         self.attempts.push(Slot {
@@ -426,7 +534,7 @@ where
 
     /// Drops every attempt still in flight, recording how long each had waited.
     fn cancel_all(&mut self, now: Instant) {
-        for slot in self.attempts.drain(..) {
+        for slot in self.attempts.drain() {
             let waited = now.saturating_duration_since(slot.sent_at);
             if let Some(e) = &self.estimator {
                 e.record(waited, true, now);
@@ -546,13 +654,11 @@ where
                         self.phase = Phase::Racing;
                         let now = Instant::now();
                         self.delay = self.shared.delay.delay(self.estimator.as_deref(), now);
-                        self.attempts
-                            .reserve_exact(usize::from(self.shared.config.max_attempts));
                         self.send(Trigger::Primary, now);
                     } else {
                         // Over the replay cap: one attempt, passed through as it is.
                         tracing::debug!("tailguard-hedge: request body over the replay cap");
-                        let req = self.request(0, body, None);
+                        let req = self.request(0, body, None, false);
                         self.sent = 1;
                         self.phase = Phase::Single(Box::pin(self.service.call(req)));
                     }
@@ -609,7 +715,7 @@ where
             let mut i = 0;
             while i < self.attempts.len() {
                 let cfg = &self.shared.config;
-                let slot = &mut self.attempts[i];
+                let slot = self.attempts.get_mut(i);
                 match poll_slot(slot, cx, cfg) {
                     Step::Pending => i += 1,
                     Step::Commit(stream, token) => {
@@ -657,7 +763,7 @@ where
             return;
         }
         let now = Instant::now();
-        for slot in &self.attempts {
+        for slot in self.attempts.iter() {
             let waited = now.saturating_duration_since(slot.sent_at);
             if let Some(e) = &self.estimator {
                 e.record(waited, true, now);
@@ -671,10 +777,13 @@ where
     }
 }
 
+/// `grpc-status`, parsed once (a `&str` key is parsed on every lookup).
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
 /// The `grpc-status` in `headers`, if any.
 fn grpc_status(headers: &HeaderMap) -> Option<u16> {
     headers
-        .get("grpc-status")
+        .get(&GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.trim().parse().ok())
 }
