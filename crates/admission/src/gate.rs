@@ -444,6 +444,7 @@ impl Shared {
         }
     }
 
+    #[inline]
     fn class_index(
         &self,
         st: &mut State,
