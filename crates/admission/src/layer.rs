@@ -227,9 +227,10 @@ impl<M> BoundedAdmissionLayer<M> {
 
     /// Whether an admitted response carries an
     /// [`AdmissionOutcome`](tailguard_core::AdmissionOutcome) extension (default: yes, the
-    /// recorder reads the queue wait from it). Writing it costs an allocation per request when
-    /// the response has no other extension; turn it off when nothing reads it. Refusals always
-    /// carry it.
+    /// recorder reads the queue wait from it). Writing it into a response that has no other
+    /// extension costs three allocations inside `http::Extensions` (about 35 ns per request,
+    /// a third of the uncontended per-request cost); turn it off when nothing reads it.
+    /// Refusals always carry it.
     pub fn with_response_outcome(self, on: bool) -> Self {
         self.with(|c| c.outcome = on)
     }
