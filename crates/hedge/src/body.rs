@@ -6,9 +6,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Buf;
+use http::{Response, response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tailguard_core::EndReport;
+use tailguard_core::{EndReport, StreamTracker};
 
 /// Carries the end reason an inner layer reported for the winning attempt (each raced attempt
 /// gets an `EndReport` of its own, so that a loser's report cannot win) to the request's
@@ -45,13 +46,66 @@ pin_project! {
     #[project = InnerProj]
     enum Inner<B: Body> {
         Direct { #[pin] body: B },
-        Raced {
-            replay: VecDeque<Frame<B::Data>>,
-            replay_bytes: u64,
-            error: Option<B::Error>,
-            body: Option<Pin<Box<B>>>,
-            forward: Option<Forward>,
-        },
+        Raced { live: Pin<Box<Live<B>>> },
+    }
+}
+
+pin_project! {
+    /// One attempt from its response head on: boxed once when the head arrives (the body is
+    /// pinned in place, next to what the race read of it), and handed to the client as it is
+    /// when the attempt is committed.
+    #[project = LiveProj]
+    pub(crate) struct Live<B: Body> {
+        // The response head; taken (an empty head is left) when the response is built.
+        pub(crate) head: response::Parts,
+        // The first-token scan while the race reads the body; `None` for a response returned
+        // as it is, and once committed.
+        pub(crate) tracker: Option<StreamTracker>,
+        // The frames read before the first token, to replay.
+        pub(crate) replay: Replay<Frame<B::Data>>,
+        pub(crate) replay_bytes: u64,
+        error: Option<B::Error>,
+        forward: Option<Forward>,
+        // The upstream body; `None` once it ended.
+        #[pin]
+        pub(crate) body: Option<B>,
+    }
+}
+
+impl<B: Body> Live<B> {
+    pub(crate) fn new(head: response::Parts, body: B) -> Pin<Box<Self>> {
+        Box::pin(Live {
+            head,
+            tracker: None,
+            replay: Replay::new(),
+            replay_bytes: 0,
+            error: None,
+            forward: None,
+            body: Some(body),
+        })
+    }
+
+    /// The response to hand to the client: the head, then a body that replays the frames read,
+    /// yields `error` if any, then continues live.
+    pub(crate) fn into_response(
+        mut self: Pin<Box<Self>>,
+        error: Option<B::Error>,
+        forward: Option<Forward>,
+    ) -> Response<HedgeBody<B>> {
+        let this = self.as_mut().project();
+        let head = std::mem::replace(this.head, Response::new(()).into_parts().0);
+        *this.tracker = None;
+        if let Some(f) = &forward {
+            f.apply();
+        }
+        *this.error = error;
+        *this.forward = forward;
+        Response::from_parts(
+            head,
+            HedgeBody {
+                inner: Inner::Raced { live: self },
+            },
+        )
     }
 }
 
@@ -60,28 +114,6 @@ impl<B: Body> HedgeBody<B> {
     pub(crate) fn direct(body: B) -> Self {
         HedgeBody {
             inner: Inner::Direct { body },
-        }
-    }
-
-    /// Replays `replay`, then yields `error` if any, then continues with `body` if any.
-    pub(crate) fn raced(
-        replay: VecDeque<Frame<B::Data>>,
-        replay_bytes: u64,
-        error: Option<B::Error>,
-        body: Option<Pin<Box<B>>>,
-        forward: Option<Forward>,
-    ) -> Self {
-        if let Some(f) = &forward {
-            f.apply();
-        }
-        HedgeBody {
-            inner: Inner::Raced {
-                replay,
-                replay_bytes,
-                error,
-                body,
-                forward,
-            },
         }
     }
 
@@ -102,13 +134,15 @@ impl<B: Body> Body for HedgeBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         match self.project().inner.project() {
             InnerProj::Direct { body } => body.poll_frame(cx),
-            InnerProj::Raced {
-                replay,
-                replay_bytes,
-                error,
-                body,
-                forward,
-            } => {
+            InnerProj::Raced { live } => {
+                let LiveProj {
+                    replay,
+                    replay_bytes,
+                    error,
+                    mut body,
+                    forward,
+                    ..
+                } = live.as_mut().project();
                 if let Some(frame) = replay.pop_front() {
                     if let Some(d) = frame.data_ref() {
                         *replay_bytes = replay_bytes.saturating_sub(d.remaining() as u64);
@@ -116,19 +150,19 @@ impl<B: Body> Body for HedgeBody<B> {
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 if let Some(e) = error.take() {
-                    *body = None;
+                    body.set(None);
                     end(forward);
                     return Poll::Ready(Some(Err(e)));
                 }
-                let Some(inner) = body.as_mut() else {
+                let Some(inner) = body.as_mut().as_pin_mut() else {
                     end(forward);
                     return Poll::Ready(None);
                 };
-                let next = ready!(inner.as_mut().poll_frame(cx));
+                let next = ready!(inner.poll_frame(cx));
                 match &next {
                     Some(Ok(frame)) if !frame.is_trailers() => {}
                     None => {
-                        *body = None;
+                        body.set(None);
                         end(forward);
                     }
                     // Trailers or an error: the last frame.
@@ -142,15 +176,10 @@ impl<B: Body> Body for HedgeBody<B> {
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Direct { body } => body.is_end_stream(),
-            Inner::Raced {
-                replay,
-                error,
-                body,
-                ..
-            } => {
-                replay.is_empty()
-                    && error.is_none()
-                    && body.as_ref().is_none_or(|b| b.is_end_stream())
+            Inner::Raced { live } => {
+                live.replay.is_empty()
+                    && live.error.is_none()
+                    && live.body.as_ref().is_none_or(|b| b.is_end_stream())
             }
         }
     }
@@ -158,20 +187,82 @@ impl<B: Body> Body for HedgeBody<B> {
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Direct { body } => body.size_hint(),
-            Inner::Raced {
-                replay_bytes, body, ..
-            } => {
-                let mut hint = body
+            Inner::Raced { live } => {
+                let replay_bytes = live.replay_bytes;
+                let mut hint = live
+                    .body
                     .as_ref()
                     .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint());
-                let lower = hint.lower().saturating_add(*replay_bytes);
+                let lower = hint.lower().saturating_add(replay_bytes);
                 if let Some(upper) = hint.upper() {
-                    hint.set_upper(upper.saturating_add(*replay_bytes));
+                    hint.set_upper(upper.saturating_add(replay_bytes));
                 }
                 hint.set_lower(lower);
                 hint
             }
         }
+    }
+}
+
+/// Frames read before the first token, first in first out. The first [`REPLAY_INLINE`]
+/// are kept inline (a stream whose first token comes in its first or second frame, as an
+/// OpenAI stream's does, allocates nothing for them); the rest go to a `VecDeque`.
+pub(crate) struct Replay<T> {
+    inline: [Option<T>; REPLAY_INLINE],
+    /// Inline slots filled so far (never reused: every inline frame precedes every spilled one).
+    filled: u8,
+    /// The next inline slot to pop.
+    next: u8,
+    more: VecDeque<T>,
+    len: usize,
+}
+
+/// Frames a [`Replay`] keeps inline.
+const REPLAY_INLINE: usize = 2;
+
+impl<T> Replay<T> {
+    pub(crate) fn new() -> Self {
+        Replay {
+            inline: [const { None }; REPLAY_INLINE],
+            filled: 0,
+            next: 0,
+            more: VecDeque::new(),
+            len: 0,
+        }
+    }
+
+    pub(crate) fn push_back(&mut self, item: T) {
+        self.len += 1;
+        match self.inline.get_mut(usize::from(self.filled)) {
+            Some(slot) => {
+                *slot = Some(item);
+                self.filled += 1;
+            }
+            None => self.more.push_back(item),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn pop_front(&mut self) -> Option<T> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        if self.next < self.filled {
+            let i = usize::from(self.next);
+            self.next += 1;
+            self.inline.get_mut(i).and_then(Option::take)
+        } else {
+            self.more.pop_front()
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -188,19 +279,35 @@ impl<B: Body> fmt::Debug for HedgeBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
             Inner::Direct { .. } => f.write_str("HedgeBody::Direct"),
-            Inner::Raced {
-                replay,
-                replay_bytes,
-                error,
-                body,
-                ..
-            } => f
+            Inner::Raced { live } => f
                 .debug_struct("HedgeBody::Raced")
-                .field("replay_frames", &replay.len())
-                .field("replay_bytes", replay_bytes)
-                .field("error", &error.is_some())
-                .field("live", &body.is_some())
+                .field("replay_frames", &live.replay.len())
+                .field("replay_bytes", &live.replay_bytes)
+                .field("error", &live.error.is_some())
+                .field("live", &live.body.is_some())
                 .finish(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_is_first_in_first_out_across_the_inline_slots() {
+        let mut r = Replay::new();
+        assert_eq!(r.pop_front(), None::<u32>);
+        r.push_back(1);
+        assert_eq!(r.pop_front(), Some(1));
+        for i in 2..7 {
+            r.push_back(i);
+        }
+        assert_eq!(r.len(), 5);
+        assert_eq!(r.pop_front(), Some(2));
+        r.push_back(7);
+        let rest: Vec<_> = std::iter::from_fn(|| r.pop_front()).collect();
+        assert_eq!(rest, [3, 4, 5, 6, 7]);
+        assert!(r.is_empty());
     }
 }

@@ -1,6 +1,5 @@
 //! The response future of [`FirstTokenHedge`](crate::FirstTokenHedge), and the race it runs.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -10,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Buf;
 use http::request::Parts;
-use http::{Extensions, HeaderMap, HeaderName, Method, Request, Response, Uri, Version, response};
-use http_body::{Body, Frame};
+use http::{Extensions, HeaderMap, HeaderName, Method, Request, Response, Uri, Version};
+use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::replay::Buffering;
 use tailguard_core::{
@@ -22,7 +21,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::attempt::{Attempt, attempt_header_value};
-use crate::body::{Forward, HedgeBody};
+use crate::body::{Forward, HedgeBody, Live, LiveProj};
 use crate::delay::Estimator;
 use crate::error::RequestBodyError;
 use crate::layer::MAX_ATTEMPTS;
@@ -132,32 +131,12 @@ impl Trigger {
 }
 
 /// An attempt whose response head arrived: the head, the frames it sent so far (all before
-/// its first token), and its body.
-struct Streaming<RB: Body> {
-    head: response::Parts,
-    body: Option<Pin<Box<RB>>>,
-    /// `None` for a response returned as it is (no token tracking).
-    tracker: Option<StreamTracker>,
-    frames: VecDeque<Frame<RB::Data>>,
-    bytes: u64,
-}
-
-impl<RB: Body> Streaming<RB> {
-    fn into_response(
-        self,
-        error: Option<RB::Error>,
-        forward: Option<Forward>,
-    ) -> Response<HedgeBody<RB>> {
-        Response::from_parts(
-            self.head,
-            HedgeBody::raced(self.frames, self.bytes, error, self.body, forward),
-        )
-    }
-}
+/// its first token), and its body, in one allocation that becomes the client's body.
+type Streaming<RB> = Pin<Box<Live<RB>>>;
 
 enum SlotState<F, RB: Body> {
     Head(Pin<Box<F>>),
-    Body(Box<Streaming<RB>>),
+    Body(Streaming<RB>),
     Taken,
 }
 
@@ -174,7 +153,7 @@ enum Failure<RB: Body, E> {
     Response {
         kind: UpstreamFailure,
         rank: u8,
-        stream: Box<Streaming<RB>>,
+        stream: Streaming<RB>,
         error: Option<RB::Error>,
     },
     Service(E),
@@ -303,7 +282,7 @@ type Kept<RB, E> = (u8, Failure<RB, E>, Option<EndReport>);
 enum Step<RB: Body, E> {
     Pending,
     /// Commit this attempt; `token` when it produced a first token (a TTFT sample).
-    Commit(Box<Streaming<RB>>, bool),
+    Commit(Streaming<RB>, bool),
     Failed(Failure<RB, E>),
 }
 
@@ -560,7 +539,7 @@ where
     fn commit(
         &mut self,
         slot: Slot<S::Future, RB>,
-        stream: Box<Streaming<RB>>,
+        stream: Streaming<RB>,
         token: bool,
     ) -> Response<HedgeBody<RB>> {
         let (index, sent_at) = (slot.index, slot.sent_at);
@@ -810,13 +789,7 @@ where
         let (head, body) = res.into_parts();
         let status = head.status;
         let grpc = grpc_status(&head.headers);
-        let mut stream = Box::new(Streaming {
-            tracker: None,
-            head,
-            body: Some(Box::pin(body)),
-            frames: VecDeque::new(),
-            bytes: 0,
-        });
+        let mut stream = Live::new(head, body);
         if cfg.retryable.contains(&status) {
             slot.state = SlotState::Taken;
             return Step::Failed(Failure::Response {
@@ -848,7 +821,8 @@ where
             slot.state = SlotState::Taken;
             return Step::Commit(stream, false);
         }
-        stream.tracker = Some(StreamTracker::new(&cfg.dialect, &stream.head.headers));
+        let tracker = StreamTracker::new(&cfg.dialect, &stream.head.headers);
+        *stream.as_mut().project().tracker = Some(tracker);
         slot.state = SlotState::Body(stream);
     }
 
@@ -888,37 +862,48 @@ fn read_until_token<RB: Body>(
     cx: &mut Context<'_>,
     cfg: &crate::layer::FirstTokenHedgeLayer,
 ) -> Verdict<RB::Error> {
-    let Some(tracker) = st.tracker.as_mut() else {
+    let LiveProj {
+        tracker,
+        replay,
+        replay_bytes,
+        mut body,
+        ..
+    } = st.as_mut().project();
+    let Some(tracker) = tracker.as_mut() else {
         return Verdict::Commit(false);
     };
     loop {
-        let Some(body) = st.body.as_mut() else {
+        let Some(inner) = body.as_mut().as_pin_mut() else {
             return ended(tracker);
         };
-        let frame = match body.as_mut().poll_frame(cx) {
+        let frame = match inner.poll_frame(cx) {
             Poll::Pending => return Verdict::Pending,
             Poll::Ready(None) => {
-                st.body = None;
+                body.set(None);
                 return ended(tracker);
             }
             Poll::Ready(Some(Err(e))) => {
-                st.body = None;
+                body.set(None);
                 return Verdict::Fail(UpstreamFailure::Transport, RANK_NO_TOKEN, Some(e));
             }
             Poll::Ready(Some(Ok(frame))) => frame,
         };
-        let end_stream = body.is_end_stream();
+        let end_stream = body
+            .as_ref()
+            .get_ref()
+            .as_ref()
+            .is_some_and(Body::is_end_stream);
         if let Some(data) = frame.data_ref() {
             let obs = tracker.observe(data);
-            st.bytes += data.remaining() as u64;
-            st.frames.push_back(frame);
+            *replay_bytes += data.remaining() as u64;
+            replay.push_back(frame);
             if obs.first_token {
                 return Verdict::Commit(true);
             }
             if obs.error {
                 return Verdict::Fail(UpstreamFailure::InBand, RANK_IN_BAND, None);
             }
-            if obs.scan_error.is_some() || st.bytes > cfg.pre_token_cap as u64 {
+            if obs.scan_error.is_some() || *replay_bytes > cfg.pre_token_cap as u64 {
                 // The stream can no longer be judged (an event over the scanner's cap) or held
                 // (over the pre-token cap): fail open, commit to it.
                 return Verdict::Commit(false);
@@ -926,8 +911,8 @@ fn read_until_token<RB: Body>(
         } else if let Some(trailers) = frame.trailers_ref() {
             let obs = tracker.observe_trailers(trailers);
             let code = grpc_status(trailers);
-            st.frames.push_back(frame);
-            st.body = None;
+            replay.push_back(frame);
+            body.set(None);
             if obs.first_token {
                 return Verdict::Commit(true);
             }
@@ -938,10 +923,10 @@ fn read_until_token<RB: Body>(
                 _ => Verdict::Fail(UpstreamFailure::Protocol, RANK_NO_TOKEN, None),
             };
         } else {
-            st.frames.push_back(frame);
+            replay.push_back(frame);
         }
         if end_stream {
-            st.body = None;
+            body.set(None);
             return ended(tracker);
         }
     }
