@@ -46,7 +46,12 @@ pin_project! {
     #[project = InnerProj]
     enum Inner<B: Body> {
         Direct { #[pin] body: B },
-        Raced { live: Pin<Box<Live<B>>> },
+        Raced {
+            live: Pin<Box<Live<B>>>,
+            // Frames to replay or an error to yield first: while `false` a frame costs this
+            // one branch and the poll of the live body.
+            draining: bool,
+        },
     }
 }
 
@@ -100,10 +105,14 @@ impl<B: Body> Live<B> {
         }
         *this.error = error;
         *this.forward = forward;
+        let draining = !this.replay.is_empty() || this.error.is_some();
         Response::from_parts(
             head,
             HedgeBody {
-                inner: Inner::Raced { live: self },
+                inner: Inner::Raced {
+                    live: self,
+                    draining,
+                },
             },
         )
     }
@@ -134,7 +143,7 @@ impl<B: Body> Body for HedgeBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         match self.project().inner.project() {
             InnerProj::Direct { body } => body.poll_frame(cx),
-            InnerProj::Raced { live } => {
+            InnerProj::Raced { live, draining } => {
                 let LiveProj {
                     replay,
                     replay_bytes,
@@ -143,16 +152,19 @@ impl<B: Body> Body for HedgeBody<B> {
                     forward,
                     ..
                 } = live.as_mut().project();
-                if let Some(frame) = replay.pop_front() {
-                    if let Some(d) = frame.data_ref() {
-                        *replay_bytes = replay_bytes.saturating_sub(d.remaining() as u64);
+                if *draining {
+                    if let Some(frame) = replay.pop_front() {
+                        if let Some(d) = frame.data_ref() {
+                            *replay_bytes = replay_bytes.saturating_sub(d.remaining() as u64);
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
                     }
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                if let Some(e) = error.take() {
-                    body.set(None);
-                    end(forward);
-                    return Poll::Ready(Some(Err(e)));
+                    *draining = false;
+                    if let Some(e) = error.take() {
+                        body.set(None);
+                        end(forward);
+                        return Poll::Ready(Some(Err(e)));
+                    }
                 }
                 let Some(inner) = body.as_mut().as_pin_mut() else {
                     end(forward);
@@ -176,7 +188,7 @@ impl<B: Body> Body for HedgeBody<B> {
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Direct { body } => body.is_end_stream(),
-            Inner::Raced { live } => {
+            Inner::Raced { live, .. } => {
                 live.replay.is_empty()
                     && live.error.is_none()
                     && live.body.as_ref().is_none_or(|b| b.is_end_stream())
@@ -187,7 +199,7 @@ impl<B: Body> Body for HedgeBody<B> {
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Direct { body } => body.size_hint(),
-            Inner::Raced { live } => {
+            Inner::Raced { live, .. } => {
                 let replay_bytes = live.replay_bytes;
                 let mut hint = live
                     .body
@@ -279,7 +291,7 @@ impl<B: Body> fmt::Debug for HedgeBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
             Inner::Direct { .. } => f.write_str("HedgeBody::Direct"),
-            Inner::Raced { live } => f
+            Inner::Raced { live, .. } => f
                 .debug_struct("HedgeBody::Raced")
                 .field("replay_frames", &live.replay.len())
                 .field("replay_bytes", &live.replay_bytes)
