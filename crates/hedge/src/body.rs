@@ -48,6 +48,7 @@ pin_project! {
         Direct { #[pin] body: B },
         Raced {
             live: Pin<Box<Live<B>>>,
+            forward: Option<Forward>,
             // Frames to replay or an error to yield first: while `false` a frame costs this
             // one branch and the poll of the live body.
             draining: bool,
@@ -70,7 +71,6 @@ pin_project! {
         pub(crate) replay: Replay<Frame<B::Data>>,
         pub(crate) replay_bytes: u64,
         error: Option<B::Error>,
-        forward: Option<Forward>,
         // The upstream body; `None` once it ended.
         #[pin]
         pub(crate) body: Option<B>,
@@ -85,7 +85,6 @@ impl<B: Body> Live<B> {
             replay: Replay::new(),
             replay_bytes: 0,
             error: None,
-            forward: None,
             body: Some(body),
         })
     }
@@ -104,13 +103,13 @@ impl<B: Body> Live<B> {
             f.apply();
         }
         *this.error = error;
-        *this.forward = forward;
         let draining = !this.replay.is_empty() || this.error.is_some();
         Response::from_parts(
             head,
             HedgeBody {
                 inner: Inner::Raced {
                     live: self,
+                    forward,
                     draining,
                 },
             },
@@ -143,13 +142,16 @@ impl<B: Body> Body for HedgeBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         match self.project().inner.project() {
             InnerProj::Direct { body } => body.poll_frame(cx),
-            InnerProj::Raced { live, draining } => {
+            InnerProj::Raced {
+                live,
+                forward,
+                draining,
+            } => {
                 let LiveProj {
                     replay,
                     replay_bytes,
                     error,
                     mut body,
-                    forward,
                     ..
                 } = live.as_mut().project();
                 if *draining {
