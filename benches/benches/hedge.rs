@@ -18,118 +18,24 @@
 //!
 //! Run: `cargo bench -p tailguard-benches --bench hedge -- --warm-up-time 1 --measurement-time 3`
 
-use std::convert::Infallible;
 use std::hint::black_box;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use http::{Request, Response};
-use http_body::{Body, Frame};
+use http_body::Body;
 use http_body_util::Full;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tailguard::core::{Dialect, StreamTracker};
 use tailguard::hedge::FirstTokenHedgeLayer;
+use tailguard_benches::{
+    CONTENT_CHUNKS, Frames, drain, one, openai_stream, request, tower_hedge, upstream,
+};
 use tower::{Layer, Service, ServiceExt};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
-
-const CONTENT_CHUNKS: usize = 1_000;
-const REQUEST: &[u8] =
-    br#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#;
-
-fn leak(s: String) -> Bytes {
-    Bytes::from_static(Box::leak(s.into_boxed_str()).as_bytes())
-}
-
-/// Role chunk, `content` content chunks, finish chunk, `[DONE]`: one event per frame.
-fn openai_stream(content: usize) -> Arc<[Bytes]> {
-    const WORDS: [&str; 8] = [
-        " the", " quick", " brown", " fox", " jumps", " over", " a", " dog",
-    ];
-    let head = r#"{"id":"chatcmpl-8f7a6b5c4d3e2f1a0b9c8d7e","object":"chat.completion.chunk","created":1796053661,"model":"gpt-4o-2024-08-06","system_fingerprint":"fp_5f20662549","choices":[{"index":0,"delta":"#;
-    let mut frames = Vec::with_capacity(content + 3);
-    frames.push(leak(format!(
-        "data: {head}{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
-    )));
-    for i in 0..content {
-        let word = WORDS[i % WORDS.len()];
-        frames.push(leak(format!(
-            "data: {head}{{\"content\":\"{word}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
-        )));
-    }
-    frames.push(leak(format!(
-        "data: {head}{{}},\"logprobs\":null,\"finish_reason\":\"stop\"}}]}}\n\n"
-    )));
-    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
-    frames.into()
-}
-
-/// An in-memory body whose every frame is ready.
-struct Frames {
-    frames: Arc<[Bytes]>,
-    next: usize,
-}
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let i = self.next;
-        self.next += 1;
-        Poll::Ready(self.frames.get(i).cloned().map(|b| Ok(Frame::data(b))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.next >= self.frames.len()
-    }
-}
-
-/// The upstream: answers every request at once with the stream.
-fn upstream<B>(
-    frames: Arc<[Bytes]>,
-) -> impl Service<Request<B>, Response = Response<Frames>, Error = Infallible, Future: Send> + Clone + Send
-{
-    tower::service_fn(move |_req: Request<B>| {
-        let frames = frames.clone();
-        async move {
-            Ok(Response::builder()
-                .header("content-type", "text/event-stream")
-                .body(Frames { frames, next: 0 })
-                .unwrap())
-        }
-    })
-}
-
-fn request() -> Request<Full<Bytes>> {
-    Request::post("/v1/chat/completions")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(REQUEST)))
-        .unwrap()
-}
-
-/// Polls every frame; returns the bytes seen.
-fn drain<B: Body>(body: B) -> usize {
-    let mut body = std::pin::pin!(body);
-    let mut cx = Context::from_waker(Waker::noop());
-    let mut n = 0;
-    loop {
-        match body.as_mut().poll_frame(&mut cx) {
-            Poll::Ready(Some(Ok(f))) => n += f.data_ref().map_or(0, Buf::remaining),
-            Poll::Ready(Some(Err(_))) => panic!("body error"),
-            Poll::Ready(None) => return black_box(n),
-            Poll::Pending => panic!("in-memory body is always ready"),
-        }
-    }
-}
 
 /// Allocations per frame after the first token.
 fn allocs_per_frame<B: Body>(frames: usize, body: B) -> f64 {
@@ -169,33 +75,6 @@ where
     black_box(n)
 }
 
-#[derive(Clone)]
-struct ClonePolicy;
-
-impl tower::hedge::Policy<Request<Full<Bytes>>> for ClonePolicy {
-    fn clone_request(&self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut r = Request::new(req.body().clone());
-        *r.method_mut() = req.method().clone();
-        *r.uri_mut() = req.uri().clone();
-        *r.headers_mut() = req.headers().clone();
-        Some(r)
-    }
-
-    fn can_retry(&self, _: &Request<Full<Bytes>>) -> bool {
-        true
-    }
-}
-
-async fn one<S, B>(svc: &mut S) -> usize
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
-    S::Error: std::fmt::Debug,
-    B: Body,
-{
-    let res = svc.ready().await.unwrap().call(request()).await.unwrap();
-    drain(res.into_body())
-}
-
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -207,13 +86,7 @@ fn bench(c: &mut Criterion) {
     let short = openai_stream(1);
     let short_bytes: usize = short.iter().map(Bytes::len).sum();
     let mut bare = upstream::<Full<Bytes>>(short.clone());
-    let mut tower_hedge = tower::hedge::Hedge::new(
-        upstream::<Full<Bytes>>(short.clone()),
-        ClonePolicy,
-        10,
-        0.9,
-        Duration::from_secs(60),
-    );
+    let mut tower_hedge = tower_hedge(upstream::<Full<Bytes>>(short.clone()));
     let mut ftk = FirstTokenHedgeLayer::new().layer(upstream(short.clone()));
     // The same layer finding the first token without JSON (the first body byte is the token):
     // the layer's own mechanics alone.
@@ -286,27 +159,14 @@ fn bench(c: &mut Criterion) {
     assert_eq!(drain(hedged_body()), long_bytes);
     eprintln!(
         "allocations per frame after the first token: bare {:.3}, FirstTokenHedge {:.3}",
-        allocs_per_frame(
-            n,
-            Frames {
-                frames: long.clone(),
-                next: 0
-            }
-        ),
+        allocs_per_frame(n, Frames::new(long.clone())),
         allocs_per_frame(n, hedged_body()),
     );
 
     let mut g = c.benchmark_group("hedge_per_frame");
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("bare", |b| {
-        b.iter_batched(
-            || Frames {
-                frames: long.clone(),
-                next: 0,
-            },
-            drain,
-            BatchSize::SmallInput,
-        )
+        b.iter_batched(|| Frames::new(long.clone()), drain, BatchSize::SmallInput)
     });
     g.bench_function("first_token_hedge", |b| {
         b.iter_batched(hedged_body, drain, BatchSize::SmallInput)

@@ -22,147 +22,26 @@
 //!
 //! Run: `cargo bench -p tailguard-benches --bench overhead` (about two minutes).
 
-use std::convert::Infallible;
-use std::hint::black_box;
 use std::path::PathBuf;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput};
 use http::{Request, Response};
-use http_body::{Body, Frame};
 use http_body_util::Full;
 use tailguard::admission::BoundedAdmissionLayer;
 use tailguard::hedge::FirstTokenHedgeLayer;
 use tailguard::phases::LatencyPhaseRecorderLayer;
 use tailguard::priority::PriorityClassLayer;
 use tailguard::timeout::SseIdleTimeoutLayer;
+use tailguard_benches::{
+    CONTENT_CHUNKS, drain, one, openai_stream, request, tower_hedge, upstream,
+};
 use tower::limit::ConcurrencyLimitLayer;
 use tower::timeout::TimeoutLayer;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_http::timeout::ResponseBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
-
-const CONTENT_CHUNKS: usize = 1_000;
-const REQUEST: &[u8] =
-    br#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#;
-
-fn leak(s: String) -> Bytes {
-    Bytes::from_static(Box::leak(s.into_boxed_str()).as_bytes())
-}
-
-/// Role chunk, `content` content chunks, finish chunk, `[DONE]`: one event per frame.
-fn openai_stream(content: usize) -> Arc<[Bytes]> {
-    const WORDS: [&str; 8] = [
-        " the", " quick", " brown", " fox", " jumps", " over", " a", " dog",
-    ];
-    let head = r#"{"id":"chatcmpl-8f7a6b5c4d3e2f1a0b9c8d7e","object":"chat.completion.chunk","created":1796053661,"model":"gpt-4o-2024-08-06","system_fingerprint":"fp_5f20662549","choices":[{"index":0,"delta":"#;
-    let mut frames = Vec::with_capacity(content + 3);
-    frames.push(leak(format!(
-        "data: {head}{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
-    )));
-    for i in 0..content {
-        let word = WORDS[i % WORDS.len()];
-        frames.push(leak(format!(
-            "data: {head}{{\"content\":\"{word}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
-        )));
-    }
-    frames.push(leak(format!(
-        "data: {head}{{}},\"logprobs\":null,\"finish_reason\":\"stop\"}}]}}\n\n"
-    )));
-    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
-    frames.into()
-}
-
-/// An in-memory body whose every frame is ready.
-struct Frames {
-    frames: Arc<[Bytes]>,
-    next: usize,
-}
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let i = self.next;
-        self.next += 1;
-        Poll::Ready(self.frames.get(i).cloned().map(|b| Ok(Frame::data(b))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.next >= self.frames.len()
-    }
-}
-
-/// The upstream: answers every request at once with the stream.
-fn upstream<B>(
-    frames: Arc<[Bytes]>,
-) -> impl Service<Request<B>, Response = Response<Frames>, Error = Infallible, Future: Send> + Clone + Send
-{
-    tower::service_fn(move |_req: Request<B>| {
-        let frames = frames.clone();
-        async move {
-            Ok(Response::builder()
-                .header("content-type", "text/event-stream")
-                .body(Frames { frames, next: 0 })
-                .unwrap())
-        }
-    })
-}
-
-fn request() -> Request<Full<Bytes>> {
-    Request::post("/v1/chat/completions")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(REQUEST)))
-        .unwrap()
-}
-
-/// Polls every frame; returns the bytes seen.
-fn drain<B: Body>(body: B) -> usize {
-    let mut body = std::pin::pin!(body);
-    let mut cx = Context::from_waker(Waker::noop());
-    let mut n = 0;
-    loop {
-        match body.as_mut().poll_frame(&mut cx) {
-            Poll::Ready(Some(Ok(f))) => n += f.data_ref().map_or(0, Buf::remaining),
-            Poll::Ready(Some(Err(_))) => panic!("body error"),
-            Poll::Ready(None) => return black_box(n),
-            Poll::Pending => panic!("in-memory body is always ready"),
-        }
-    }
-}
-
-#[derive(Clone)]
-struct ClonePolicy;
-
-impl tower::hedge::Policy<Request<Full<Bytes>>> for ClonePolicy {
-    fn clone_request(&self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut r = Request::new(req.body().clone());
-        *r.method_mut() = req.method().clone();
-        *r.uri_mut() = req.uri().clone();
-        *r.headers_mut() = req.headers().clone();
-        Some(r)
-    }
-
-    fn can_retry(&self, _: &Request<Full<Bytes>>) -> bool {
-        true
-    }
-}
-
-fn tower_hedge<S>(inner: S) -> tower::hedge::Hedge<S, ClonePolicy>
-where
-    S: Service<Request<Full<Bytes>>> + Clone,
-    S::Error: Into<tower::BoxError>,
-{
-    tower::hedge::Hedge::new(inner, ClonePolicy, 10, 0.9, Duration::from_secs(60))
-}
 
 fn sse_timeout() -> SseIdleTimeoutLayer {
     SseIdleTimeoutLayer::new()
@@ -173,17 +52,6 @@ fn sse_timeout() -> SseIdleTimeoutLayer {
 
 fn recorder() -> LatencyPhaseRecorderLayer {
     LatencyPhaseRecorderLayer::new().with_routes(["/v1/chat/completions"])
-}
-
-/// One request through `svc`, its body read to the end.
-async fn one<S, B>(svc: &mut S) -> usize
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
-    S::Error: std::fmt::Debug,
-    B: Body,
-{
-    let res = svc.ready().await.unwrap().call(request()).await.unwrap();
-    drain(res.into_body())
 }
 
 /// A response from `svc`, for the per-frame benchmark.

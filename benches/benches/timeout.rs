@@ -32,38 +32,11 @@ use http_body::{Body, Frame};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tailguard::core::{Dialect, StreamTracker};
 use tailguard::timeout::SseIdleTimeoutLayer;
+use tailguard_benches::{CONTENT_CHUNKS, openai_stream};
 use tower::{Layer, ServiceExt};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
-
-const CONTENT_CHUNKS: usize = 1_000;
-
-/// The frames of the stream, one event per frame, as static bytes (cloning them is free).
-fn openai_stream() -> Arc<[Bytes]> {
-    const WORDS: [&str; 8] = [
-        " the", " quick", " brown", " fox", " jumps", " over", " a", " dog",
-    ];
-    let head = r#"{"id":"chatcmpl-8f7a6b5c4d3e2f1a0b9c8d7e","object":"chat.completion.chunk","created":1796053661,"model":"gpt-4o-2024-08-06","system_fingerprint":"fp_5f20662549","choices":[{"index":0,"delta":"#;
-    let mut frames = Vec::with_capacity(CONTENT_CHUNKS + 3);
-    frames.push(format!(
-        "data: {head}{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
-    ));
-    for i in 0..CONTENT_CHUNKS {
-        let word = WORDS[i % WORDS.len()];
-        frames.push(format!(
-            "data: {head}{{\"content\":\"{word}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
-        ));
-    }
-    frames.push(format!(
-        "data: {head}{{}},\"logprobs\":null,\"finish_reason\":\"stop\"}}]}}\n\n"
-    ));
-    frames.push("data: [DONE]\n\n".to_owned());
-    frames
-        .into_iter()
-        .map(|s| Bytes::from_static(Box::leak(s.into_boxed_str()).as_bytes()))
-        .collect()
-}
 
 /// An in-memory body: every frame ready, or (`pend`) each frame preceded by one `Pending`.
 struct Frames {
@@ -195,7 +168,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .unwrap();
     let _enter = rt.enter();
-    let frames = openai_stream();
+    let frames = openai_stream(CONTENT_CHUNKS);
     let n = frames.len();
     let bytes: usize = frames.iter().map(Bytes::len).sum();
     let mut sse_headers = http::HeaderMap::new();
