@@ -1,14 +1,13 @@
 //! An OpenAI-compatible LLM gateway guarded by every tailguard layer.
 //!
 //! ```text
-//! client ─▶ axum router ─▶ LatencyPhaseRecorder ─▶ PriorityClass ─▶ EchoPriority
+//! client ─▶ axum router ─▶ LatencyPhaseRecorder ─▶ PriorityClass
 //!        ─▶ BoundedAdmission ─▶ Drain ─▶ SseIdleTimeout ─▶ FirstTokenHedge ─▶ ReplicaSet
 //!        ─▶ pooled hyper client ─▶ upstream replicas
 //! ```
 //!
-//! The five tailguard layers in the recommended order, plus two small layers of the gateway's
-//! own: [`EchoPriority`] copies the request's class into the response for the recorder's
-//! `priority` label, and [`Drain`] ends in-flight streams in-band when the shutdown grace period
+//! The five tailguard layers in the recommended order, plus a small layer of the gateway's
+//! own: [`Drain`] ends in-flight streams in-band when the shutdown grace period
 //! is over (and turns the timeout layer's `Chunk<Bytes>` data into the `Bytes` admission's
 //! rendered refusals need).
 //!
@@ -58,7 +57,7 @@ pub use config::{
     FileConfig, HedgeConfig, HedgeDelaySetting, MOCK_MODEL, MockConfig, PriorityConfig,
     TimeoutConfig, parse_duration, parse_priority,
 };
-pub use drain::{Drain, DrainBody, DrainLayer, EchoPriority, EchoPriorityLayer};
+pub use drain::{Drain, DrainBody, DrainLayer};
 pub use metrics::{metrics_handle, prometheus_recorder};
 pub use upstream::{HttpClient, Replica, UpstreamBody};
 
@@ -129,9 +128,9 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     let stack = ServiceBuilder::new()
         .map_response(|res: Response<_>| res.map(Body::new))
         .layer(recorder)
+        // PriorityClass also copies the class into the response, where the recorder (which
+        // runs before classification) reads it for its `priority` label.
         .layer(priority)
-        // The recorder reads the class from the response (it runs before classification).
-        .layer(EchoPriorityLayer)
         .layer(admission)
         .layer(DrainLayer::new(drain))
         .layer(timeout)
