@@ -51,6 +51,9 @@ pin_project! {
 pin_project! {
     #[project = InnerProj]
     enum Inner<B> {
+        // The common case: one data frame (or none) and no trailers. Replaying it is a `Bytes`
+        // refcount bump; `done` is set once the frame is sent (and from the start when empty).
+        Single { data: Bytes, done: bool },
         Replay { buf: Arc<Buffered>, next: usize, trailers_sent: bool },
         Prefixed { prefix: VecDeque<Bytes>, #[pin] rest: B },
         Passthrough { #[pin] body: B },
@@ -60,6 +63,11 @@ pin_project! {
 impl<B> fmt::Debug for ReplayBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
+            Inner::Single { data, done } => f
+                .debug_struct("ReplayBody::Replay")
+                .field("len", &data.len())
+                .field("next_frame", &usize::from(*done && !data.is_empty()))
+                .finish(),
             Inner::Replay { buf, next, .. } => f
                 .debug_struct("ReplayBody::Replay")
                 .field("len", &buf.len)
@@ -84,17 +92,10 @@ impl<B> ReplayBody<B> {
 
     /// A replayable body made of `data` (and no trailers).
     pub fn from_bytes(data: Bytes) -> Self {
-        let len = data.len();
-        let frames = if data.is_empty() { vec![] } else { vec![data] };
         ReplayBody {
-            inner: Inner::Replay {
-                buf: Arc::new(Buffered {
-                    frames,
-                    trailers: None,
-                    len,
-                }),
-                next: 0,
-                trailers_sent: false,
+            inner: Inner::Single {
+                done: data.is_empty(),
+                data,
             },
         }
     }
@@ -109,6 +110,7 @@ impl<B> ReplayBody<B> {
         Buffering {
             body: Some(body),
             cap,
+            first: None,
             frames: Vec::new(),
             len: 0,
         }
@@ -116,12 +118,13 @@ impl<B> ReplayBody<B> {
 
     /// Whether [`try_clone`](ReplayBody::try_clone) succeeds.
     pub fn is_replayable(&self) -> bool {
-        matches!(self.inner, Inner::Replay { .. })
+        matches!(self.inner, Inner::Single { .. } | Inner::Replay { .. })
     }
 
     /// The buffered length in bytes, for a replayable body.
     pub fn replay_len(&self) -> Option<usize> {
         match &self.inner {
+            Inner::Single { data, .. } => Some(data.len()),
             Inner::Replay { buf, .. } => Some(buf.len),
             _ => None,
         }
@@ -130,6 +133,7 @@ impl<B> ReplayBody<B> {
     /// A fresh copy that replays the body from its start, when the body is replayable.
     pub fn try_clone(&self) -> Option<Self> {
         match &self.inner {
+            Inner::Single { data, .. } => Some(ReplayBody::from_bytes(data.clone())),
             Inner::Replay { buf, .. } => Some(ReplayBody {
                 inner: Inner::Replay {
                     buf: buf.clone(),
@@ -154,6 +158,13 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().inner.project() {
+            InnerProj::Single { data, done } => {
+                if *done {
+                    return Poll::Ready(None);
+                }
+                *done = true;
+                Poll::Ready(Some(Ok(Frame::data(Chunk::Local(data.clone())))))
+            }
             InnerProj::Replay {
                 buf,
                 next,
@@ -183,6 +194,7 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
+            Inner::Single { done, .. } => *done,
             Inner::Replay {
                 buf,
                 next,
@@ -195,6 +207,9 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
+            Inner::Single { data, done } => {
+                SizeHint::with_exact(if *done { 0 } else { data.len() as u64 })
+            }
             Inner::Replay { buf, next, .. } => {
                 let left: usize = buf.frames[(*next).min(buf.frames.len())..]
                     .iter()
@@ -225,6 +240,9 @@ fn map_inner<D, E>(f: Option<Result<Frame<D>, E>>) -> Poll<Option<Result<Frame<C
 pub struct Buffering<B> {
     body: Option<B>,
     cap: usize,
+    // The first data frame; `frames` takes it (and every later one) at the second data frame, so
+    // a one-frame body allocates nothing here. Invariant: `first.is_none() || frames.is_empty()`.
+    first: Option<Bytes>,
     frames: Vec<Bytes>,
     len: usize,
 }
@@ -252,7 +270,7 @@ where
                 return Poll::Pending;
             };
             let hinted = body.size_hint().lower().saturating_add(this.len as u64);
-            if this.frames.is_empty() && hinted > this.cap as u64 {
+            if this.first.is_none() && this.frames.is_empty() && hinted > this.cap as u64 {
                 let body = this.body.take().expect("checked above");
                 return Poll::Ready(Ok(ReplayBody::passthrough(body)));
             }
@@ -271,11 +289,21 @@ where
                         if n == 0 {
                             continue;
                         }
-                        this.frames.push(data.copy_to_bytes(n));
+                        let data = data.copy_to_bytes(n);
+                        if let Some(first) = this.first.take() {
+                            this.frames.push(first);
+                            this.frames.push(data);
+                        } else if this.frames.is_empty() {
+                            this.first = Some(data);
+                        } else {
+                            this.frames.push(data);
+                        }
                         this.len += n;
                         if this.len > this.cap {
                             let rest = this.body.take().expect("body present");
-                            let prefix = std::mem::take(&mut this.frames).into();
+                            let mut prefix: VecDeque<Bytes> =
+                                std::mem::take(&mut this.frames).into();
+                            prefix.extend(this.first.take());
                             return Poll::Ready(Ok(ReplayBody {
                                 inner: Inner::Prefixed { prefix, rest },
                             }));
@@ -294,7 +322,13 @@ where
 impl<B> Buffering<B> {
     fn finish(&mut self, trailers: Option<HeaderMap>) -> ReplayBody<B> {
         self.body = None;
-        replay(std::mem::take(&mut self.frames), trailers, self.len)
+        let first = self.first.take();
+        if trailers.is_none() && self.frames.is_empty() {
+            return ReplayBody::from_bytes(first.unwrap_or_default());
+        }
+        let mut frames = std::mem::take(&mut self.frames);
+        frames.extend(first);
+        replay(frames, trailers, self.len)
     }
 }
 
@@ -378,6 +412,137 @@ mod tests {
             assert_eq!(c.trailers().unwrap()["x-check"], "1");
             assert_eq!(c.to_bytes(), Bytes::from_static(b"abcd"));
         }
+    }
+
+    /// Polls `b` by hand, checking `size_hint` and `is_end_stream` before every frame, and
+    /// returns the data and whether trailers came.
+    fn drain<B: Body + Unpin>(mut b: ReplayBody<B>, len: u64) -> (Vec<u8>, bool)
+    where
+        B::Error: fmt::Debug,
+    {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let (mut out, mut trailers) = (Vec::new(), false);
+        assert_eq!(b.size_hint().exact(), Some(len));
+        assert_eq!(b.is_end_stream(), len == 0);
+        loop {
+            let left = len - out.len() as u64;
+            assert_eq!(b.size_hint().exact(), Some(left));
+            match Pin::new(&mut b).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(f))) => match f.into_data() {
+                    Ok(mut d) => out.extend_from_slice(&d.copy_to_bytes(d.remaining())),
+                    Err(f) => trailers = f.is_trailers(),
+                },
+                Poll::Ready(None) => break,
+                other => panic!("unexpected poll: {:?}", other.map(|o| o.map(|r| r.is_ok()))),
+            }
+        }
+        assert!(b.is_end_stream());
+        assert_eq!(b.size_hint().exact(), Some(0));
+        assert!(matches!(
+            Pin::new(&mut b).poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
+        (out, trailers)
+    }
+
+    #[tokio::test]
+    async fn one_frame_body_replays_identically_many_times() {
+        let data = Bytes::from_static(b"{\"model\":\"m\",\"stream\":true}");
+        let n = data.len();
+        let body = ReplayBody::buffer(Full::new(data.clone()), 1024)
+            .await
+            .unwrap();
+        assert!(body.is_replayable());
+        assert_eq!(body.replay_len(), Some(n));
+        assert!(!body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(n as u64));
+        // Same as a body built from the bytes directly.
+        assert_eq!(
+            format!("{body:?}"),
+            format!("{:?}", ReplayBody::<Full<Bytes>>::from_bytes(data.clone()))
+        );
+        for _ in 0..50 {
+            let c = body.try_clone().unwrap();
+            assert_eq!(c.replay_len(), Some(n));
+            // A clone of a clone replays from the start too.
+            let cc = c.try_clone().unwrap();
+            assert_eq!(drain(c, n as u64), (data.to_vec(), false));
+            assert_eq!(drain(cc, n as u64), (data.to_vec(), false));
+        }
+        // The original is untouched by its clones, and a drained body still clones whole.
+        assert_eq!(body.replay_len(), Some(n));
+        assert_eq!(body.size_hint().exact(), Some(n as u64));
+        let again = body.try_clone().unwrap();
+        assert_eq!(drain(body, n as u64), (data.to_vec(), false));
+        assert_eq!(drain(again, n as u64), (data.to_vec(), false));
+    }
+
+    #[tokio::test]
+    async fn one_frame_body_matches_the_multi_frame_path() {
+        // One frame without trailers, one frame with trailers, and the same bytes split in two
+        // give the same data and the same hints at every step.
+        let mut t = HeaderMap::new();
+        t.insert("x-check", "1".parse().unwrap());
+        let one = ReplayBody::buffer(
+            frames_body(vec![Frame::data(Bytes::from_static(b"abcd"))]),
+            64,
+        )
+        .await
+        .unwrap();
+        let one_t = ReplayBody::buffer(
+            frames_body(vec![
+                Frame::data(Bytes::from_static(b"abcd")),
+                Frame::trailers(t),
+            ]),
+            64,
+        )
+        .await
+        .unwrap();
+        let two = ReplayBody::buffer(
+            frames_body(vec![
+                Frame::data(Bytes::from_static(b"ab")),
+                Frame::data(Bytes::from_static(b"cd")),
+            ]),
+            64,
+        )
+        .await
+        .unwrap();
+        for b in [&one, &one_t, &two] {
+            assert!(b.is_replayable());
+            assert_eq!(b.replay_len(), Some(4));
+        }
+        for _ in 0..3 {
+            assert_eq!(
+                drain(one.try_clone().unwrap(), 4),
+                (b"abcd".to_vec(), false)
+            );
+            assert_eq!(
+                drain(one_t.try_clone().unwrap(), 4),
+                (b"abcd".to_vec(), true)
+            );
+            assert_eq!(
+                drain(two.try_clone().unwrap(), 4),
+                (b"abcd".to_vec(), false)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn empty_and_one_frame_over_cap_bodies() {
+        let empty = ReplayBody::buffer(frames_body(vec![]), 8).await.unwrap();
+        assert!(empty.is_replayable());
+        assert_eq!(empty.replay_len(), Some(0));
+        assert!(empty.is_end_stream());
+        assert_eq!(drain(empty.try_clone().unwrap(), 0), (vec![], false));
+        let from_empty = ReplayBody::<Full<Bytes>>::from_bytes(Bytes::new());
+        assert_eq!(drain(from_empty, 0), (vec![], false));
+        // A single frame over the cap (no hint) is handed on once, whole.
+        let over = ReplayBody::buffer(frames_body(vec![Frame::data(Bytes::from(vec![3u8; 9]))]), 8)
+            .await
+            .unwrap();
+        assert!(!over.is_replayable());
+        assert_eq!(over.replay_len(), None);
+        assert_eq!(collect(over).await, vec![3u8; 9]);
     }
 
     #[tokio::test]
