@@ -3,7 +3,7 @@
 use bytes::Buf;
 
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, for_each_chunk};
+use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, feed_chunks};
 
 /// Incremental scanner for gRPC bodies: each message is a 1-byte compressed flag, a 4-byte
 /// big-endian length and the message bytes.
@@ -95,25 +95,17 @@ impl GrpcScanner {
             return Err(e);
         }
         let result = self.feed_inner(chunk, &mut on_event);
-        if let Err(e) = result {
-            self.error = Some(e);
-        }
+        self.error = result.err();
         result
     }
 
-    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`].
+    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`](crate::scan::for_each_chunk).
     pub fn feed_buf<B: Buf + ?Sized>(
         &mut self,
         buf: &B,
         mut on_event: impl FnMut(Event<'_>),
     ) -> Result<(), ScanError> {
-        let mut result = Ok(());
-        for_each_chunk(buf, |chunk| {
-            if result.is_ok() {
-                result = self.feed(chunk, &mut on_event);
-            }
-        });
-        result
+        feed_chunks(buf, |chunk| self.feed(chunk, &mut on_event))
     }
 
     /// Ends the body. A partial message is discarded (a truncated stream); returns the error the

@@ -6,7 +6,7 @@
 //! small buffers it owns and reuses, so once warm it does not allocate per frame, and fed one
 //! byte per frame it stays linear. The common case, a whole one-line `data:` event inside one
 //! frame, is reported straight from the frame without a copy. One line, event or message larger
-//! than the cap ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`](crate::ScanError),
+//! than the cap ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`],
 //! never unbounded buffering; the bytes are counted whether they are captured or not.
 //!
 //! *Capture*: how much of each event's data the scanner copies out for the classifier. Before
@@ -27,6 +27,8 @@ pub use ndjson::NdjsonScanner;
 pub use sse::{MAX_EVENT_NAME_BYTES, SseScanner};
 
 use bytes::Buf;
+
+use crate::error::ScanError;
 
 /// Default cap on one SSE line or event, one gRPC message or one NDJSON line: 1 MiB.
 ///
@@ -105,4 +107,19 @@ pub fn for_each_chunk<B: Buf + ?Sized>(buf: &B, mut feed: impl FnMut(&[u8])) {
             feed(s);
         }
     }
+}
+
+/// Feeds each chunk of `buf` to `feed` until one fails (the `feed_buf` of every scanner).
+#[inline]
+pub(crate) fn feed_chunks<B: Buf + ?Sized>(
+    buf: &B,
+    mut feed: impl FnMut(&[u8]) -> Result<(), ScanError>,
+) -> Result<(), ScanError> {
+    let mut result = Ok(());
+    for_each_chunk(buf, |chunk| {
+        if result.is_ok() {
+            result = feed(chunk);
+        }
+    });
+    result
 }

@@ -4,7 +4,7 @@ use bytes::Buf;
 use memchr::memchr;
 
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, for_each_chunk};
+use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, feed_chunks};
 
 /// Incremental scanner for NDJSON / JSON Lines bodies: each non-blank line (LF or CRLF ended)
 /// is an [`Event::Line`], without its line end. A last line without a line end is reported by
@@ -87,25 +87,17 @@ impl NdjsonScanner {
             return Err(e);
         }
         let result = self.feed_inner(chunk, &mut on_event);
-        if let Err(e) = result {
-            self.error = Some(e);
-        }
+        self.error = result.err();
         result
     }
 
-    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`].
+    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`](crate::scan::for_each_chunk).
     pub fn feed_buf<B: Buf + ?Sized>(
         &mut self,
         buf: &B,
         mut on_event: impl FnMut(Event<'_>),
     ) -> Result<(), ScanError> {
-        let mut result = Ok(());
-        for_each_chunk(buf, |chunk| {
-            if result.is_ok() {
-                result = self.feed(chunk, &mut on_event);
-            }
-        });
-        result
+        feed_chunks(buf, |chunk| self.feed(chunk, &mut on_event))
     }
 
     /// Ends the body: a last non-blank line without a line end is reported.

@@ -4,7 +4,7 @@ use bytes::Buf;
 use memchr::{memchr, memchr2};
 
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, for_each_chunk};
+use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, feed_chunks};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
@@ -154,25 +154,17 @@ impl SseScanner {
             return Err(e);
         }
         let result = self.feed_inner(chunk, &mut on_event);
-        if let Err(e) = result {
-            self.error = Some(e);
-        }
+        self.error = result.err();
         result
     }
 
-    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`].
+    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`](crate::scan::for_each_chunk).
     pub fn feed_buf<B: Buf + ?Sized>(
         &mut self,
         buf: &B,
         mut on_event: impl FnMut(Event<'_>),
     ) -> Result<(), ScanError> {
-        let mut result = Ok(());
-        for_each_chunk(buf, |chunk| {
-            if result.is_ok() {
-                result = self.feed(chunk, &mut on_event);
-            }
-        });
-        result
+        feed_chunks(buf, |chunk| self.feed(chunk, &mut on_event))
     }
 
     /// Ends the body. An incomplete event is discarded (per WHATWG); returns the error the
