@@ -52,6 +52,8 @@ struct Scenario {
     /// Requests sent straight to a replica by other clients, outside the measured traffic:
     /// (replica, first at, then every, their `x-mock-script`), within the sending window.
     background: Vec<(usize, Duration, Duration, &'static str)>,
+    /// How long one background request occupies its replica (for the oracle router).
+    background_hold: Duration,
     rate: f64,
     requests: u64,
     fixed_delay: Duration,
@@ -84,6 +86,7 @@ fn scenario_a(requests: u64) -> Scenario {
             },
         ],
         background: Vec::new(),
+        background_hold: Duration::ZERO,
         rate: 100.0,
         requests,
         fixed_delay: ms(60),
@@ -121,6 +124,8 @@ fn scenario_b(requests: u64) -> Scenario {
             (0, ms(2000), ms(12_000), LONG),
             (1, ms(8000), ms(12_000), LONG),
         ],
+        // TTFT 800 ms, 5 tokens 2 ms apart, a few ms of loopback.
+        background_hold: ms(815),
         rate: 20.0,
         requests,
         fixed_delay: ms(50),
@@ -168,6 +173,7 @@ fn scenario_c(requests: u64) -> Scenario {
             },
         ],
         background: Vec::new(),
+        background_hold: Duration::ZERO,
         rate: 100.0,
         requests,
         fixed_delay: ms(60),
@@ -303,9 +309,24 @@ async fn run_strategy(sc: Arc<Scenario>, st: Strategy) -> Result<StrategyResult,
         .iter()
         .map(|s| Upstream::new(client.clone(), s.url()))
         .collect();
-    let stack = strategy::build(st, replicas, sc.fixed_delay);
-    let (addr, front) = upstream::serve(stack).await?;
     let expected = Duration::from_secs_f64(sc.requests as f64 / sc.rate);
+    // The background schedule, for the oracle: a long prompt occupies its replica from its
+    // send time for its TTFT plus its tokens (and a margin for the loopback).
+    let start = tokio::time::Instant::now();
+    let mut windows = Vec::new();
+    for &(replica, first, every, _) in &sc.background {
+        let mut at = first;
+        while at < expected.mul_f64(1.3) + Duration::from_secs(1) {
+            windows.push((replica, at, at + sc.background_hold));
+            at += every;
+        }
+    }
+    let busy = strategy::Busy {
+        start,
+        windows: windows.into(),
+    };
+    let stack = strategy::build(st, replicas, sc.fixed_delay, busy);
+    let (addr, front) = upstream::serve(stack).await?;
     let window = expected.mul_f64(1.3) + Duration::from_secs(1);
     let mut background = JoinSet::new();
     for &(replica, first, every, script) in &sc.background {
@@ -406,6 +427,9 @@ async fn run_scenario(sc: Scenario, only: Option<&str>) -> Result<ScenarioResult
     let mut results = Vec::new();
     for st in Strategy::ALL {
         if only.is_some_and(|k| k != st.key()) {
+            continue;
+        }
+        if st == Strategy::Oracle && sc.background.is_empty() {
             continue;
         }
         eprintln!("  {}", st.name());

@@ -1,5 +1,8 @@
 //! The five strategies, each built over the same replica services.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,15 +34,20 @@ pub(crate) enum Strategy {
     Adaptive,
     /// Recorder → priority → timeouts → admission → adaptive `FirstTokenHedge`.
     FullStack,
+    /// No hedge; a router that knows when the other clients' long prompts occupy each replica
+    /// and sends every request to a replica that is free (round robin otherwise): the best any
+    /// routing policy could do, a reference for scenarios with background traffic.
+    Oracle,
 }
 
 impl Strategy {
-    pub(crate) const ALL: [Strategy; 5] = [
+    pub(crate) const ALL: [Strategy; 6] = [
         Strategy::NoHedge,
         Strategy::TowerHedge,
         Strategy::FixedDelay,
         Strategy::Adaptive,
         Strategy::FullStack,
+        Strategy::Oracle,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -49,6 +57,7 @@ impl Strategy {
             Strategy::FixedDelay => "FirstTokenHedge fixed",
             Strategy::Adaptive => "FirstTokenHedge adaptive p90",
             Strategy::FullStack => "full stack",
+            Strategy::Oracle => "oracle router (no hedge)",
         }
     }
 
@@ -59,6 +68,7 @@ impl Strategy {
             Strategy::FixedDelay => "first_token_hedge_fixed",
             Strategy::Adaptive => "first_token_hedge_adaptive",
             Strategy::FullStack => "full_stack",
+            Strategy::Oracle => "oracle",
         }
     }
 
@@ -106,9 +116,65 @@ where
     res.map(box_body)
 }
 
+/// When each replica is occupied by other clients: `(replica, from, to)` since `start`.
+#[derive(Clone, Debug)]
+pub(crate) struct Busy {
+    pub(crate) start: tokio::time::Instant,
+    pub(crate) windows: Arc<[(usize, Duration, Duration)]>,
+}
+
+/// The oracle's router: a replica that is not busy now, round robin among those.
+#[derive(Clone)]
+struct OracleRouter {
+    replicas: Arc<[Upstream]>,
+    busy: Busy,
+    next: Arc<AtomicUsize>,
+}
+
+impl tower::Service<Request<Full<Bytes>>> for OracleRouter {
+    type Response = <Upstream as tower::Service<Request<Full<Bytes>>>>::Response;
+    type Error = BoxError;
+    type Future = <Upstream as tower::Service<Request<Full<Bytes>>>>::Future;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
+        let n = self.replicas.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let t = self.busy.start.elapsed();
+        let busy = |i: usize| {
+            self.busy
+                .windows
+                .iter()
+                .any(|&(r, from, to)| r == i && t >= from && t < to)
+        };
+        let i = (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| !busy(i))
+            .unwrap_or(start);
+        self.replicas[i].clone().call(req)
+    }
+}
+
 /// Builds `strategy` over `replicas`.
-pub(crate) fn build(strategy: Strategy, replicas: Vec<Upstream>, fixed_delay: Duration) -> Stack {
+pub(crate) fn build(
+    strategy: Strategy,
+    replicas: Vec<Upstream>,
+    fixed_delay: Duration,
+    busy: Busy,
+) -> Stack {
     match strategy {
+        Strategy::Oracle => {
+            BoxCloneService::new(ServiceBuilder::new().map_response(boxed_response).service(
+                OracleRouter {
+                    replicas: replicas.into(),
+                    busy,
+                    next: Arc::default(),
+                },
+            ))
+        }
         Strategy::NoHedge => BoxCloneService::new(
             ServiceBuilder::new()
                 .map_response(boxed_response)
