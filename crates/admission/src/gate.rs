@@ -871,3 +871,222 @@ pub(crate) struct Snapshot {
     pub(crate) queued: usize,
     pub(crate) classes: Vec<(Priority, usize, usize, u32)>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BoundedAdmissionLayer, Cost};
+
+    /// What one gate answered, comparable across gates.
+    #[derive(Debug, PartialEq)]
+    enum Seen {
+        Admitted,
+        Queued,
+        Rejected(OverloadReason, Duration),
+        Granted(Duration),
+        Expired(Option<Duration>),
+        Pending,
+    }
+
+    type View = (u32, usize, usize, Vec<(u8, usize, usize, u32)>);
+
+    fn view(g: &Shared) -> View {
+        let s = g.snapshot();
+        let classes = s
+            .classes
+            .iter()
+            .map(|(p, f, q, u)| (p.level(), *f, *q, *u))
+            .collect();
+        (s.in_use, s.in_flight, s.queued, classes)
+    }
+
+    /// The default class of a unit-cost gate is admitted and released without the lock once
+    /// its first request created it; other classes and a reserved share take the lock.
+    #[tokio::test(start_paused = true)]
+    async fn the_default_class_needs_no_lock() {
+        let g = BoundedAdmissionLayer::new(2).handle().shared;
+        let first = g.acquire(None, None, 1);
+        assert!(matches!(first, Acquire::Admitted(ref p) if p.class == IMPLICIT));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g2 = g.clone();
+        let _st = g.lock();
+        // Admission and release while another thread holds the lock: a lock would block.
+        std::thread::spawn(move || {
+            let a = g2.acquire(Some(&Priority::standard()), None, 1);
+            let admitted = matches!(a, Acquire::Admitted(_));
+            drop(a);
+            tx.send(admitted).unwrap();
+        });
+        let done = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(_st);
+        assert_eq!(done, Ok(true));
+        drop(first);
+        let s = g.snapshot();
+        assert_eq!((s.in_use, s.in_flight, s.queued), (0, 0, 0));
+    }
+
+    /// The lock-free path of the default class must behave exactly like the locked path with
+    /// the same (implicit) accounting, and like a gate where every class is counted under the
+    /// lock: the same answers, grants, refusals with the same `Retry-After`, the same snapshots
+    /// after every step of a random mix of arrivals, releases, expiries and cancellations.
+    #[tokio::test(start_paused = true)]
+    async fn lock_free_path_matches_the_locked_paths() {
+        let base = || {
+            BoundedAdmissionLayer::new(4)
+                .with_queue_len(3)
+                .with_queue_timeout(Duration::from_secs(60))
+        };
+        // 0: lock-free for the default class. 1: the same requests forced through the lock (a
+        // reserved share of 0 in the request, which is the configured one). 2: no implicit
+        // class (a cost function, which also weighs 1 unit).
+        let gates = [
+            base().handle().shared,
+            base().handle().shared,
+            base().with_cost(Cost::from_fn(|_| 1)).handle().shared,
+        ];
+        assert!(gates[2].implicit_level.is_none());
+        let standard = Priority::standard();
+        let batch = Priority::batch();
+        let mut held: [Vec<Permit>; 3] = Default::default();
+        let mut kinds = [0usize; 9];
+        let mut queued: [Vec<Queued>; 3] = Default::default();
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for step in 0..20_000 {
+            let op = next(12);
+            let pick = next(1 << 16) as usize;
+            let mut seen = Vec::new();
+            for (i, g) in gates.iter().enumerate() {
+                let s = match op {
+                    0..=4 => {
+                        let (p, share) = match op {
+                            0 | 1 => (None, None),
+                            2 => (Some(&standard), None),
+                            3 => (Some(&batch), None),
+                            _ => (Some(&standard), (i == 1).then_some(0.0)),
+                        };
+                        let share = if i == 1 && p != Some(&batch) {
+                            Some(0.0)
+                        } else {
+                            share
+                        };
+                        match g.acquire(p, share, 1) {
+                            Acquire::Admitted(permit) => {
+                                held[i].push(permit);
+                                Seen::Admitted
+                            }
+                            Acquire::Queued(q) => {
+                                queued[i].push(q);
+                                Seen::Queued
+                            }
+                            Acquire::Rejected(r) => Seen::Rejected(r.reason, r.retry_after),
+                        }
+                    }
+                    5..=7 if !held[i].is_empty() => {
+                        let k = pick % held[i].len();
+                        drop(held[i].swap_remove(k));
+                        Seen::Pending
+                    }
+                    8 if !queued[i].is_empty() => {
+                        let k = pick % queued[i].len();
+                        let mut q = queued[i].remove(k);
+                        let r = q.guard.expire();
+                        if r.is_none() {
+                            // Granted meanwhile: the permit (if any) goes back.
+                            q.guard.disarm();
+                        }
+                        Seen::Expired(r.map(|r| r.retry_after))
+                    }
+                    9 if !queued[i].is_empty() => {
+                        let k = pick % queued[i].len();
+                        drop(queued[i].remove(k));
+                        Seen::Pending
+                    }
+                    10 => {
+                        if i == 0 {
+                            tokio::time::advance(Duration::from_millis(pick as u64 % 700)).await;
+                        }
+                        Seen::Pending
+                    }
+                    _ => {
+                        // Collect the grants the gate sent.
+                        let mut got = Vec::new();
+                        let mut k = 0;
+                        while k < queued[i].len() {
+                            match queued[i][k].rx.try_recv() {
+                                Ok(g) => {
+                                    let mut q = queued[i].remove(k);
+                                    q.guard.disarm();
+                                    match g {
+                                        Ok((permit, waited)) => {
+                                            held[i].push(permit);
+                                            got.push(Seen::Granted(waited));
+                                        }
+                                        Err(r) => got.push(Seen::Rejected(r.reason, r.retry_after)),
+                                    }
+                                }
+                                Err(_) => k += 1,
+                            }
+                        }
+                        seen.push(Seen::Pending);
+                        seen.extend(got);
+                        continue;
+                    }
+                };
+                seen.push(s);
+            }
+            let per_gate = seen.len() / 3;
+            for s in &seen[..per_gate] {
+                let k = match s {
+                    Seen::Admitted => 0,
+                    Seen::Queued => 1,
+                    Seen::Rejected(OverloadReason::QueueFull, _) => 2,
+                    Seen::Rejected(OverloadReason::Evicted, _) => 3,
+                    Seen::Rejected(..) => 4,
+                    Seen::Granted(_) => 5,
+                    Seen::Expired(Some(_)) => 6,
+                    Seen::Expired(None) => 7,
+                    Seen::Pending => 8,
+                };
+                kinds[k] += 1;
+            }
+            for i in 1..3 {
+                assert_eq!(
+                    seen[..per_gate],
+                    seen[i * per_gate..(i + 1) * per_gate],
+                    "answers differ at step {step} (op {op}), gate {i}"
+                );
+            }
+            let v = view(&gates[0]);
+            assert_eq!(
+                v,
+                view(&gates[1]),
+                "snapshots differ at step {step} (gate 1)"
+            );
+            assert_eq!(
+                v,
+                view(&gates[2]),
+                "snapshots differ at step {step} (gate 2)"
+            );
+        }
+        // Every kind of answer happened (evictions and grants racing expiry aside).
+        for k in [0, 1, 2, 3, 5, 6] {
+            assert!(
+                kinds[k] > 50,
+                "answer kind {k} seen {} times: {kinds:?}",
+                kinds[k]
+            );
+        }
+        for i in 0..3 {
+            held[i].clear();
+            queued[i].clear();
+            let v = view(&gates[i]);
+            assert_eq!((v.0, v.1, v.2), (0, 0, 0), "gate {i} is empty at the end");
+        }
+    }
+}
