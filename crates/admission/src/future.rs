@@ -192,16 +192,20 @@ impl<S, ReqB> Wait<S, ReqB> {
     }
 }
 
-/// Drives the state machine to the response, in the flavour's output: `inner` maps an error
-/// of the inner service, `refused` a refusal. The admitted-at-once path stays small enough to
-/// be inlined; waiting and refusals are outlined.
+/// What the shared state machine ends with.
+type Polled<B, E> = Result<Response<AdmissionBody<B>>, Failure<E>>;
+
+/// Why the state machine stopped without a response of the inner service.
+pub(crate) enum Failure<E> {
+    Inner(E),
+    Refused(Refusal),
+}
+
 #[inline]
-fn poll_state<S, ReqB, ResB, E>(
+fn poll_state<S, ReqB, ResB>(
     mut state: Pin<&mut State<S, ReqB>>,
     cx: &mut Context<'_>,
-    inner: impl FnOnce(S::Error) -> E,
-    refused: impl FnOnce(Refusal) -> Result<Response<AdmissionBody<ResB>>, E>,
-) -> Poll<Result<Response<AdmissionBody<ResB>>, E>>
+) -> Poll<Polled<ResB, S::Error>>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: Body,
@@ -210,10 +214,21 @@ where
         match state.as_mut().project() {
             StateProj::Called { fut, permit, wait } => {
                 return Poll::Ready(match ready!(fut.poll(cx)) {
-                    Ok(res) => Ok(admitted(res, permit.take(), wait.take())),
+                    Ok(mut res) => {
+                        let mut permit = permit.take();
+                        if let (Some(w), Some(p)) = (wait.take(), permit.as_ref()) {
+                            res.extensions_mut()
+                                .insert(AdmissionOutcome::admitted(w, p.units()));
+                        }
+                        if res.body().is_end_stream() {
+                            // No body to wait for: release at once.
+                            permit = None;
+                        }
+                        Ok(res.map(|body| AdmissionBody::stream(body, permit)))
+                    }
                     Err(e) => {
                         drop(permit.take());
-                        Err(inner(e))
+                        Err(Failure::Inner(e))
                     }
                 });
             }
@@ -221,29 +236,11 @@ where
                 let refusal = refusal
                     .take()
                     .expect("ResponseFuture polled after completion");
-                return Poll::Ready(refused(refusal));
+                return Poll::Ready(Err(Failure::Refused(refusal)));
             }
             StateProj::Waiting { .. } => ready!(poll_waiting(state.as_mut(), cx)),
         }
     }
-}
-
-/// The inner service's response, with the outcome extension and the body holding the permit.
-#[inline]
-fn admitted<B: Body>(
-    mut res: Response<B>,
-    mut permit: Option<Permit>,
-    wait: Option<Duration>,
-) -> Response<AdmissionBody<B>> {
-    if let (Some(w), Some(p)) = (wait, permit.as_ref()) {
-        res.extensions_mut()
-            .insert(AdmissionOutcome::admitted(w, p.units()));
-    }
-    if res.body().is_end_stream() {
-        // No body to wait for: release at once.
-        permit = None;
-    }
-    res.map(|body| AdmissionBody::stream(body, permit))
 }
 
 /// A queued request: waits for the gate's decision, then moves `state` on to `Called` or
@@ -288,7 +285,11 @@ where
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        poll_state(self.project().state, cx, |e| e, |r| Ok(r.into_response()))
+        Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
+            Ok(res) => Ok(res),
+            Err(Failure::Inner(e)) => Err(e),
+            Err(Failure::Refused(r)) => Ok(r.into_response()),
+        })
     }
 }
 
@@ -300,10 +301,11 @@ where
 {
     type Output = Result<Response<AdmissionBody<ResB>>, BoxError>;
 
-    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        poll_state(self.project().state, cx, Into::into, |r| {
-            Err(Box::new(r.overloaded))
+        Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
+            Ok(res) => Ok(res),
+            Err(Failure::Inner(e)) => Err(e.into()),
+            Err(Failure::Refused(r)) => Err(Box::new(r.overloaded)),
         })
     }
 }
