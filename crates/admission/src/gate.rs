@@ -157,7 +157,9 @@ impl Drop for WaitGuard {
 struct Waiter {
     seq: u64,
     units: u32,
-    enqueued: Instant,
+    /// When it was queued, in nanoseconds since the gate was created (cheap arithmetic for the
+    /// ordering in `dispatch`).
+    at: u64,
     tx: oneshot::Sender<Grant>,
 }
 
@@ -401,15 +403,6 @@ impl Shared {
         in_use_of(self.word.load(Ordering::Acquire)).saturating_sub(st.explicit_in_use)
     }
 
-    /// Units in use of class `i`, computed under the lock.
-    fn class_in_use(&self, st: &State, i: usize) -> u32 {
-        if self.is_implicit(i) {
-            self.implicit_in_use(st)
-        } else {
-            st.classes[i].in_use
-        }
-    }
-
     fn is_implicit(&self, i: usize) -> bool {
         self.implicit.get().is_some_and(|c| c.index == i)
     }
@@ -531,13 +524,9 @@ impl Shared {
             let (tx, rx) = oneshot::channel();
             st.queued += 1;
             st.queued_units += u64::from(units);
+            let at = self.nanos(now);
             let c = &mut st.classes[class];
-            c.waiters.push_back(Waiter {
-                seq,
-                units,
-                enqueued: now,
-                tx,
-            });
+            c.waiters.push_back(Waiter { seq, units, at, tx });
             c.metrics.queued.increment(1.0);
             // The arrival is queued first so that it competes in order: if it is admitted at
             // once (it outranks every waiter and fits), nobody is evicted.
@@ -686,39 +675,55 @@ impl Shared {
         est.min(MAX_RETRY_AFTER)
     }
 
-    /// Effective level of a waiter for ordering: the class level, raised with age.
-    fn effective(&self, level: u8, waited: Duration) -> u128 {
+    /// `t` in nanoseconds since the gate was created.
+    fn nanos(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.created).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Effective level of a waiter for ordering: the class level, raised with age (the wait in
+    /// nanoseconds).
+    fn effective(&self, level: u8, waited: u64) -> u128 {
         match self.cfg.aging {
-            Some(a) => u128::from(level) * a.as_nanos() + AGING_STEP * waited.as_nanos(),
+            Some(a) => u128::from(level) * a.as_nanos() + AGING_STEP * u128::from(waited),
             None => u128::from(level),
         }
     }
 
-    fn aged(&self, waited: Duration) -> bool {
-        self.cfg.aging.is_some_and(|a| waited >= a)
+    fn aged(&self, waited: u64) -> bool {
+        self.cfg
+            .aging
+            .is_some_and(|a| u128::from(waited) >= a.as_nanos())
     }
 
     /// Admits waiters in order while the best one fits.
     fn dispatch(self: &Arc<Self>, st: &mut State, now: Instant, deferred: &mut Deferred) {
+        let implicit = self.implicit.get().map(|c| c.index);
+        let now_ns = self.nanos(now);
         while st.queued > 0 {
             let lifo = self.cfg.lifo && self.standing(st, now);
+            let implicit_in_use = match implicit {
+                Some(_) => self.implicit_in_use(st),
+                None => 0,
+            };
             let mut best: Option<(usize, bool, OrderKey)> = None;
             for (i, c) in st.classes.iter().enumerate() {
                 let Some(front) = c.waiters.front() else {
                     continue;
                 };
-                let back = lifo && !self.aged(now.saturating_duration_since(front.enqueued));
+                let back = lifo && !self.aged(now_ns.saturating_sub(front.at));
                 let w = if back {
                     c.waiters.back().expect("non-empty")
                 } else {
                     front
                 };
+                let in_use = if implicit == Some(i) {
+                    implicit_in_use
+                } else {
+                    c.in_use
+                };
                 let key = (
-                    self.class_in_use(st, i) < c.reserved,
-                    self.effective(
-                        c.priority.level(),
-                        now.saturating_duration_since(w.enqueued),
-                    ),
+                    in_use < c.reserved,
+                    self.effective(c.priority.level(), now_ns.saturating_sub(w.at)),
                     Reverse(w.seq),
                 );
                 if best.as_ref().is_none_or(|(_, _, k)| key > *k) {
@@ -747,7 +752,8 @@ impl Shared {
             }
             .expect("non-empty");
             c.metrics.admitted_queued.increment(1);
-            let waited = now.saturating_duration_since(w.enqueued);
+            // Exact: both instants are whole nanoseconds past the gate's creation.
+            let waited = Duration::from_nanos(now_ns.saturating_sub(w.at));
             c.metrics.queue_wait.record(waited.as_secs_f64());
             let permit_class = self.admitted(st, i, units);
             self.unqueue(st, i, units);
