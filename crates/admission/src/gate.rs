@@ -221,7 +221,8 @@ impl ClassMetrics {
 
 struct Class {
     priority: Priority,
-    /// Units and requests in flight (always 0 for the implicit class: see [`Shared::class_in_use`]).
+    /// Units and requests in flight (always 0 for the implicit class, whose counts are derived
+    /// from the gate word: see [`Shared::implicit_in_use`]).
     in_use: u32,
     in_flight: usize,
     reserved: u32,
