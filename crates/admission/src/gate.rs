@@ -932,6 +932,80 @@ mod tests {
         assert_eq!((s.in_use, s.in_flight, s.queued), (0, 0, 0));
     }
 
+    /// Real threads racing the lock-free path against queueing, other classes and releases:
+    /// capacity is never exceeded, every waiter is admitted (no wakeup lost between a release
+    /// that did not see the queue flag and an arrival that set it), and the gate ends empty.
+    #[test]
+    fn threads_racing_the_lock_free_path_lose_no_waiter() {
+        use std::sync::atomic::AtomicUsize;
+        const CAPACITY: usize = 3;
+        let g = BoundedAdmissionLayer::new(CAPACITY as u32)
+            .with_queue_len(1_000)
+            .with_codel(None)
+            .handle()
+            .shared;
+        let held = Arc::new(AtomicUsize::new(0));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let batch = Priority::batch();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (g, held, queued, batch) =
+                    (g.clone(), held.clone(), queued.clone(), batch.clone());
+                std::thread::spawn(move || {
+                    for i in 0..5_000 {
+                        let p = (i % 7 == t).then_some(&batch);
+                        let permit = match g.acquire(p, None, 1) {
+                            Acquire::Admitted(permit) => permit,
+                            Acquire::Queued(mut q) => {
+                                queued.fetch_add(1, Ordering::Relaxed);
+                                let mut spins = 0u64;
+                                let grant = loop {
+                                    match q.rx.try_recv() {
+                                        Ok(grant) => break grant,
+                                        Err(_) => {
+                                            spins += 1;
+                                            assert!(
+                                                spins < 20_000_000,
+                                                "a waiter was never admitted"
+                                            );
+                                            std::thread::yield_now();
+                                        }
+                                    }
+                                };
+                                q.guard.disarm();
+                                grant.expect("nobody is evicted or expired").0
+                            }
+                            Acquire::Rejected(r) => panic!("refused: {r:?}"),
+                        };
+                        let now = held.fetch_add(1, Ordering::SeqCst) + 1;
+                        assert!(now <= CAPACITY, "{now} permits held at once");
+                        if (i / 64) % 2 == 0 {
+                            // Busy: hold the permit a little, the queue builds up.
+                            std::thread::yield_now();
+                        }
+                        held.fetch_sub(1, Ordering::SeqCst);
+                        drop(permit);
+                        if (i / 64) % 2 == 1 {
+                            // Idle a little: the queue drains and the lock-free path opens.
+                            std::thread::yield_now();
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        eprintln!(
+            "{} of 20000 requests queued",
+            queued.load(Ordering::Relaxed)
+        );
+        let s = g.snapshot();
+        assert_eq!((s.in_use, s.in_flight, s.queued), (0, 0, 0));
+        assert!(s.classes.iter().all(|c| (c.1, c.2, c.3) == (0, 0, 0)));
+    }
+
     /// The lock-free path of the default class must behave exactly like the locked path with
     /// the same (implicit) accounting, and like a gate where every class is counted under the
     /// lock: the same answers, grants, refusals with the same `Retry-After`, the same snapshots
