@@ -4,10 +4,11 @@
 //! Futures and bodies are polled by hand with a no-op waker (every step is ready at once when
 //! uncontended), so what is measured is the layer's own work: for `ConcurrencyLimit`, a
 //! semaphore acquire in `poll_ready` and the release when the response future completes; for
-//! `BoundedAdmission`, the decision in `call` (one lock), the response wrapped in a body that
-//! holds the permit, and the release at the end of the body (one lock, one clock read for the
-//! drain rate). The inner service answers at once with a one-frame body, which is read to its
-//! end in every variant.
+//! `BoundedAdmission`, the decision in `call` (one compare-and-swap on the gate word: the
+//! default class of a unit-cost gate takes no lock), the response wrapped in a body that holds
+//! the permit, and the release at the end of the body (one `fetch_add`, no clock read). The
+//! inner service answers at once with a one-frame body, which is read to its end in every
+//! variant.
 //!
 //! With 1,000 waiters, one iteration is one release that admits the next waiter, plus one new
 //! arrival so the queue stays 1,000 deep: for `ConcurrencyLimit` the waiters are service clones

@@ -78,6 +78,7 @@ impl<B: Body> Body for AdmissionBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -96,6 +97,7 @@ impl<B: Body> Body for AdmissionBody<B> {
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Stream { body, .. } => body.is_end_stream(),
