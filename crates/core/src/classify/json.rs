@@ -305,6 +305,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Consumes one value: a non-empty string, array or object?
+    #[inline(always)]
     fn non_empty(&mut self) -> Result<bool> {
         Ok(match self.start()? {
             b'"' => !self.string()?.is_empty(),
