@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use bytes::Buf;
 use http::request::Parts;
-use http::{Extensions, HeaderMap, HeaderName, Method, Request, Response, Uri, Version};
+use http::{
+    Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
+};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::replay::Buffering;
@@ -187,23 +189,45 @@ enum Head {
 }
 
 /// The request head backups are built from (`http::request::Parts` cannot be cloned).
+///
+/// The headers are kept as a list of name/value pairs, not a `HeaderMap`: one allocation for
+/// the copy instead of two (a map's index table is rebuilt only when a backup is sent).
 struct Template {
     method: Method,
     uri: Uri,
     version: Version,
-    headers: HeaderMap,
+    headers: Vec<(HeaderName, HeaderValue)>,
     extensions: Extensions,
 }
 
 impl Template {
     fn of(parts: &Parts) -> Self {
+        let mut headers = Vec::with_capacity(parts.headers.len());
+        headers.extend(parts.headers.iter().map(|(n, v)| (n.clone(), v.clone())));
         Template {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             version: parts.version,
-            headers: parts.headers.clone(),
+            headers,
             extensions: parts.extensions.clone(),
         }
+    }
+
+    /// A copy of the head, as a request with `body`. Every value of a name is appended in the
+    /// order the original map held them, so the copy iterates exactly as the original did.
+    fn request<T>(&self, body: T) -> Request<T> {
+        // Capacity counts names, not values; a huge list grows the map as it goes.
+        let mut headers = HeaderMap::with_capacity(self.headers.len().min(256));
+        for (name, value) in &self.headers {
+            headers.append(name.clone(), value.clone());
+        }
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = headers;
+        *req.extensions_mut() = self.extensions.clone();
+        req
     }
 }
 
@@ -370,13 +394,7 @@ where
         keep_template: bool,
     ) -> Request<ReplayBody<B>> {
         let mut req = if let Head::Template(t) = &self.head {
-            let mut req = Request::new(body);
-            *req.method_mut() = t.method.clone();
-            *req.uri_mut() = t.uri.clone();
-            *req.version_mut() = t.version;
-            *req.headers_mut() = t.headers.clone();
-            *req.extensions_mut() = t.extensions.clone();
-            req
+            t.request(body)
         } else {
             let head = match &self.head {
                 Head::Original(parts) if keep_template => Head::Template(Template::of(parts)),
