@@ -612,7 +612,8 @@ where
             let message = match failure {
                 Failure::Response { stream, .. } => format!(
                     "{} attempts failed before a first token; the best answer was {}",
-                    self.sent, stream.head.status
+                    self.sent,
+                    stream.status()
                 ),
                 Failure::Service(e) => format!(
                     "{} attempts failed before a first token; the last error: {}",
@@ -779,8 +780,7 @@ static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// The `grpc-status` in `headers`, if any.
 fn grpc_status(headers: &HeaderMap) -> Option<u16> {
-    headers
-        .get(&GRPC_STATUS)
+    crate::headers::get(headers, &GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.trim().parse().ok())
 }
@@ -806,41 +806,36 @@ where
         };
         let (head, body) = res.into_parts();
         let status = head.status;
-        let grpc = grpc_status(&head.headers);
-        let mut stream = Live::new(head, body);
-        if cfg.retryable.contains(&status) {
+        // What the head alone says; the body is boxed (once) after, with its tracker.
+        let early = if cfg.retryable.contains(&status) {
+            Some(Err((UpstreamFailure::Status(status), RANK_STATUS)))
+        } else {
+            match grpc_status(&head.headers) {
+                // A trailers-only gRPC response with an error status.
+                Some(code) if code != 0 && cfg.retryable_grpc.contains(&code) => {
+                    Some(Err((UpstreamFailure::InBand, RANK_IN_BAND)))
+                }
+                Some(code) if code != 0 => Some(Ok(())),
+                // Not a success: an answer about the request itself, returned as it is.
+                _ if !status.is_success() => Some(Ok(())),
+                _ => None,
+            }
+        };
+        if let Some(early) = early {
             slot.state = SlotState::Taken;
-            return Step::Failed(Failure::Response {
-                kind: UpstreamFailure::Status(status),
-                rank: RANK_STATUS,
-                stream,
-                error: None,
-            });
-        }
-        match grpc {
-            // A trailers-only gRPC response with an error status.
-            Some(code) if code != 0 && cfg.retryable_grpc.contains(&code) => {
-                slot.state = SlotState::Taken;
-                return Step::Failed(Failure::Response {
-                    kind: UpstreamFailure::InBand,
-                    rank: RANK_IN_BAND,
+            let stream = Live::new(head, body, None);
+            return match early {
+                Ok(()) => Step::Commit(stream, false),
+                Err((kind, rank)) => Step::Failed(Failure::Response {
+                    kind,
+                    rank,
                     stream,
                     error: None,
-                });
-            }
-            Some(code) if code != 0 => {
-                slot.state = SlotState::Taken;
-                return Step::Commit(stream, false);
-            }
-            _ => {}
+                }),
+            };
         }
-        if !status.is_success() {
-            // An answer about the request itself: returned as it is.
-            slot.state = SlotState::Taken;
-            return Step::Commit(stream, false);
-        }
-        let tracker = StreamTracker::new(&cfg.dialect, &stream.head.headers);
-        *stream.as_mut().project().tracker = Some(tracker);
+        let tracker = StreamTracker::new(&cfg.dialect, &head.headers);
+        let stream = Live::new(head, body, Some(tracker));
         slot.state = SlotState::Body(stream);
     }
 
