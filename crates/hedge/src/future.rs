@@ -956,3 +956,46 @@ fn ended<E>(tracker: &mut StreamTracker) -> Verdict<E> {
         Verdict::Fail(UpstreamFailure::Protocol, RANK_NO_TOKEN, None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backup's head is the original one: method, URI, version, every header value in the
+    /// original's order (several values of a name, sensitive values), extensions.
+    #[test]
+    fn a_template_request_has_the_original_head() {
+        #[derive(Clone, Debug, PartialEq)]
+        struct Tag(u32);
+        let mut req = Request::builder()
+            .method(Method::PUT)
+            .uri("https://example.com:8443/v1/chat?x=1")
+            .version(Version::HTTP_2)
+            .header("x-b", "1")
+            .header("content-type", "application/json")
+            .header("x-b", "2")
+            .header("accept", "text/event-stream")
+            .header("x-b", "3")
+            .body(())
+            .unwrap();
+        let mut secret = HeaderValue::from_static("Bearer k");
+        secret.set_sensitive(true);
+        req.headers_mut()
+            .insert(http::header::AUTHORIZATION, secret);
+        req.extensions_mut().insert(Tag(7));
+        let (parts, ()) = req.into_parts();
+        let copy = Template::of(&parts).request(5u8);
+        assert_eq!(copy.method(), parts.method);
+        assert_eq!(copy.uri(), &parts.uri);
+        assert_eq!(copy.version(), parts.version);
+        let pairs = |h: &HeaderMap| {
+            h.iter()
+                .map(|(n, v)| (n.clone(), v.clone(), v.is_sensitive()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pairs(copy.headers()), pairs(&parts.headers));
+        assert_eq!(copy.headers().len(), 6);
+        assert_eq!(copy.extensions().get::<Tag>(), Some(&Tag(7)));
+        assert_eq!(*copy.body(), 5);
+    }
+}
