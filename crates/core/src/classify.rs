@@ -155,10 +155,17 @@ impl Dialect {
     pub fn resolve(&self, headers: &http::HeaderMap) -> Dialect {
         match self {
             Dialect::Auto => {
-                let ct = headers
-                    .get(http::header::CONTENT_TYPE)
-                    .map(|v| v.as_bytes())
-                    .unwrap_or_default();
+                // A head with a few names is searched by comparing names (a tag check for a
+                // standard name), not by hashing: the same first value as `get`.
+                let ct = if headers.keys_len() <= 8 {
+                    headers
+                        .iter()
+                        .find(|(k, _)| *k == http::header::CONTENT_TYPE)
+                        .map(|(_, v)| v)
+                } else {
+                    headers.get(http::header::CONTENT_TYPE)
+                };
+                let ct = ct.map(|v| v.as_bytes()).unwrap_or_default();
                 let essence = ct
                     .split(|&b| b == b';')
                     .next()
@@ -1079,5 +1086,33 @@ mod tests {
         assert_eq!(format!("{:?}", Dialect::OpenAi.resolve(&h)), "OpenAi");
         assert_eq!(Dialect::Auto.framing(), None);
         assert_eq!(Dialect::Anthropic.framing(), Some(Framing::Sse));
+    }
+
+    /// The first `content-type` value decides, in a small head (names compared) as in a large
+    /// one (the map's lookup).
+    #[test]
+    fn auto_resolves_from_the_first_content_type_of_small_and_large_heads() {
+        for others in [0, 3, 20] {
+            let mut h = http::HeaderMap::new();
+            for i in 0..others {
+                h.insert(
+                    http::HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(),
+                    http::HeaderValue::from_static("v"),
+                );
+            }
+            h.append(
+                http::header::CONTENT_TYPE,
+                "text/event-stream".parse().unwrap(),
+            );
+            h.append(
+                http::header::CONTENT_TYPE,
+                "application/grpc".parse().unwrap(),
+            );
+            assert_eq!(
+                format!("{:?}", Dialect::Auto.resolve(&h)),
+                "LlmSse",
+                "{others}"
+            );
+        }
     }
 }

@@ -62,8 +62,8 @@ pin_project! {
     /// when the attempt is committed.
     #[project = LiveProj]
     pub(crate) struct Live<B: Body> {
-        // The response head; taken (an empty head is left) when the response is built.
-        pub(crate) head: response::Parts,
+        // The response head; taken when the response is built.
+        head: Option<response::Parts>,
         // The first-token scan while the race reads the body; `None` for a response returned
         // as it is, and once committed.
         pub(crate) tracker: Option<StreamTracker>,
@@ -78,15 +78,26 @@ pin_project! {
 }
 
 impl<B: Body> Live<B> {
-    pub(crate) fn new(head: response::Parts, body: B) -> Pin<Box<Self>> {
+    pub(crate) fn new(
+        head: response::Parts,
+        body: B,
+        tracker: Option<StreamTracker>,
+    ) -> Pin<Box<Self>> {
         Box::pin(Live {
-            head,
-            tracker: None,
+            head: Some(head),
+            tracker,
             replay: Replay::new(),
             replay_bytes: 0,
             error: None,
             body: Some(body),
         })
+    }
+
+    /// The response status.
+    pub(crate) fn status(&self) -> http::StatusCode {
+        self.head
+            .as_ref()
+            .map_or(http::StatusCode::OK, |h| h.status)
     }
 
     /// The response to hand to the client: the head, then a body that replays the frames read,
@@ -97,7 +108,11 @@ impl<B: Body> Live<B> {
         forward: Option<Forward>,
     ) -> Response<HedgeBody<B>> {
         let this = self.as_mut().project();
-        let head = std::mem::replace(this.head, Response::new(()).into_parts().0);
+        // The head is taken only here, and this consumes the box.
+        let head = this
+            .head
+            .take()
+            .unwrap_or_else(|| Response::new(()).into_parts().0);
         *this.tracker = None;
         if let Some(f) = &forward {
             f.apply();

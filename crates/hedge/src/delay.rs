@@ -356,7 +356,8 @@ impl Estimator {
                 )
             };
             if let Some(d) = st.cached {
-                metrics::gauge!("tailguard_hedge_delay_seconds", "key" => self.label.to_string())
+                // The label shares the key's `Arc<str>` (no string copied per update).
+                metrics::gauge!("tailguard_hedge_delay_seconds", "key" => self.label.clone())
                     .set(d.as_secs_f64());
             }
         }
@@ -372,11 +373,14 @@ fn kaplan_meier(a: &Hist, b: &Hist, p: f64) -> Duration {
     let mut survival = 1.0f64;
     let mut last = 0;
     for k in 0..BUCKETS {
-        let d = f64::from(a.events[k]) + f64::from(b.events[k]);
-        let c = f64::from(a.censored[k]) + f64::from(b.censored[k]);
-        if d + c == 0.0 {
+        // Most buckets are empty: tested in integers, converted only when not (the sums of
+        // two `u32` are exact in an `f64`, so the arithmetic below is unchanged).
+        let d = u64::from(a.events[k]) + u64::from(b.events[k]);
+        let c = u64::from(a.censored[k]) + u64::from(b.censored[k]);
+        if d + c == 0 {
             continue;
         }
+        let (d, c) = (d as f64, c as f64);
         last = k;
         if d > 0.0 && at_risk > 0.0 {
             survival *= 1.0 - d / at_risk;

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use bytes::Buf;
 use http::request::Parts;
-use http::{Extensions, HeaderMap, HeaderName, Method, Request, Response, Uri, Version};
+use http::{
+    Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
+};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::replay::Buffering;
@@ -187,23 +189,45 @@ enum Head {
 }
 
 /// The request head backups are built from (`http::request::Parts` cannot be cloned).
+///
+/// The headers are kept as a list of name/value pairs, not a `HeaderMap`: one allocation for
+/// the copy instead of two (a map's index table is rebuilt only when a backup is sent).
 struct Template {
     method: Method,
     uri: Uri,
     version: Version,
-    headers: HeaderMap,
+    headers: Vec<(HeaderName, HeaderValue)>,
     extensions: Extensions,
 }
 
 impl Template {
     fn of(parts: &Parts) -> Self {
+        let mut headers = Vec::with_capacity(parts.headers.len());
+        headers.extend(parts.headers.iter().map(|(n, v)| (n.clone(), v.clone())));
         Template {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             version: parts.version,
-            headers: parts.headers.clone(),
+            headers,
             extensions: parts.extensions.clone(),
         }
+    }
+
+    /// A copy of the head, as a request with `body`. Every value of a name is appended in the
+    /// order the original map held them, so the copy iterates exactly as the original did.
+    fn request<T>(&self, body: T) -> Request<T> {
+        // Capacity counts names, not values; a huge list grows the map as it goes.
+        let mut headers = HeaderMap::with_capacity(self.headers.len().min(256));
+        for (name, value) in &self.headers {
+            headers.append(name.clone(), value.clone());
+        }
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = headers;
+        *req.extensions_mut() = self.extensions.clone();
+        req
     }
 }
 
@@ -370,13 +394,7 @@ where
         keep_template: bool,
     ) -> Request<ReplayBody<B>> {
         let mut req = if let Head::Template(t) = &self.head {
-            let mut req = Request::new(body);
-            *req.method_mut() = t.method.clone();
-            *req.uri_mut() = t.uri.clone();
-            *req.version_mut() = t.version;
-            *req.headers_mut() = t.headers.clone();
-            *req.extensions_mut() = t.extensions.clone();
-            req
+            t.request(body)
         } else {
             let head = match &self.head {
                 Head::Original(parts) if keep_template => Head::Template(Template::of(parts)),
@@ -594,7 +612,8 @@ where
             let message = match failure {
                 Failure::Response { stream, .. } => format!(
                     "{} attempts failed before a first token; the best answer was {}",
-                    self.sent, stream.head.status
+                    self.sent,
+                    stream.status()
                 ),
                 Failure::Service(e) => format!(
                     "{} attempts failed before a first token; the last error: {}",
@@ -761,8 +780,7 @@ static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// The `grpc-status` in `headers`, if any.
 fn grpc_status(headers: &HeaderMap) -> Option<u16> {
-    headers
-        .get(&GRPC_STATUS)
+    crate::headers::get(headers, &GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.trim().parse().ok())
 }
@@ -788,41 +806,36 @@ where
         };
         let (head, body) = res.into_parts();
         let status = head.status;
-        let grpc = grpc_status(&head.headers);
-        let mut stream = Live::new(head, body);
-        if cfg.retryable.contains(&status) {
+        // What the head alone says; the body is boxed (once) after, with its tracker.
+        let early = if cfg.retryable.contains(&status) {
+            Some(Err((UpstreamFailure::Status(status), RANK_STATUS)))
+        } else {
+            match grpc_status(&head.headers) {
+                // A trailers-only gRPC response with an error status.
+                Some(code) if code != 0 && cfg.retryable_grpc.contains(&code) => {
+                    Some(Err((UpstreamFailure::InBand, RANK_IN_BAND)))
+                }
+                Some(code) if code != 0 => Some(Ok(())),
+                // Not a success: an answer about the request itself, returned as it is.
+                _ if !status.is_success() => Some(Ok(())),
+                _ => None,
+            }
+        };
+        if let Some(early) = early {
             slot.state = SlotState::Taken;
-            return Step::Failed(Failure::Response {
-                kind: UpstreamFailure::Status(status),
-                rank: RANK_STATUS,
-                stream,
-                error: None,
-            });
-        }
-        match grpc {
-            // A trailers-only gRPC response with an error status.
-            Some(code) if code != 0 && cfg.retryable_grpc.contains(&code) => {
-                slot.state = SlotState::Taken;
-                return Step::Failed(Failure::Response {
-                    kind: UpstreamFailure::InBand,
-                    rank: RANK_IN_BAND,
+            let stream = Live::new(head, body, None);
+            return match early {
+                Ok(()) => Step::Commit(stream, false),
+                Err((kind, rank)) => Step::Failed(Failure::Response {
+                    kind,
+                    rank,
                     stream,
                     error: None,
-                });
-            }
-            Some(code) if code != 0 => {
-                slot.state = SlotState::Taken;
-                return Step::Commit(stream, false);
-            }
-            _ => {}
+                }),
+            };
         }
-        if !status.is_success() {
-            // An answer about the request itself: returned as it is.
-            slot.state = SlotState::Taken;
-            return Step::Commit(stream, false);
-        }
-        let tracker = StreamTracker::new(&cfg.dialect, &stream.head.headers);
-        *stream.as_mut().project().tracker = Some(tracker);
+        let tracker = StreamTracker::new(&cfg.dialect, &head.headers);
+        let stream = Live::new(head, body, Some(tracker));
         slot.state = SlotState::Body(stream);
     }
 
@@ -941,5 +954,48 @@ fn ended<E>(tracker: &mut StreamTracker) -> Verdict<E> {
         Verdict::Fail(UpstreamFailure::InBand, RANK_IN_BAND, None)
     } else {
         Verdict::Fail(UpstreamFailure::Protocol, RANK_NO_TOKEN, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backup's head is the original one: method, URI, version, every header value in the
+    /// original's order (several values of a name, sensitive values), extensions.
+    #[test]
+    fn a_template_request_has_the_original_head() {
+        #[derive(Clone, Debug, PartialEq)]
+        struct Tag(u32);
+        let mut req = Request::builder()
+            .method(Method::PUT)
+            .uri("https://example.com:8443/v1/chat?x=1")
+            .version(Version::HTTP_2)
+            .header("x-b", "1")
+            .header("content-type", "application/json")
+            .header("x-b", "2")
+            .header("accept", "text/event-stream")
+            .header("x-b", "3")
+            .body(())
+            .unwrap();
+        let mut secret = HeaderValue::from_static("Bearer k");
+        secret.set_sensitive(true);
+        req.headers_mut()
+            .insert(http::header::AUTHORIZATION, secret);
+        req.extensions_mut().insert(Tag(7));
+        let (parts, ()) = req.into_parts();
+        let copy = Template::of(&parts).request(5u8);
+        assert_eq!(copy.method(), parts.method);
+        assert_eq!(copy.uri(), &parts.uri);
+        assert_eq!(copy.version(), parts.version);
+        let pairs = |h: &HeaderMap| {
+            h.iter()
+                .map(|(n, v)| (n.clone(), v.clone(), v.is_sensitive()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pairs(copy.headers()), pairs(&parts.headers));
+        assert_eq!(copy.headers().len(), 6);
+        assert_eq!(copy.extensions().get::<Tag>(), Some(&Tag(7)));
+        assert_eq!(*copy.body(), 5);
     }
 }

@@ -66,7 +66,7 @@ impl Shared {
             return false;
         }
         if let Some(h) = &c.opt_out
-            && parts.headers.contains_key(h)
+            && crate::headers::contains(&parts.headers, h)
         {
             return false;
         }

@@ -5,8 +5,15 @@
 //! in strings, paired surrogates, number syntax and range, nesting limit of 128, trailing
 //! whitespace only) and reads only what a decision needs: whether a string, array or object is
 //! empty, whether a value is `null` or `true`, which of a few names a member name or string is.
-//! Nothing is built: no `Value`, no owned or unescaped strings (names are unescaped into a small
-//! stack buffer). A member given twice counts by its last value, as in a `Value` map.
+//! Nothing is built: no `Value`, no owned or unescaped strings (a name with escapes is unescaped
+//! into a small stack buffer). A member given twice counts by its last value, as in a `Value`
+//! map, so the whole document is always read: a decision known half-way can still be undone by
+//! a later duplicate or by a syntax error (which makes the document undecidable).
+//!
+//! Where the time goes, per byte: strings (most of a chunk) are skipped eight bytes at a time,
+//! looking only for `"`, `\` and control characters; member names without escapes are compared
+//! in place, with a `match` per object kind; short integers are read here, and the UTF-8 check
+//! runs only when a string held a byte over 0x7f (an all-ASCII document is valid UTF-8).
 //!
 //! Numbers other than short integers are handed to serde_json's own number parser, so that the
 //! range (`1e400` is an error) is exactly serde_json's; that allocates nothing unless a crate in
@@ -15,13 +22,13 @@
 use super::{Class, anthropic_event};
 
 /// The document is not JSON (or not the JSON `Value` would accept).
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(super) struct Malformed;
 
 type Result<T> = std::result::Result<T, Malformed>;
 
 /// What [`openai_json`](super::openai_json) needs from a chunk.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Chunk {
     /// The (last) `error` member is present and not `null`.
     pub(super) error: bool,
@@ -37,11 +44,11 @@ pub(super) fn chunk(bytes: &[u8]) -> Result<Option<Chunk>> {
             return Ok(None);
         }
         let mut chunk = Chunk::default();
-        r.object(&["error", "choices"], |r, key| {
-            match key {
-                Some(0) => chunk.error = r.not_null()?,
-                Some(_) => chunk.token = r.any_element(Reader::choice)?,
-                None => r.skip()?,
+        r.object(|r, name| {
+            match name {
+                b"error" => chunk.error = r.not_null()?,
+                b"choices" => chunk.token = r.any_element(Reader::choice)?,
+                _ => r.skip()?,
             }
             Ok(())
         })?;
@@ -49,8 +56,9 @@ pub(super) fn chunk(bytes: &[u8]) -> Result<Option<Chunk>> {
     })
 }
 
-/// The members of a delta that carry output (see `choice_has_output`).
-const OUTPUT_KEYS: &[&str] = &[
+/// The members of a delta that carry output (see `choice_has_output`), in the order
+/// [`output_key`] numbers them.
+const OUTPUT_KEYS: [&str; 6] = [
     "content",
     "reasoning_content",
     "reasoning",
@@ -59,8 +67,22 @@ const OUTPUT_KEYS: &[&str] = &[
     "function_call",
 ];
 
-/// Anthropic's event names, as `type` values.
-const EVENT_NAMES: &[&str] = &[
+/// The index of `name` in [`OUTPUT_KEYS`].
+#[inline]
+fn output_key(name: &[u8]) -> Option<usize> {
+    Some(match name {
+        b"content" => 0,
+        b"reasoning_content" => 1,
+        b"reasoning" => 2,
+        b"tool_calls" => 3,
+        b"refusal" => 4,
+        b"function_call" => 5,
+        _ => return None,
+    })
+}
+
+/// Anthropic's event names, as `type` values (the names [`anthropic_event`] knows).
+const EVENT_NAMES: [&str; 8] = [
     "content_block_delta",
     "ping",
     "message_start",
@@ -80,19 +102,18 @@ pub(super) fn anthropic_type(bytes: &[u8]) -> Option<Class> {
             return Ok(None);
         }
         let mut class = None;
-        r.object(&["type"], |r, key| {
-            match key {
-                Some(_) if r.start()? == b'"' => {
-                    class = r
-                        .string(EVENT_NAMES)?
-                        .name
-                        .and_then(|i| anthropic_event(EVENT_NAMES[i].as_bytes()));
+        let mut buf = [0; MAX_NAME];
+        r.object(|r, name| {
+            match name {
+                b"type" if r.start()? == b'"' => {
+                    let span = r.string()?;
+                    class = anthropic_event(r.text(span, &mut buf));
                 }
-                Some(_) => {
+                b"type" => {
                     r.skip()?;
                     class = None;
                 }
-                None => r.skip()?,
+                _ => r.skip()?,
             }
             Ok(())
         })?;
@@ -103,7 +124,7 @@ pub(super) fn anthropic_type(bytes: &[u8]) -> Option<Class> {
 }
 
 /// What [`ndjson`](super::ndjson) needs from a line.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Line {
     /// The (last) `error` member is present and not `null`.
     pub(super) error: bool,
@@ -124,13 +145,13 @@ pub(super) fn line(bytes: &[u8]) -> Result<Option<Line>> {
         }
         let mut line = Line::default();
         let (mut response, mut message) = (false, false);
-        r.object(&["error", "done", "response", "message"], |r, key| {
-            match key {
-                Some(0) => line.error = r.not_null()?,
-                Some(1) => line.done = r.scalar_or_skip()? == Some(Scalar::True),
-                Some(2) => response = r.non_empty()?,
-                Some(_) => message = r.message()?,
-                None => r.skip()?,
+        r.object(|r, name| {
+            match name {
+                b"error" => line.error = r.not_null()?,
+                b"done" => line.done = r.scalar_or_skip()? == Some(Scalar::True),
+                b"response" => response = r.non_empty()?,
+                b"message" => message = r.message()?,
+                _ => r.skip()?,
             }
             Ok(())
         })?;
@@ -148,12 +169,20 @@ enum Scalar {
     Number,
 }
 
-/// A string read.
-struct Str {
-    /// It has no characters.
-    empty: bool,
-    /// Its index in the names it was compared with.
-    name: Option<usize>,
+/// Where a string read lies: its raw bytes (between the quotes) are `start..end`.
+#[derive(Clone, Copy)]
+struct Span {
+    start: usize,
+    end: usize,
+    /// It has an escape (its raw bytes are not its characters).
+    escaped: bool,
+}
+
+impl Span {
+    /// It has no characters (an escape is at least one).
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
 }
 
 /// serde_json's nesting limit: the 128th nested array or object is an error.
@@ -163,86 +192,125 @@ const MAX_DEPTH: u8 = 128;
 /// no name).
 const MAX_NAME: usize = 24;
 
-// The longest names fit.
+// The longest names fit, and none is empty (the empty name stands for "too long to compare").
 const _: () = {
     let mut i = 0;
     while i < EVENT_NAMES.len() {
-        assert!(EVENT_NAMES[i].len() <= MAX_NAME);
+        assert!(EVENT_NAMES[i].len() <= MAX_NAME && !EVENT_NAMES[i].is_empty());
         i += 1;
     }
     let mut i = 0;
     while i < OUTPUT_KEYS.len() {
-        assert!(OUTPUT_KEYS[i].len() <= MAX_NAME);
+        assert!(OUTPUT_KEYS[i].len() <= MAX_NAME && !OUTPUT_KEYS[i].is_empty());
         i += 1;
     }
 };
+
+/// Eight `0x80` bytes: the high bit of each byte of a word.
+const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
 
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
     /// Levels of nesting left, as serde_json's `remaining_depth`.
     depth: u8,
+    /// The bytes of strings seen, or-ed together (and some bytes next to them): a byte with
+    /// its high bit set means the document is not all ASCII and needs the UTF-8 check.
+    high: u64,
 }
 
 impl<'a> Reader<'a> {
     /// Reads `bytes` as one JSON document with `read`, which must consume one value; then only
     /// whitespace may follow.
     fn document<T>(bytes: &'a [u8], read: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
-        // Outside strings valid JSON is ASCII, so this is the UTF-8 check of every string (a
-        // run of raw bytes between escapes cannot end inside a character of valid UTF-8).
-        if std::str::from_utf8(bytes).is_err() {
-            return Err(Malformed);
-        }
         let mut r = Reader {
             bytes,
             at: 0,
             depth: MAX_DEPTH,
+            high: 0,
         };
         let out = read(&mut r)?;
         r.whitespace();
-        if r.at == r.bytes.len() {
-            Ok(out)
-        } else {
-            Err(Malformed)
+        if r.at != r.bytes.len() {
+            return Err(Malformed);
         }
+        // Outside strings a document that was read is ASCII, and every raw byte of every
+        // string went through `plain`: when none had its high bit set the document is ASCII,
+        // hence UTF-8. Otherwise this is the UTF-8 check of every string (a run of raw bytes
+        // between escapes cannot end inside a character of valid UTF-8).
+        if r.high & HIGH != 0 && std::str::from_utf8(bytes).is_err() {
+            return Err(Malformed);
+        }
+        Ok(out)
     }
 
+    #[inline(always)]
     fn whitespace(&mut self) {
+        if self.bytes.get(self.at).is_none_or(|&b| b > b' ') {
+            return;
+        }
         while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.bytes.get(self.at) {
             self.at += 1;
         }
     }
 
     /// Skips whitespace and returns the first byte of the value that must follow.
+    #[inline(always)]
     fn start(&mut self) -> Result<u8> {
         self.whitespace();
         self.bytes.get(self.at).copied().ok_or(Malformed)
     }
 
     /// Skips whitespace; true (and consumed) when `byte` follows.
+    #[inline(always)]
     fn eat(&mut self, byte: u8) -> bool {
-        self.whitespace();
-        let found = self.bytes.get(self.at) == Some(&byte);
-        self.at += usize::from(found);
-        found
+        if self.bytes.get(self.at) != Some(&byte) {
+            self.whitespace();
+            if self.bytes.get(self.at) != Some(&byte) {
+                return false;
+            }
+        }
+        self.at += 1;
+        true
+    }
+
+    /// After a member or element: skips whitespace and consumes a `,` (false) or `close`
+    /// (true).
+    #[inline(always)]
+    fn next(&mut self, close: u8) -> Result<bool> {
+        let mut b = *self.bytes.get(self.at).ok_or(Malformed)?;
+        if b <= b' ' {
+            self.whitespace();
+            b = *self.bytes.get(self.at).ok_or(Malformed)?;
+        }
+        self.at += 1;
+        if b == b',' {
+            Ok(false)
+        } else if b == close {
+            Ok(true)
+        } else {
+            Err(Malformed)
+        }
     }
 
     /// Consumes one value.
+    #[inline(always)]
     fn skip(&mut self) -> Result<()> {
         match self.start()? {
-            b'{' => self.object(&[], |r, _| r.skip()).map(drop),
-            b'[' => self.array(Self::skip).map(drop),
-            b'"' => self.string(&[]).map(drop),
+            b'"' => self.string().map(drop),
+            b'{' => self.skip_object().map(drop),
+            b'[' => self.skip_array().map(drop),
             _ => self.scalar().map(drop),
         }
     }
 
     /// Consumes one value: a non-empty string, array or object?
+    #[inline(always)]
     fn non_empty(&mut self) -> Result<bool> {
         Ok(match self.start()? {
-            b'{' => self.object(&[], |r, _| r.skip())? > 0,
-            b'[' => self.array(Self::skip)? > 0,
-            b'"' => !self.string(&[])?.empty,
+            b'"' => !self.string()?.is_empty(),
+            b'{' => self.skip_object()? > 0,
+            b'[' => self.skip_array()? > 0,
             _ => self.scalar().map(|_| false)?,
         })
     }
@@ -279,11 +347,11 @@ impl<'a> Reader<'a> {
             return self.skip().map(|()| false);
         }
         let (mut text, mut delta) = (false, false);
-        self.object(&["text", "delta"], |r, key| {
-            match key {
-                Some(0) => text = r.non_empty()?,
-                Some(_) => delta = r.delta()?,
-                None => r.skip()?,
+        self.object(|r, name| {
+            match name {
+                b"text" => text = r.non_empty()?,
+                b"delta" => delta = r.delta()?,
+                _ => r.skip()?,
             }
             Ok(())
         })?;
@@ -296,8 +364,8 @@ impl<'a> Reader<'a> {
             return self.skip().map(|()| false);
         }
         let mut found = [false; OUTPUT_KEYS.len()];
-        self.object(OUTPUT_KEYS, |r, key| {
-            match key {
+        self.object(|r, name| {
+            match output_key(name) {
                 Some(i) => found[i] = r.non_empty()?,
                 None => r.skip()?,
             }
@@ -311,18 +379,20 @@ impl<'a> Reader<'a> {
         if self.start()? != b'{' {
             return self.skip().map(|()| false);
         }
-        let mut found = [false; 2];
-        self.object(&["content", "tool_calls"], |r, key| {
-            match key {
-                Some(i) => found[i] = r.non_empty()?,
-                None => r.skip()?,
+        let (mut content, mut tool_calls) = (false, false);
+        self.object(|r, name| {
+            match name {
+                b"content" => content = r.non_empty()?,
+                b"tool_calls" => tool_calls = r.non_empty()?,
+                _ => r.skip()?,
             }
             Ok(())
         })?;
-        Ok(found.contains(&true))
+        Ok(content || tool_calls)
     }
 
     /// One level of nesting deeper.
+    #[inline]
     fn enter(&mut self) -> Result<()> {
         self.depth -= 1;
         if self.depth == 0 {
@@ -332,13 +402,36 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// Reads an object (at its `{`), calling `member` with each member name's index in `names`
-    /// to consume its value. Returns the number of members.
-    fn object(
-        &mut self,
-        names: &[&str],
-        mut member: impl FnMut(&mut Self, Option<usize>) -> Result<()>,
-    ) -> Result<usize> {
+    /// Reads an object (at its `{`), calling `member` with each member's name (its
+    /// characters; empty when it has escapes and is longer than any name compared with) to
+    /// consume its value.
+    #[inline]
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &[u8]) -> Result<()>) -> Result<()> {
+        self.enter()?;
+        if !self.eat(b'}') {
+            let mut buf = [0; MAX_NAME];
+            loop {
+                if self.start()? != b'"' {
+                    return Err(Malformed);
+                }
+                let span = self.string()?;
+                if !self.eat(b':') {
+                    return Err(Malformed);
+                }
+                let name = self.text(span, &mut buf);
+                member(self, name)?;
+                if self.next(b'}')? {
+                    break;
+                }
+            }
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    /// Reads an object (at its `{`) without looking at it. Returns the number of members.
+    #[inline(never)]
+    fn skip_object(&mut self) -> Result<usize> {
         self.enter()?;
         let mut members = 0;
         if !self.eat(b'}') {
@@ -346,17 +439,14 @@ impl<'a> Reader<'a> {
                 if self.start()? != b'"' {
                     return Err(Malformed);
                 }
-                let name = self.string(names)?.name;
+                self.string()?;
                 if !self.eat(b':') {
                     return Err(Malformed);
                 }
-                member(self, name)?;
+                self.skip()?;
                 members += 1;
-                if self.eat(b'}') {
+                if self.next(b'}')? {
                     break;
-                }
-                if !self.eat(b',') {
-                    return Err(Malformed);
                 }
             }
         }
@@ -364,77 +454,89 @@ impl<'a> Reader<'a> {
         Ok(members)
     }
 
-    /// Reads an array (at its `[`), calling `element` to consume each element. Returns the
-    /// number of elements.
-    fn array(&mut self, mut element: impl FnMut(&mut Self) -> Result<()>) -> Result<usize> {
-        self.enter()?;
+    /// Reads an array (at its `[`) without looking at it. Returns the number of elements.
+    #[inline(never)]
+    fn skip_array(&mut self) -> Result<usize> {
         let mut elements = 0;
+        self.array(|r| {
+            elements += 1;
+            r.skip()
+        })?;
+        Ok(elements)
+    }
+
+    /// Reads an array (at its `[`), calling `element` to consume each element.
+    #[inline]
+    fn array(&mut self, mut element: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
+        self.enter()?;
         if !self.eat(b']') {
             loop {
                 element(self)?;
-                elements += 1;
-                if self.eat(b']') {
+                if self.next(b']')? {
                     break;
-                }
-                if !self.eat(b',') {
-                    return Err(Malformed);
                 }
             }
         }
         self.depth += 1;
-        Ok(elements)
+        Ok(())
     }
 
-    /// Reads a string (at its `"`), comparing it with `names`.
-    fn string(&mut self, names: &[&str]) -> Result<Str> {
+    /// Reads a string (at its `"`).
+    #[inline(always)]
+    fn string(&mut self) -> Result<Span> {
         self.at += 1;
         let start = self.at;
-        // The unescaped string, while it fits; only kept when there are names to compare with.
-        let mut unescaped = [0u8; MAX_NAME];
-        let mut len = 0;
-        let mut run = start;
-        let mut escaped = false;
+        self.at = plain(self.bytes, self.at, &mut self.high);
+        if self.bytes.get(self.at) == Some(&b'"') {
+            let end = self.at;
+            self.at += 1;
+            return Ok(Span {
+                start,
+                end,
+                escaped: false,
+            });
+        }
+        self.string_escaped(start)
+    }
+
+    /// The rest of a string (at the first byte `plain` stopped at that is not its end).
+    #[inline(never)]
+    fn string_escaped(&mut self, start: usize) -> Result<Span> {
         loop {
-            self.at = plain(self.bytes, self.at);
             match *self.bytes.get(self.at).ok_or(Malformed)? {
                 b'"' => break,
                 b'\\' => {
-                    let raw = &self.bytes[run..self.at];
                     self.at += 1;
-                    let c = self.escape()?;
-                    if !names.is_empty() {
-                        push(&mut unescaped, &mut len, raw);
-                        push(
-                            &mut unescaped,
-                            &mut len,
-                            c.encode_utf8(&mut [0; 4]).as_bytes(),
-                        );
-                    }
-                    run = self.at;
-                    escaped = true;
+                    self.escape()?;
                 }
                 // A control character.
                 _ => return Err(Malformed),
             }
+            self.at = plain(self.bytes, self.at, &mut self.high);
         }
-        let raw = &self.bytes[start..self.at];
-        let tail = &self.bytes[run..self.at];
+        let end = self.at;
         self.at += 1;
-        let name = if names.is_empty() {
-            None
-        } else if !escaped {
-            names.iter().position(|n| n.as_bytes() == raw)
-        } else {
-            push(&mut unescaped, &mut len, tail);
-            unescaped
-                .get(..len)
-                .and_then(|s| names.iter().position(|n| n.as_bytes() == s))
-        };
-        // An escape is at least one character.
-        Ok(Str {
-            empty: raw.is_empty(),
-            name,
+        Ok(Span {
+            start,
+            end,
+            escaped: true,
         })
+    }
+
+    /// The characters of the string read at `span`, to compare with names: its raw bytes when
+    /// it has no escape, else unescaped into `buf` (empty when longer than `MAX_NAME` bytes,
+    /// matching no name).
+    #[inline]
+    fn text<'b>(&self, span: Span, buf: &'b mut [u8; MAX_NAME]) -> &'b [u8]
+    where
+        'a: 'b,
+    {
+        let raw = &self.bytes[span.start..span.end];
+        if span.escaped {
+            unescape(raw, buf)
+        } else {
+            raw
+        }
     }
 
     /// Reads an escape (after its backslash): the character it stands for.
@@ -493,31 +595,56 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads `null`, `true`, `false` or a number.
+    #[inline(always)]
     fn scalar(&mut self) -> Result<Scalar> {
         let rest = &self.bytes[self.at..];
-        let (scalar, len) = if rest.starts_with(b"null") {
-            (Scalar::Null, 4)
-        } else if rest.starts_with(b"true") {
-            (Scalar::True, 4)
-        } else if rest.starts_with(b"false") {
-            (Scalar::False, 5)
-        } else if let Some(b'-' | b'0'..=b'9') = rest.first() {
-            (Scalar::Number, number(rest)?)
-        } else {
-            return Err(Malformed);
+        let (scalar, len) = match rest.first() {
+            Some(b'n') if rest.starts_with(b"null") => (Scalar::Null, 4),
+            Some(b't') if rest.starts_with(b"true") => (Scalar::True, 4),
+            Some(b'f') if rest.starts_with(b"false") => (Scalar::False, 5),
+            Some(b'-' | b'0'..=b'9') => (Scalar::Number, number(rest)?),
+            _ => return Err(Malformed),
         };
         self.at += len;
         Ok(scalar)
     }
 }
 
+/// The characters of the raw bytes of a string with escapes (already validated), unescaped into
+/// `buf`; empty when they do not fit.
+#[cold]
+fn unescape<'b>(raw: &[u8], buf: &'b mut [u8; MAX_NAME]) -> &'b [u8] {
+    let mut r = Reader {
+        bytes: raw,
+        at: 0,
+        depth: MAX_DEPTH,
+        high: 0,
+    };
+    let mut len = 0;
+    while r.at < raw.len() {
+        let run = r.at;
+        r.at = plain(raw, r.at, &mut r.high);
+        push(buf, &mut len, &raw[run..r.at]);
+        if r.at < raw.len() {
+            // A backslash: the string was read, so the escape is valid.
+            r.at += 1;
+            let Ok(c) = r.escape() else {
+                return &[];
+            };
+            push(buf, &mut len, c.encode_utf8(&mut [0; 4]).as_bytes());
+        }
+    }
+    buf.get(..len).unwrap_or_default()
+}
+
 /// The index of the first `"`, `\` or control character in `bytes` from `at` on (or the length).
+/// Every byte looked at is or-ed into `high`.
 ///
 /// Eight bytes at a time, as serde_json skips strings: for each of the three tests the classic
 /// "has a zero / a smaller byte" bit trick flags the lowest matching byte exactly.
-fn plain(bytes: &[u8], mut at: usize) -> usize {
+#[inline(always)]
+fn plain(bytes: &[u8], mut at: usize, high: &mut u64) -> usize {
     const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
     const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
     const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
     const SPACES: u64 = u64::from_ne_bytes([b' '; 8]);
@@ -525,6 +652,7 @@ fn plain(bytes: &[u8], mut at: usize) -> usize {
         let mut eight = [0; 8];
         eight.copy_from_slice(word);
         let w = u64::from_le_bytes(eight);
+        *high |= w;
         let quote = w ^ QUOTES;
         let backslash = w ^ BACKSLASHES;
         let found = (quote.wrapping_sub(ONES) & !quote)
@@ -541,13 +669,34 @@ fn plain(bytes: &[u8], mut at: usize) -> usize {
         if b == b'"' || b == b'\\' || b < b' ' {
             break;
         }
+        *high |= u64::from(b);
         at += 1;
     }
     at
 }
 
 /// The length of the number `bytes` starts with.
+#[inline(always)]
 fn number(bytes: &[u8]) -> Result<usize> {
+    // An integer of up to 18 digits without a leading zero, not followed by a character that
+    // could continue a number: always in range.
+    let sign = usize::from(bytes.first() == Some(&b'-'));
+    let digits = bytes[sign..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    let len = sign + digits;
+    let simple = (digits == 1 || (digits > 1 && digits <= 18 && bytes[sign] != b'0'))
+        && !matches!(bytes.get(len), Some(b'-' | b'+' | b'.' | b'e' | b'E'));
+    if simple {
+        return Ok(len);
+    }
+    number_general(bytes)
+}
+
+/// [`number`] for anything but a short integer.
+#[cold]
+fn number_general(bytes: &[u8]) -> Result<usize> {
     let len = bytes
         .iter()
         .position(|b| !matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
@@ -582,6 +731,89 @@ mod tests {
     use super::*;
 
     #[test]
+    fn short_integers_read_here_match_the_general_number_path() {
+        for n in [
+            "0",
+            "-0",
+            "7",
+            "-7",
+            "10",
+            "01",
+            "-01",
+            "00",
+            "123456789012345678",
+            "1234567890123456789",
+            "-123456789012345678",
+            "-",
+            "--1",
+            "1.5",
+            "1e5",
+            "1E5",
+            "0.",
+            "-0.0",
+            "99999999999999999999",
+        ] {
+            for tail in ["", ",", "}", "]", " ", "x", "-", "+", ".", "e", "E", "5"] {
+                let bytes = format!("{n}{tail}");
+                assert_eq!(
+                    number(bytes.as_bytes()).ok(),
+                    number_general(bytes.as_bytes()).ok(),
+                    "{bytes}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn plain_flags_every_high_byte_before_the_special_one() {
+        for len in 1..24 {
+            for at in 0..len {
+                for high_at in 0..len {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[high_at] = 0xc3;
+                    bytes[at] = b'"';
+                    let mut high = 0;
+                    assert_eq!(plain(&bytes, 0, &mut high), at);
+                    if high_at < at {
+                        assert_ne!(high & HIGH, 0, "{bytes:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn utf8_is_checked_wherever_a_high_byte_is() {
+        // Invalid UTF-8 in a name or a value, in a short string (read byte by byte) or a long
+        // one (eight bytes at a time): malformed. Valid UTF-8 in the same places: read.
+        let docs = |s: &[u8]| {
+            let mut out = Vec::new();
+            for pad in [&b""[..], b"abcdefghijklmnop"] {
+                out.push([br#"{""#, pad, s, br#"":1,"choices":[{"text":"a"}]}"#].concat());
+                out.push([br#"{"choices":[{"text":""#, pad, s, br#""}]}"#].concat());
+                out.push([br#"{"choices":[{"text":"a"}],"x":""#, s, pad, br#""}"#].concat());
+            }
+            out
+        };
+        for bad in [&b"\xff"[..], b"\xc3", b"\xe2\x82"] {
+            for doc in docs(bad) {
+                assert_eq!(chunk(&doc), Err(Malformed), "{doc:?}");
+            }
+        }
+        for doc in docs("\u{e9}\u{1f600}".as_bytes()) {
+            let read = chunk(&doc);
+            assert_eq!(
+                read,
+                Ok(Some(Chunk {
+                    error: false,
+                    token: true
+                })),
+                "{doc:?}"
+            );
+        }
+    }
+
+    #[test]
     fn plain_finds_the_first_special_byte_at_every_position() {
         let naive = |bytes: &[u8], at: usize| {
             bytes[at..]
@@ -601,10 +833,14 @@ mod tests {
                             bytes[at + 3] = b'"';
                         }
                         for from in 0..=len {
-                            assert_eq!(plain(&bytes, from), naive(&bytes, from), "{bytes:?}");
+                            assert_eq!(
+                                plain(&bytes, from, &mut 0),
+                                naive(&bytes, from),
+                                "{bytes:?}"
+                            );
                         }
                     }
-                    assert_eq!(plain(&vec![filler; len], 0), len);
+                    assert_eq!(plain(&vec![filler; len], 0, &mut 0), len);
                 }
             }
         }
