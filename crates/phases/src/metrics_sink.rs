@@ -10,7 +10,7 @@ use metrics::{
     Counter, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit,
 };
 
-use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
+use crate::report::{END_REASON_SLOTS, PhaseLabels, PhaseReport, end_reason_slot};
 use crate::sink::PhaseSink;
 
 /// Recommended histogram bucket boundaries, so a Prometheus exporter can be configured with real
@@ -357,8 +357,13 @@ impl MetricsSink {
         }
     }
 
-    /// The series of `labels` (with `end_reason`, or the gap series without), cached.
-    fn series(&self, labels: &PhaseLabels, end_reason: Option<&'static str>) -> Arc<Series> {
+    /// The series of `labels` (with `end_reason`, or the gap series without), and whether it
+    /// is in the cache (it is not once the cache is full).
+    fn series(
+        &self,
+        labels: &PhaseLabels,
+        end_reason: Option<&'static str>,
+    ) -> (Arc<Series>, bool) {
         let id = SeriesRef {
             route: ArcLabel(&labels.route),
             model: ArcLabel(&labels.model),
@@ -369,40 +374,112 @@ impl MetricsSink {
         };
         let hash = self.cache.hasher.hash_one(&id);
         if let Some(series) = self.cache.get(hash, &id) {
-            return series;
+            return (series, true);
         }
         let series = Arc::new(Series::new(&self.names, &id));
-        self.cache.insert(hash, &series);
-        series
+        let cached = self.cache.insert(hash, &series);
+        (series, cached)
     }
 
-    /// Records `value` into histogram `slot` of `series`.
-    #[inline]
-    fn record(&self, series: &Series, slot: Slot, value: f64) {
-        let slot = &series.slots[slot as usize];
+    /// The gap series of a streamed response's `labels`: its histogram receives the gaps, and
+    /// it finds the report series of the same labels by end reason without another lookup
+    /// ([`report_with`](Self::report_with)).
+    pub(crate) fn gap_series(&self, labels: &PhaseLabels) -> Arc<Series> {
+        self.series(labels, None).0
+    }
+
+    /// The gap histogram of a gap series, registered with the recorder current now (facade) or
+    /// once (own recorder).
+    pub(crate) fn gap_histogram_of(&self, series: &Series) -> Histogram {
+        let slot = &series.slots[Slot::Gap as usize];
         match &self.recorder {
             Some(r) => slot
                 .histogram
                 .get_or_init(|| r.register_histogram(&slot.key, &METADATA))
-                .record(value),
-            None => {
-                metrics::with_recorder(|r| r.register_histogram(&slot.key, &METADATA).record(value))
-            }
+                .clone(),
+            None => metrics::with_recorder(|r| r.register_histogram(&slot.key, &METADATA)),
         }
     }
 
-    /// Increments counter `slot` of `series`.
-    #[inline]
-    fn increment(&self, series: &Series, slot: Slot) {
-        let slot = &series.slots[slot as usize];
-        match &self.recorder {
-            Some(r) => slot
-                .counter
-                .get_or_init(|| r.register_counter(&slot.key, &METADATA))
-                .increment(1),
-            None => {
-                metrics::with_recorder(|r| r.register_counter(&slot.key, &METADATA).increment(1))
+    /// Emits `rep`; `gap` is the gap series of its labels when the recorder resolved it at
+    /// headers, which keeps the report series of each end reason (cached ones only), so that
+    /// only the first request of a label set and end reason looks the report series up.
+    pub(crate) fn report_with(&self, rep: &PhaseReport, gap: Option<&Series>) {
+        let (slot, reason) = end_reason_slot(&rep.end_reason);
+        let cell = gap.zip(slot).and_then(|(g, i)| g.reports.get(i));
+        if let Some(series) = cell.and_then(OnceLock::get) {
+            return self.emit(rep, series);
+        }
+        let (series, cached) = self.series(&rep.labels, Some(reason));
+        if cached && let Some(cell) = cell {
+            let _ = cell.set(series.clone());
+        }
+        self.emit(rep, &series);
+    }
+
+    /// Records every metric of `rep` into `s`, with one look at the current recorder.
+    fn emit(&self, rep: &PhaseReport, s: &Series) {
+        self.with(|r| {
+            let secs = |slot: Slot, d: Option<Duration>| {
+                if let Some(d) = d {
+                    self.record(r, s, slot, d.as_secs_f64());
+                }
+            };
+            self.increment(r, s, Slot::Requests);
+            secs(Slot::RequestDuration, Some(rep.total));
+            secs(Slot::QueueWait, rep.queue_wait);
+            secs(Slot::TimeToHeaders, rep.time_to_headers);
+            secs(Slot::TimeToFirstToken, rep.time_to_first_token);
+            secs(Slot::TimePerOutputToken, rep.time_per_output_token);
+            if rep.labels.streamed {
+                self.record(r, s, Slot::OutputEvents, rep.output_events as f64);
             }
+            if let Some(u) = rep.usage {
+                if let Some(v) = u.prompt_tokens {
+                    self.record(r, s, Slot::UsageInput, v as f64);
+                }
+                if let Some(v) = u.completion_tokens {
+                    self.record(r, s, Slot::UsageOutput, v as f64);
+                }
+            }
+            if let Some(h) = &rep.hedge {
+                self.record(r, s, Slot::HedgeAttempts, f64::from(h.attempts));
+                if h.attempts > 1 {
+                    let winner = if h.winner == 0 {
+                        Slot::HedgedPrimary
+                    } else {
+                        Slot::HedgedHedge
+                    };
+                    self.increment(r, s, winner);
+                }
+            }
+        });
+    }
+
+    /// Records `value` into histogram `slot` of `series`; `r` is the recorder in use (this
+    /// sink's own, or the facade's current one).
+    #[inline]
+    fn record(&self, r: &dyn Recorder, series: &Series, slot: Slot, value: f64) {
+        let slot = &series.slots[slot as usize];
+        if self.recorder.is_some() {
+            slot.histogram
+                .get_or_init(|| r.register_histogram(&slot.key, &METADATA))
+                .record(value);
+        } else {
+            r.register_histogram(&slot.key, &METADATA).record(value);
+        }
+    }
+
+    /// Increments counter `slot` of `series` (see [`record`](Self::record)).
+    #[inline]
+    fn increment(&self, r: &dyn Recorder, series: &Series, slot: Slot) {
+        let slot = &series.slots[slot as usize];
+        if self.recorder.is_some() {
+            slot.counter
+                .get_or_init(|| r.register_counter(&slot.key, &METADATA))
+                .increment(1);
+        } else {
+            r.register_counter(&slot.key, &METADATA).increment(1);
         }
     }
 }
@@ -444,7 +521,7 @@ impl SeriesSlot {
 }
 
 /// Everything cached for one label set.
-struct Series {
+pub(crate) struct Series {
     route: Arc<str>,
     model: Arc<str>,
     upstream: Arc<str>,
@@ -454,6 +531,10 @@ struct Series {
     /// Indexed by [`Slot`]: the gap series holds [`Slot::Gap`] only, a report series holds an
     /// unused placeholder there and every other slot after it.
     slots: Box<[SeriesSlot]>,
+    /// Gap series only: the report series of the same labels, by end reason
+    /// ([`end_reason_slot`]), filled as requests end (with cached series only, so that memory
+    /// stays bounded by the cache's limit).
+    reports: Box<[OnceLock<Arc<Series>>]>,
 }
 
 impl Series {
@@ -505,6 +586,10 @@ impl Series {
                 ])
             }
         };
+        let reports = match id.end_reason {
+            None => (0..END_REASON_SLOTS).map(|_| OnceLock::new()).collect(),
+            Some(_) => Box::default(),
+        };
         Series {
             route,
             model,
@@ -513,6 +598,7 @@ impl Series {
             streamed: id.streamed,
             end_reason: id.end_reason,
             slots,
+            reports,
         }
     }
 
@@ -650,10 +736,11 @@ impl SeriesCache {
         map.by_hash.get(&hash)?.iter().find(|s| s.is(id)).cloned()
     }
 
-    fn insert(&self, hash: u64, series: &Arc<Series>) {
+    /// Caches `series` unless the cache is full; whether the set is cached now.
+    fn insert(&self, hash: u64, series: &Arc<Series>) -> bool {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         if map.len >= MAX_CACHED_LABEL_SETS {
-            return;
+            return false;
         }
         let id = SeriesRef {
             route: ArcLabel(&series.route),
@@ -669,6 +756,7 @@ impl SeriesCache {
             bucket.push(series.clone());
             map.len += 1;
         }
+        true
     }
 
     fn len(&self) -> usize {
@@ -698,52 +786,10 @@ impl Hasher for PassThrough {
 
 impl PhaseSink for MetricsSink {
     fn gap_histogram(&self, labels: &PhaseLabels) -> Option<metrics::Histogram> {
-        let series = self.series(labels, None);
-        let slot = &series.slots[Slot::Gap as usize];
-        Some(match &self.recorder {
-            Some(r) => slot
-                .histogram
-                .get_or_init(|| r.register_histogram(&slot.key, &METADATA))
-                .clone(),
-            None => metrics::with_recorder(|r| r.register_histogram(&slot.key, &METADATA)),
-        })
+        Some(self.gap_histogram_of(&self.gap_series(labels)))
     }
 
     fn on_report(&self, rep: &PhaseReport) {
-        let series = self.series(&rep.labels, Some(end_reason_label(&rep.end_reason)));
-        let s = &*series;
-        let secs = |slot: Slot, d: Option<Duration>| {
-            if let Some(d) = d {
-                self.record(s, slot, d.as_secs_f64());
-            }
-        };
-        self.increment(s, Slot::Requests);
-        secs(Slot::RequestDuration, Some(rep.total));
-        secs(Slot::QueueWait, rep.queue_wait);
-        secs(Slot::TimeToHeaders, rep.time_to_headers);
-        secs(Slot::TimeToFirstToken, rep.time_to_first_token);
-        secs(Slot::TimePerOutputToken, rep.time_per_output_token);
-        if rep.labels.streamed {
-            self.record(s, Slot::OutputEvents, rep.output_events as f64);
-        }
-        if let Some(u) = rep.usage {
-            if let Some(v) = u.prompt_tokens {
-                self.record(s, Slot::UsageInput, v as f64);
-            }
-            if let Some(v) = u.completion_tokens {
-                self.record(s, Slot::UsageOutput, v as f64);
-            }
-        }
-        if let Some(h) = &rep.hedge {
-            self.record(s, Slot::HedgeAttempts, f64::from(h.attempts));
-            if h.attempts > 1 {
-                let winner = if h.winner == 0 {
-                    Slot::HedgedPrimary
-                } else {
-                    Slot::HedgedHedge
-                };
-                self.increment(s, winner);
-            }
-        }
+        self.report_with(rep, None);
     }
 }

@@ -1,10 +1,12 @@
 //! Where reports go: the [`PhaseSink`] trait and the tracing sink.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use tailguard_core::EndReason;
 
+use crate::metrics_sink::MetricsSink;
 use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
 
 /// Receives one [`PhaseReport`] per request; the metrics and tracing outputs are sinks, and so is
@@ -43,7 +45,26 @@ where
 
 /// A shared list of sinks.
 #[derive(Clone, Default)]
-pub(crate) struct Sinks(pub(crate) Vec<Arc<dyn PhaseSink>>);
+pub(crate) struct Sinks(pub(crate) Vec<Sink>);
+
+/// One configured sink: the metrics sink by value, so that the recorder can use its fast path
+/// (one label-set lookup per streamed request, see [`MetricsSink`]); anything else by trait.
+#[derive(Clone)]
+pub(crate) enum Sink {
+    Metrics(MetricsSink),
+    Dyn(Arc<dyn PhaseSink>),
+}
+
+impl Sink {
+    /// Sorts a sink of any type: a [`MetricsSink`] gets its own variant.
+    pub(crate) fn of<S: PhaseSink>(sink: S) -> Self {
+        // A clone shares the original's cache and recorder: the same sink.
+        match (&sink as &dyn Any).downcast_ref::<MetricsSink>() {
+            Some(m) => Sink::Metrics(m.clone()),
+            None => Sink::Dyn(Arc::new(sink)),
+        }
+    }
+}
 
 impl fmt::Debug for Sinks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
