@@ -359,11 +359,7 @@ impl MetricsSink {
 
     /// The series of `labels` (with `end_reason`, or the gap series without), and whether it
     /// is in the cache (it is not once the cache is full).
-    fn series(
-        &self,
-        labels: &PhaseLabels,
-        end_reason: Option<&'static str>,
-    ) -> (Arc<Series>, bool) {
+    fn series(&self, labels: &PhaseLabels, end_reason: Option<&'static str>) -> (Found<'_>, bool) {
         let id = SeriesRef {
             route: ArcLabel(&labels.route),
             model: ArcLabel(&labels.model),
@@ -376,16 +372,21 @@ impl MetricsSink {
         if let Some(series) = self.cache.get(hash, &id) {
             return (series, true);
         }
-        let series = Arc::new(Series::new(&self.names, &id));
-        let cached = self.cache.insert(hash, &series);
-        (series, cached)
+        let series = Arc::new(Series::new(&self.names, &id, hash));
+        match self.cache.insert(hash, series) {
+            Ok(cached) => (Found::Owned(cached), true),
+            Err(series) => (Found::Owned(series), false),
+        }
     }
 
     /// The gap series of a streamed response's `labels`: its histogram receives the gaps, and
     /// it finds the report series of the same labels by end reason without another lookup
     /// ([`report_with`](Self::report_with)).
     pub(crate) fn gap_series(&self, labels: &PhaseLabels) -> Arc<Series> {
-        self.series(labels, None).0
+        match self.series(labels, None).0 {
+            Found::Fast(s) => s.clone(),
+            Found::Owned(s) => s,
+        }
     }
 
     /// The gap histogram of a gap series, registered with the recorder current now (facade) or
@@ -412,7 +413,7 @@ impl MetricsSink {
         }
         let (series, cached) = self.series(&rep.labels, Some(reason));
         if cached && let Some(cell) = cell {
-            let _ = cell.set(series.clone());
+            let _ = cell.set(series.arc());
         }
         self.emit(rep, &series);
     }
@@ -535,10 +536,38 @@ pub(crate) struct Series {
     /// ([`end_reason_slot`]), filled as requests end (with cached series only, so that memory
     /// stays bounded by the cache's limit).
     reports: Box<[OnceLock<Arc<Series>>]>,
+    /// The hash of its [`SeriesRef`], to skip most mismatches in the lock-free table cheaply.
+    hash: u64,
+}
+
+/// A series found in the cache: borrowed from its lock-free table, or an `Arc` of its own.
+enum Found<'a> {
+    Fast(&'a Arc<Series>),
+    Owned(Arc<Series>),
+}
+
+impl Found<'_> {
+    fn arc(&self) -> Arc<Series> {
+        match self {
+            Found::Fast(s) => Arc::clone(s),
+            Found::Owned(s) => s.clone(),
+        }
+    }
+}
+
+impl std::ops::Deref for Found<'_> {
+    type Target = Series;
+
+    fn deref(&self) -> &Series {
+        match self {
+            Found::Fast(s) => s,
+            Found::Owned(s) => s,
+        }
+    }
 }
 
 impl Series {
-    fn new(n: &MetricNames, id: &SeriesRef<'_>) -> Self {
+    fn new(n: &MetricNames, id: &SeriesRef<'_>, hash: u64) -> Self {
         // The request's own `Arc`s (from the configuration, mostly): a later lookup with the
         // same ones compares pointers, not strings.
         let route = id.route.0.clone();
@@ -599,6 +628,7 @@ impl Series {
             end_reason: id.end_reason,
             slots,
             reports,
+            hash,
         }
     }
 
@@ -642,10 +672,30 @@ struct SeriesRef<'a> {
 }
 
 /// The label sets seen so far, by the hash of their [`SeriesRef`].
-#[derive(Default)]
 struct SeriesCache {
     hasher: LabelHasher,
+    /// The first label sets, readable without a lock: an open-addressing table of
+    /// [`FAST_SLOTS`] write-once cells, filled (under the map's write lock) in probe order and
+    /// never emptied, so a reader may stop at the first empty cell of its probe sequence.
+    fast: Box<[OnceLock<Arc<Series>>]>,
     map: RwLock<SeriesMap>,
+}
+
+/// Cells of the lock-free table (a power of two): far more than the label sets of a typical
+/// deployment, at 16 bytes each.
+const FAST_SLOTS: usize = 256;
+
+/// Cells probed per lookup in the lock-free table.
+const FAST_PROBES: usize = 4;
+
+impl Default for SeriesCache {
+    fn default() -> Self {
+        SeriesCache {
+            hasher: LabelHasher::default(),
+            fast: (0..FAST_SLOTS).map(|_| OnceLock::new()).collect(),
+            map: RwLock::default(),
+        }
+    }
 }
 
 /// Hashes a [`SeriesRef`] eight bytes at a time (the labels are a few short strings, where
@@ -684,6 +734,26 @@ impl FoldHasher {
     }
 }
 
+/// The 1 to 7 bytes of `rest` as a little-endian word, zero-padded, without a copy loop: two
+/// overlapping loads (or three single bytes) whose overlap holds the same bytes.
+#[inline]
+fn tail_word(rest: &[u8]) -> u64 {
+    let n = rest.len();
+    if n >= 4 {
+        let lo = u64::from(u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]));
+        let hi = u64::from(u32::from_le_bytes([
+            rest[n - 4],
+            rest[n - 3],
+            rest[n - 2],
+            rest[n - 1],
+        ]));
+        lo | hi << (8 * (n - 4))
+    } else {
+        let (a, b, c) = (rest[0], rest[n / 2], rest[n - 1]);
+        u64::from(a) | u64::from(b) << (8 * (n / 2)) | u64::from(c) << (8 * (n - 1))
+    }
+}
+
 impl Hasher for FoldHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
@@ -695,10 +765,8 @@ impl Hasher for FoldHasher {
         }
         let rest = words.remainder();
         if !rest.is_empty() {
-            let mut buf = [0u8; 8];
-            buf[..rest.len()].copy_from_slice(rest);
             // The length tells `"ab"` from `"ab\0"`.
-            self.add(u64::from_le_bytes(buf) ^ ((rest.len() as u64) << 56));
+            self.add(tail_word(rest) ^ ((rest.len() as u64) << 56));
         }
     }
 
@@ -731,17 +799,24 @@ struct SeriesMap {
 }
 
 impl SeriesCache {
-    fn get(&self, hash: u64, id: &SeriesRef<'_>) -> Option<Arc<Series>> {
+    fn get(&self, hash: u64, id: &SeriesRef<'_>) -> Option<Found<'_>> {
+        for k in 0..FAST_PROBES {
+            let cell = &self.fast[(hash as usize).wrapping_add(k) & (FAST_SLOTS - 1)];
+            match cell.get() {
+                Some(s) if s.hash == hash && s.is(id) => return Some(Found::Fast(s)),
+                Some(_) => {}
+                None => break,
+            }
+        }
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-        map.by_hash.get(&hash)?.iter().find(|s| s.is(id)).cloned()
+        let found = map.by_hash.get(&hash)?.iter().find(|s| s.is(id)).cloned();
+        found.map(Found::Owned)
     }
 
-    /// Caches `series` unless the cache is full; whether the set is cached now.
-    fn insert(&self, hash: u64, series: &Arc<Series>) -> bool {
+    /// Caches `series` unless the cache is full: `Ok` with the cached series of its label set
+    /// (another request may have cached one first), `Err` with `series` when full.
+    fn insert(&self, hash: u64, series: Arc<Series>) -> Result<Arc<Series>, Arc<Series>> {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
-        if map.len >= MAX_CACHED_LABEL_SETS {
-            return false;
-        }
         let id = SeriesRef {
             route: ArcLabel(&series.route),
             model: ArcLabel(&series.model),
@@ -750,13 +825,28 @@ impl SeriesCache {
             streamed: series.streamed,
             end_reason: series.end_reason,
         };
-        let bucket = map.by_hash.entry(hash).or_default();
-        // Another request may have inserted the same set since our lookup.
-        if !bucket.iter().any(|s| s.is(&id)) {
-            bucket.push(series.clone());
-            map.len += 1;
+        if let Some(cached) = map
+            .by_hash
+            .get(&hash)
+            .and_then(|b| b.iter().find(|s| s.is(&id)))
+        {
+            return Ok(cached.clone());
         }
-        true
+        if map.len >= MAX_CACHED_LABEL_SETS {
+            return Err(series);
+        }
+        map.by_hash.entry(hash).or_default().push(series.clone());
+        map.len += 1;
+        // Also into the lock-free table when a cell of its probe sequence is free. Only
+        // writers fill cells, under the write lock, so none races for a cell.
+        for k in 0..FAST_PROBES {
+            let cell = &self.fast[(hash as usize).wrapping_add(k) & (FAST_SLOTS - 1)];
+            if cell.get().is_none() {
+                let _ = cell.set(series.clone());
+                break;
+            }
+        }
+        Ok(series)
     }
 
     fn len(&self) -> usize {
@@ -791,5 +881,48 @@ impl PhaseSink for MetricsSink {
 
     fn on_report(&self, rep: &PhaseReport) {
         self.report_with(rep, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_word_is_the_zero_padded_bytes() {
+        let bytes = b"\x01\x82\x03\xf4\x05\x06\xa7";
+        for n in 1..=7 {
+            let mut buf = [0u8; 8];
+            buf[..n].copy_from_slice(&bytes[..n]);
+            assert_eq!(tail_word(&bytes[..n]), u64::from_le_bytes(buf), "{n}");
+        }
+    }
+
+    #[test]
+    fn lock_free_table_finds_what_the_map_holds() {
+        let sink = MetricsSink::new();
+        let labels = |route: &str| PhaseLabels {
+            route: Arc::from(route),
+            model: Arc::from("m"),
+            upstream: Arc::from("u"),
+            priority: None,
+            streamed: true,
+        };
+        // Far more sets than cells: the table fills, the rest live in the map only.
+        let all: Vec<_> = (0..FAST_SLOTS * 2)
+            .map(|i| {
+                let l = labels(&format!("/r{i}"));
+                let s = sink.gap_series(&l);
+                (l, s)
+            })
+            .collect();
+        assert_eq!(sink.cached_label_sets(), FAST_SLOTS * 2);
+        for (l, s) in &all {
+            // Found again (by equal strings, not the same `Arc`s), and the same series.
+            let again = labels(l.route());
+            assert!(Arc::ptr_eq(&sink.gap_series(&again), s));
+        }
+        assert_eq!(sink.cached_label_sets(), FAST_SLOTS * 2);
+        assert!(sink.cache.fast.iter().any(|c| c.get().is_some()));
     }
 }

@@ -70,7 +70,7 @@ impl Recording {
         route: Arc<str>,
         priority: Option<Priority>,
         facts: Option<RequestFacts>,
-    ) -> Self {
+    ) -> Box<Self> {
         let labels = PhaseLabels {
             route,
             model: model_label(&cfg, facts.as_ref()),
@@ -78,7 +78,8 @@ impl Recording {
             priority,
             streamed: facts.as_ref().and_then(|f| f.stream).unwrap_or(false),
         };
-        Recording {
+        // Built in the box: the state is a few hundred bytes, not worth a copy.
+        Box::new(Recording {
             cfg,
             start,
             labels,
@@ -100,7 +101,7 @@ impl Recording {
             events: 0,
             done_seen: false,
             in_band_error: false,
-        }
+        })
     }
 
     /// Takes in the response head: status, extensions, and the request id header.
@@ -249,7 +250,8 @@ impl Recording {
             _ => None,
         };
         let usage = self.tracker.as_ref().and_then(StreamTracker::usage);
-        let this = *self;
+        // Fields move out of the box one by one (no copy of the whole state).
+        let this = self;
         let priority = this.labels.priority.clone();
         let report = PhaseReport {
             request_id: this.request_id,

@@ -149,6 +149,6 @@ where
             let _enter = span.enter();
             self.inner.call(req)
         };
-        ResponseFuture::new(inner, span, Box::new(rec))
+        ResponseFuture::new(inner, span, rec)
     }
 }

@@ -137,18 +137,16 @@ impl PhaseSink for TracingSink {
                 span.record("hedge_winner", h.winner);
             }
         }
-        let reason = end_reason_label(&r.end_reason);
-        let total_s = r.total.as_secs_f64();
-        let ttft_s = secs(r.time_to_first_token);
-        let id = r.request_id.as_ref().map(|id| id.as_str());
+        // Field values are computed inside the macros: only when the event is enabled.
+        let id = || r.request_id.as_ref().map(|id| id.as_str());
         if r.end_reason == EndReason::Completed {
             tracing::info!(
                 target: "tailguard_phases",
                 parent: span,
-                request_id = id,
-                end_reason = reason,
-                total_s,
-                ttft_s,
+                request_id = id(),
+                end_reason = end_reason_label(&r.end_reason),
+                total_s = r.total.as_secs_f64(),
+                ttft_s = secs(r.time_to_first_token),
                 output_events = r.output_events,
                 "llm request finished"
             );
@@ -156,10 +154,10 @@ impl PhaseSink for TracingSink {
             tracing::warn!(
                 target: "tailguard_phases",
                 parent: span,
-                request_id = id,
-                end_reason = reason,
-                total_s,
-                ttft_s,
+                request_id = id(),
+                end_reason = end_reason_label(&r.end_reason),
+                total_s = r.total.as_secs_f64(),
+                ttft_s = secs(r.time_to_first_token),
                 output_events = r.output_events,
                 "llm request finished"
             );
