@@ -88,7 +88,7 @@ impl LatencyPhaseRecorderLayer {
                 dialect: Dialect::Auto,
                 usage: true,
                 sinks: Sinks(vec![
-                    Sink::Metrics(MetricsSink::new()),
+                    Sink::Metrics(Box::new(MetricsSink::new())),
                     Sink::Dyn(Arc::new(TracingSink::new())),
                 ]),
                 routes: RouteTable::default(),

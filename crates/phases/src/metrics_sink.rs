@@ -217,9 +217,14 @@ static METADATA: Metadata<'static> =
 ///
 /// Labels are bounded by design (configured routes and models, upstreams, priorities, end
 /// reasons, streamed or not), so the sink builds the metric [`Key`]s of each label set once, on
-/// its first use, and keeps them: a steady-state request does one hash-map lookup under a read
-/// lock and no allocation in this crate. What is cached beyond the keys depends on where the
-/// sink emits:
+/// its first use, and keeps them: a steady-state request does one lookup (a hash of its labels;
+/// the first label sets are found in a write-once table without taking a lock, later ones in a
+/// map under a read lock) and no allocation in this crate. Configured with
+/// [`with_sink`](crate::LatencyPhaseRecorderLayer::with_sink) (or by default), the recorder
+/// resolves a streamed response's gap series once, when headers arrive, and the report series
+/// at the end follows from it by end reason, without a second lookup; as a shared
+/// `Arc<dyn PhaseSink>` the sink looks its series up on each call of the trait methods, with
+/// the same results. What is cached beyond the keys depends on where the sink emits:
 ///
 /// * **its own recorder** ([`with_recorder`](MetricsSink::with_recorder),
 ///   [`with_shared_recorder`](MetricsSink::with_shared_recorder)): the handles too. Each metric

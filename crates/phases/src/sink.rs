@@ -51,7 +51,7 @@ pub(crate) struct Sinks(pub(crate) Vec<Sink>);
 /// (one label-set lookup per streamed request, see [`MetricsSink`]); anything else by trait.
 #[derive(Clone)]
 pub(crate) enum Sink {
-    Metrics(MetricsSink),
+    Metrics(Box<MetricsSink>),
     Dyn(Arc<dyn PhaseSink>),
 }
 
@@ -60,7 +60,7 @@ impl Sink {
     pub(crate) fn of<S: PhaseSink>(sink: S) -> Self {
         // A clone shares the original's cache and recorder: the same sink.
         match (&sink as &dyn Any).downcast_ref::<MetricsSink>() {
-            Some(m) => Sink::Metrics(m.clone()),
+            Some(m) => Sink::Metrics(Box::new(m.clone())),
             None => Sink::Dyn(Arc::new(sink)),
         }
     }

@@ -617,7 +617,12 @@ async fn unusable_or_repeated_request_ids() {
     let (layer, reports, _snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|req: Request<Empty<Bytes>>| async move {
-            let sent: Vec<_> = req.headers().get_all("x-request-id").iter().cloned().collect();
+            let sent: Vec<_> = req
+                .headers()
+                .get_all("x-request-id")
+                .iter()
+                .cloned()
+                .collect();
             let ext = req.extensions().get::<RequestId>().cloned().unwrap();
             assert_eq!(ext.header_value(), &sent[0]);
             let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
