@@ -85,7 +85,9 @@ pub(crate) type RouteFn = Arc<dyn Fn(&Parts) -> Option<Route> + Send + Sync>;
 /// equal to it or continues it after a `/`; the longest match wins.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RouteTable {
-    routes: Vec<Arc<str>>,
+    /// Each route with the length of its match prefix (the route without trailing `/`s),
+    /// computed once here rather than per request.
+    routes: Vec<(Arc<str>, usize)>,
 }
 
 impl RouteTable {
@@ -94,6 +96,13 @@ impl RouteTable {
         // Longest first, so the first match is the longest.
         routes.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         routes.dedup();
+        let routes = routes
+            .into_iter()
+            .map(|r| {
+                let n = r.trim_end_matches('/').len();
+                (r, n)
+            })
+            .collect();
         RouteTable { routes }
     }
 
@@ -102,10 +111,14 @@ impl RouteTable {
     }
 
     pub(crate) fn find(&self, path: &str) -> Option<&Arc<str>> {
-        self.routes.iter().find(|r| {
-            let r = r.trim_end_matches('/');
-            path == r || (path.starts_with(r) && path.as_bytes().get(r.len()) == Some(&b'/'))
-        })
+        let path = path.as_bytes();
+        self.routes
+            .iter()
+            .find(|(route, n)| {
+                let r = &route.as_bytes()[..*n];
+                path.starts_with(r) && (path.len() == r.len() || path[r.len()] == b'/')
+            })
+            .map(|(route, _)| route)
     }
 }
 
@@ -157,6 +170,13 @@ mod tests {
         assert_eq!(&**t.find("/v1/models").unwrap(), "/v1");
         assert!(t.find("/v10").is_none());
         assert!(t.find("/").is_none());
+        // A configured trailing slash matches with or without it; the label keeps it.
+        let t = RouteTable::new(["/v2/".into(), "/".into()]);
+        assert_eq!(&**t.find("/v2").unwrap(), "/v2/");
+        assert_eq!(&**t.find("/v2/x").unwrap(), "/v2/");
+        assert_eq!(&**t.find("/v2/").unwrap(), "/v2/");
+        assert_eq!(&**t.find("/v3").unwrap(), "/");
+        assert_eq!(&**t.find("").unwrap(), "/");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::labels::{ModelTable, OTHER, Route, RouteFn, RouteTable, UNKNOWN};
 use crate::metrics_sink::MetricsSink;
 use crate::request_id::X_REQUEST_ID;
 use crate::service::LatencyPhaseRecorder;
-use crate::sink::{PhaseSink, Sinks, TracingSink};
+use crate::sink::{PhaseSink, Sink, Sinks, TracingSink};
 
 /// Records every phase of every request: wraps services in [`LatencyPhaseRecorder`].
 ///
@@ -88,8 +88,8 @@ impl LatencyPhaseRecorderLayer {
                 dialect: Dialect::Auto,
                 usage: true,
                 sinks: Sinks(vec![
-                    Arc::new(MetricsSink::new()),
-                    Arc::new(TracingSink::new()),
+                    Sink::Metrics(Box::new(MetricsSink::new())),
+                    Sink::Dyn(Arc::new(TracingSink::new())),
                 ]),
                 routes: RouteTable::default(),
                 route_fn: None,
@@ -121,13 +121,13 @@ impl LatencyPhaseRecorderLayer {
 
     /// Adds a sink (after the ones already configured).
     pub fn with_sink(mut self, sink: impl PhaseSink) -> Self {
-        self.cfg().sinks.0.push(Arc::new(sink));
+        self.cfg().sinks.0.push(Sink::of(sink));
         self
     }
 
     /// Adds a shared sink.
     pub fn with_shared_sink(mut self, sink: Arc<dyn PhaseSink>) -> Self {
-        self.cfg().sinks.0.push(sink);
+        self.cfg().sinks.0.push(Sink::Dyn(sink));
         self
     }
 

@@ -119,11 +119,15 @@
 //! ## Cost
 //!
 //! Per request: a few small allocations (the state box, the request id, the request extensions);
-//! the [`MetricsSink`] builds the keys of each label set once and then only looks them up (see
-//! [its caching](MetricsSink#caching)). Per data frame: one incremental scan of the frame, and
-//! one clock read only when the frame carried tokens; no lock, no allocation. Gaps reach
+//! one look at the `content-type` decides both whether the response is a stream and which
+//! dialect the tracker uses; the labels are built once and moved into the report; the
+//! [`MetricsSink`] builds the keys of each label set once and then only looks them up, once per
+//! request (see [its caching](MetricsSink#caching)); the tracing end event's fields are computed
+//! only when a subscriber wants the event. Per data frame: one incremental scan of the frame,
+//! and one clock read only when the frame carried tokens; no lock, no allocation. Gaps reach
 //! histograms as they happen through a handle resolved once per response
-//! ([`PhaseSink::gap_histogram`]); everything else is emitted once, at the end.
+//! ([`PhaseSink::gap_histogram`]), converted to seconds only when the handle is live (a
+//! recorder is installed); everything else is emitted once, at the end.
 
 mod body;
 pub mod future;

@@ -10,7 +10,7 @@ use metrics::{
     Counter, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, SharedString, Unit,
 };
 
-use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
+use crate::report::{END_REASON_SLOTS, PhaseLabels, PhaseReport, end_reason_slot};
 use crate::sink::PhaseSink;
 
 /// Recommended histogram bucket boundaries, so a Prometheus exporter can be configured with real
@@ -217,9 +217,14 @@ static METADATA: Metadata<'static> =
 ///
 /// Labels are bounded by design (configured routes and models, upstreams, priorities, end
 /// reasons, streamed or not), so the sink builds the metric [`Key`]s of each label set once, on
-/// its first use, and keeps them: a steady-state request does one hash-map lookup under a read
-/// lock and no allocation in this crate. What is cached beyond the keys depends on where the
-/// sink emits:
+/// its first use, and keeps them: a steady-state request does one lookup (a hash of its labels;
+/// the first label sets are found in a write-once table without taking a lock, later ones in a
+/// map under a read lock) and no allocation in this crate. Configured with
+/// [`with_sink`](crate::LatencyPhaseRecorderLayer::with_sink) (or by default), the recorder
+/// resolves a streamed response's gap series once, when headers arrive, and the report series
+/// at the end follows from it by end reason, without a second lookup; as a shared
+/// `Arc<dyn PhaseSink>` the sink looks its series up on each call of the trait methods, with
+/// the same results. What is cached beyond the keys depends on where the sink emits:
 ///
 /// * **its own recorder** ([`with_recorder`](MetricsSink::with_recorder),
 ///   [`with_shared_recorder`](MetricsSink::with_shared_recorder)): the handles too. Each metric
@@ -357,8 +362,9 @@ impl MetricsSink {
         }
     }
 
-    /// The series of `labels` (with `end_reason`, or the gap series without), cached.
-    fn series(&self, labels: &PhaseLabels, end_reason: Option<&'static str>) -> Arc<Series> {
+    /// The series of `labels` (with `end_reason`, or the gap series without), and whether it
+    /// is in the cache (it is not once the cache is full).
+    fn series(&self, labels: &PhaseLabels, end_reason: Option<&'static str>) -> (Found<'_>, bool) {
         let id = SeriesRef {
             route: ArcLabel(&labels.route),
             model: ArcLabel(&labels.model),
@@ -369,40 +375,117 @@ impl MetricsSink {
         };
         let hash = self.cache.hasher.hash_one(&id);
         if let Some(series) = self.cache.get(hash, &id) {
-            return series;
+            return (series, true);
         }
-        let series = Arc::new(Series::new(&self.names, &id));
-        self.cache.insert(hash, &series);
-        series
+        let series = Arc::new(Series::new(&self.names, &id, hash));
+        match self.cache.insert(hash, series) {
+            Ok(cached) => (Found::Owned(cached), true),
+            Err(series) => (Found::Owned(series), false),
+        }
     }
 
-    /// Records `value` into histogram `slot` of `series`.
-    #[inline]
-    fn record(&self, series: &Series, slot: Slot, value: f64) {
-        let slot = &series.slots[slot as usize];
+    /// The gap series of a streamed response's `labels`: its histogram receives the gaps, and
+    /// it finds the report series of the same labels by end reason without another lookup
+    /// ([`report_with`](Self::report_with)).
+    pub(crate) fn gap_series(&self, labels: &PhaseLabels) -> Arc<Series> {
+        match self.series(labels, None).0 {
+            Found::Fast(s) => s.clone(),
+            Found::Owned(s) => s,
+        }
+    }
+
+    /// The gap histogram of a gap series, registered with the recorder current now (facade) or
+    /// once (own recorder).
+    pub(crate) fn gap_histogram_of(&self, series: &Series) -> Histogram {
+        let slot = &series.slots[Slot::Gap as usize];
         match &self.recorder {
             Some(r) => slot
                 .histogram
                 .get_or_init(|| r.register_histogram(&slot.key, &METADATA))
-                .record(value),
-            None => {
-                metrics::with_recorder(|r| r.register_histogram(&slot.key, &METADATA).record(value))
-            }
+                .clone(),
+            None => metrics::with_recorder(|r| r.register_histogram(&slot.key, &METADATA)),
         }
     }
 
-    /// Increments counter `slot` of `series`.
-    #[inline]
-    fn increment(&self, series: &Series, slot: Slot) {
-        let slot = &series.slots[slot as usize];
-        match &self.recorder {
-            Some(r) => slot
-                .counter
-                .get_or_init(|| r.register_counter(&slot.key, &METADATA))
-                .increment(1),
-            None => {
-                metrics::with_recorder(|r| r.register_counter(&slot.key, &METADATA).increment(1))
+    /// Emits `rep`; `gap` is the gap series of its labels when the recorder resolved it at
+    /// headers, which keeps the report series of each end reason (cached ones only), so that
+    /// only the first request of a label set and end reason looks the report series up.
+    pub(crate) fn report_with(&self, rep: &PhaseReport, gap: Option<&Series>) {
+        let (slot, reason) = end_reason_slot(&rep.end_reason);
+        let cell = gap.zip(slot).and_then(|(g, i)| g.reports.get(i));
+        if let Some(series) = cell.and_then(OnceLock::get) {
+            return self.emit(rep, series);
+        }
+        let (series, cached) = self.series(&rep.labels, Some(reason));
+        if cached && let Some(cell) = cell {
+            let _ = cell.set(series.arc());
+        }
+        self.emit(rep, &series);
+    }
+
+    /// Records every metric of `rep` into `s`, with one look at the current recorder.
+    fn emit(&self, rep: &PhaseReport, s: &Series) {
+        self.with(|r| {
+            let secs = |slot: Slot, d: Option<Duration>| {
+                if let Some(d) = d {
+                    self.record(r, s, slot, d.as_secs_f64());
+                }
+            };
+            self.increment(r, s, Slot::Requests);
+            secs(Slot::RequestDuration, Some(rep.total));
+            secs(Slot::QueueWait, rep.queue_wait);
+            secs(Slot::TimeToHeaders, rep.time_to_headers);
+            secs(Slot::TimeToFirstToken, rep.time_to_first_token);
+            secs(Slot::TimePerOutputToken, rep.time_per_output_token);
+            if rep.labels.streamed {
+                self.record(r, s, Slot::OutputEvents, rep.output_events as f64);
             }
+            if let Some(u) = rep.usage {
+                if let Some(v) = u.prompt_tokens {
+                    self.record(r, s, Slot::UsageInput, v as f64);
+                }
+                if let Some(v) = u.completion_tokens {
+                    self.record(r, s, Slot::UsageOutput, v as f64);
+                }
+            }
+            if let Some(h) = &rep.hedge {
+                self.record(r, s, Slot::HedgeAttempts, f64::from(h.attempts));
+                if h.attempts > 1 {
+                    let winner = if h.winner == 0 {
+                        Slot::HedgedPrimary
+                    } else {
+                        Slot::HedgedHedge
+                    };
+                    self.increment(r, s, winner);
+                }
+            }
+        });
+    }
+
+    /// Records `value` into histogram `slot` of `series`; `r` is the recorder in use (this
+    /// sink's own, or the facade's current one).
+    #[inline]
+    fn record(&self, r: &dyn Recorder, series: &Series, slot: Slot, value: f64) {
+        let slot = &series.slots[slot as usize];
+        if self.recorder.is_some() {
+            slot.histogram
+                .get_or_init(|| r.register_histogram(&slot.key, &METADATA))
+                .record(value);
+        } else {
+            r.register_histogram(&slot.key, &METADATA).record(value);
+        }
+    }
+
+    /// Increments counter `slot` of `series` (see [`record`](Self::record)).
+    #[inline]
+    fn increment(&self, r: &dyn Recorder, series: &Series, slot: Slot) {
+        let slot = &series.slots[slot as usize];
+        if self.recorder.is_some() {
+            slot.counter
+                .get_or_init(|| r.register_counter(&slot.key, &METADATA))
+                .increment(1);
+        } else {
+            r.register_counter(&slot.key, &METADATA).increment(1);
         }
     }
 }
@@ -444,7 +527,7 @@ impl SeriesSlot {
 }
 
 /// Everything cached for one label set.
-struct Series {
+pub(crate) struct Series {
     route: Arc<str>,
     model: Arc<str>,
     upstream: Arc<str>,
@@ -454,10 +537,42 @@ struct Series {
     /// Indexed by [`Slot`]: the gap series holds [`Slot::Gap`] only, a report series holds an
     /// unused placeholder there and every other slot after it.
     slots: Box<[SeriesSlot]>,
+    /// Gap series only: the report series of the same labels, by end reason
+    /// ([`end_reason_slot`]), filled as requests end (with cached series only, so that memory
+    /// stays bounded by the cache's limit).
+    reports: Box<[OnceLock<Arc<Series>>]>,
+    /// The hash of its [`SeriesRef`], to skip most mismatches in the lock-free table cheaply.
+    hash: u64,
+}
+
+/// A series found in the cache: borrowed from its lock-free table, or an `Arc` of its own.
+enum Found<'a> {
+    Fast(&'a Arc<Series>),
+    Owned(Arc<Series>),
+}
+
+impl Found<'_> {
+    fn arc(&self) -> Arc<Series> {
+        match self {
+            Found::Fast(s) => Arc::clone(s),
+            Found::Owned(s) => s.clone(),
+        }
+    }
+}
+
+impl std::ops::Deref for Found<'_> {
+    type Target = Series;
+
+    fn deref(&self) -> &Series {
+        match self {
+            Found::Fast(s) => s,
+            Found::Owned(s) => s,
+        }
+    }
 }
 
 impl Series {
-    fn new(n: &MetricNames, id: &SeriesRef<'_>) -> Self {
+    fn new(n: &MetricNames, id: &SeriesRef<'_>, hash: u64) -> Self {
         // The request's own `Arc`s (from the configuration, mostly): a later lookup with the
         // same ones compares pointers, not strings.
         let route = id.route.0.clone();
@@ -505,6 +620,10 @@ impl Series {
                 ])
             }
         };
+        let reports = match id.end_reason {
+            None => (0..END_REASON_SLOTS).map(|_| OnceLock::new()).collect(),
+            Some(_) => Box::default(),
+        };
         Series {
             route,
             model,
@@ -513,6 +632,8 @@ impl Series {
             streamed: id.streamed,
             end_reason: id.end_reason,
             slots,
+            reports,
+            hash,
         }
     }
 
@@ -556,10 +677,30 @@ struct SeriesRef<'a> {
 }
 
 /// The label sets seen so far, by the hash of their [`SeriesRef`].
-#[derive(Default)]
 struct SeriesCache {
     hasher: LabelHasher,
+    /// The first label sets, readable without a lock: an open-addressing table of
+    /// [`FAST_SLOTS`] write-once cells, filled (under the map's write lock) in probe order and
+    /// never emptied, so a reader may stop at the first empty cell of its probe sequence.
+    fast: Box<[OnceLock<Arc<Series>>]>,
     map: RwLock<SeriesMap>,
+}
+
+/// Cells of the lock-free table (a power of two): far more than the label sets of a typical
+/// deployment, at 16 bytes each.
+const FAST_SLOTS: usize = 256;
+
+/// Cells probed per lookup in the lock-free table.
+const FAST_PROBES: usize = 4;
+
+impl Default for SeriesCache {
+    fn default() -> Self {
+        SeriesCache {
+            hasher: LabelHasher::default(),
+            fast: (0..FAST_SLOTS).map(|_| OnceLock::new()).collect(),
+            map: RwLock::default(),
+        }
+    }
 }
 
 /// Hashes a [`SeriesRef`] eight bytes at a time (the labels are a few short strings, where
@@ -598,6 +739,26 @@ impl FoldHasher {
     }
 }
 
+/// The 1 to 7 bytes of `rest` as a little-endian word, zero-padded, without a copy loop: two
+/// overlapping loads (or three single bytes) whose overlap holds the same bytes.
+#[inline]
+fn tail_word(rest: &[u8]) -> u64 {
+    let n = rest.len();
+    if n >= 4 {
+        let lo = u64::from(u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]));
+        let hi = u64::from(u32::from_le_bytes([
+            rest[n - 4],
+            rest[n - 3],
+            rest[n - 2],
+            rest[n - 1],
+        ]));
+        lo | hi << (8 * (n - 4))
+    } else {
+        let (a, b, c) = (rest[0], rest[n / 2], rest[n - 1]);
+        u64::from(a) | u64::from(b) << (8 * (n / 2)) | u64::from(c) << (8 * (n - 1))
+    }
+}
+
 impl Hasher for FoldHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
@@ -609,10 +770,8 @@ impl Hasher for FoldHasher {
         }
         let rest = words.remainder();
         if !rest.is_empty() {
-            let mut buf = [0u8; 8];
-            buf[..rest.len()].copy_from_slice(rest);
             // The length tells `"ab"` from `"ab\0"`.
-            self.add(u64::from_le_bytes(buf) ^ ((rest.len() as u64) << 56));
+            self.add(tail_word(rest) ^ ((rest.len() as u64) << 56));
         }
     }
 
@@ -645,16 +804,24 @@ struct SeriesMap {
 }
 
 impl SeriesCache {
-    fn get(&self, hash: u64, id: &SeriesRef<'_>) -> Option<Arc<Series>> {
+    fn get(&self, hash: u64, id: &SeriesRef<'_>) -> Option<Found<'_>> {
+        for k in 0..FAST_PROBES {
+            let cell = &self.fast[(hash as usize).wrapping_add(k) & (FAST_SLOTS - 1)];
+            match cell.get() {
+                Some(s) if s.hash == hash && s.is(id) => return Some(Found::Fast(s)),
+                Some(_) => {}
+                None => break,
+            }
+        }
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-        map.by_hash.get(&hash)?.iter().find(|s| s.is(id)).cloned()
+        let found = map.by_hash.get(&hash)?.iter().find(|s| s.is(id)).cloned();
+        found.map(Found::Owned)
     }
 
-    fn insert(&self, hash: u64, series: &Arc<Series>) {
+    /// Caches `series` unless the cache is full: `Ok` with the cached series of its label set
+    /// (another request may have cached one first), `Err` with `series` when full.
+    fn insert(&self, hash: u64, series: Arc<Series>) -> Result<Arc<Series>, Arc<Series>> {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
-        if map.len >= MAX_CACHED_LABEL_SETS {
-            return;
-        }
         let id = SeriesRef {
             route: ArcLabel(&series.route),
             model: ArcLabel(&series.model),
@@ -663,12 +830,28 @@ impl SeriesCache {
             streamed: series.streamed,
             end_reason: series.end_reason,
         };
-        let bucket = map.by_hash.entry(hash).or_default();
-        // Another request may have inserted the same set since our lookup.
-        if !bucket.iter().any(|s| s.is(&id)) {
-            bucket.push(series.clone());
-            map.len += 1;
+        if let Some(cached) = map
+            .by_hash
+            .get(&hash)
+            .and_then(|b| b.iter().find(|s| s.is(&id)))
+        {
+            return Ok(cached.clone());
         }
+        if map.len >= MAX_CACHED_LABEL_SETS {
+            return Err(series);
+        }
+        map.by_hash.entry(hash).or_default().push(series.clone());
+        map.len += 1;
+        // Also into the lock-free table when a cell of its probe sequence is free. Only
+        // writers fill cells, under the write lock, so none races for a cell.
+        for k in 0..FAST_PROBES {
+            let cell = &self.fast[(hash as usize).wrapping_add(k) & (FAST_SLOTS - 1)];
+            if cell.get().is_none() {
+                let _ = cell.set(series.clone());
+                break;
+            }
+        }
+        Ok(series)
     }
 
     fn len(&self) -> usize {
@@ -698,52 +881,53 @@ impl Hasher for PassThrough {
 
 impl PhaseSink for MetricsSink {
     fn gap_histogram(&self, labels: &PhaseLabels) -> Option<metrics::Histogram> {
-        let series = self.series(labels, None);
-        let slot = &series.slots[Slot::Gap as usize];
-        Some(match &self.recorder {
-            Some(r) => slot
-                .histogram
-                .get_or_init(|| r.register_histogram(&slot.key, &METADATA))
-                .clone(),
-            None => metrics::with_recorder(|r| r.register_histogram(&slot.key, &METADATA)),
-        })
+        Some(self.gap_histogram_of(&self.gap_series(labels)))
     }
 
     fn on_report(&self, rep: &PhaseReport) {
-        let series = self.series(&rep.labels, Some(end_reason_label(&rep.end_reason)));
-        let s = &*series;
-        let secs = |slot: Slot, d: Option<Duration>| {
-            if let Some(d) = d {
-                self.record(s, slot, d.as_secs_f64());
-            }
+        self.report_with(rep, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_word_is_the_zero_padded_bytes() {
+        let bytes = b"\x01\x82\x03\xf4\x05\x06\xa7";
+        for n in 1..=7 {
+            let mut buf = [0u8; 8];
+            buf[..n].copy_from_slice(&bytes[..n]);
+            assert_eq!(tail_word(&bytes[..n]), u64::from_le_bytes(buf), "{n}");
+        }
+    }
+
+    #[test]
+    fn lock_free_table_finds_what_the_map_holds() {
+        let sink = MetricsSink::new();
+        let labels = |route: &str| PhaseLabels {
+            route: Arc::from(route),
+            model: Arc::from("m"),
+            upstream: Arc::from("u"),
+            priority: None,
+            streamed: true,
         };
-        self.increment(s, Slot::Requests);
-        secs(Slot::RequestDuration, Some(rep.total));
-        secs(Slot::QueueWait, rep.queue_wait);
-        secs(Slot::TimeToHeaders, rep.time_to_headers);
-        secs(Slot::TimeToFirstToken, rep.time_to_first_token);
-        secs(Slot::TimePerOutputToken, rep.time_per_output_token);
-        if rep.labels.streamed {
-            self.record(s, Slot::OutputEvents, rep.output_events as f64);
+        // Far more sets than cells: the table fills, the rest live in the map only.
+        let all: Vec<_> = (0..FAST_SLOTS * 2)
+            .map(|i| {
+                let l = labels(&format!("/r{i}"));
+                let s = sink.gap_series(&l);
+                (l, s)
+            })
+            .collect();
+        assert_eq!(sink.cached_label_sets(), FAST_SLOTS * 2);
+        for (l, s) in &all {
+            // Found again (by equal strings, not the same `Arc`s), and the same series.
+            let again = labels(l.route());
+            assert!(Arc::ptr_eq(&sink.gap_series(&again), s));
         }
-        if let Some(u) = rep.usage {
-            if let Some(v) = u.prompt_tokens {
-                self.record(s, Slot::UsageInput, v as f64);
-            }
-            if let Some(v) = u.completion_tokens {
-                self.record(s, Slot::UsageOutput, v as f64);
-            }
-        }
-        if let Some(h) = &rep.hedge {
-            self.record(s, Slot::HedgeAttempts, f64::from(h.attempts));
-            if h.attempts > 1 {
-                let winner = if h.winner == 0 {
-                    Slot::HedgedPrimary
-                } else {
-                    Slot::HedgedHedge
-                };
-                self.increment(s, winner);
-            }
-        }
+        assert_eq!(sink.cached_label_sets(), FAST_SLOTS * 2);
+        assert!(sink.cache.fast.iter().any(|c| c.get().is_some()));
     }
 }

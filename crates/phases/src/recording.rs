@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Buf;
-use http::{HeaderMap, HeaderName, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use tailguard_core::{
     AdmissionOutcome, Dialect, EndReason, EndReport, HedgeOutcome, Observation, Priority,
     RequestFacts, StreamTracker, UpstreamFailure,
@@ -14,8 +14,10 @@ use tracing::Span;
 
 use crate::labels::Upstream;
 use crate::layer::Config;
+use crate::metrics_sink::Series;
 use crate::report::{GapStats, PhaseLabels, PhaseReport};
 use crate::request_id::RequestId;
+use crate::sink::{PhaseSink, Sink};
 
 /// How the recorder itself saw the request end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,13 +35,12 @@ pub(crate) enum Observed {
 pub(crate) struct Recording {
     cfg: Arc<Config>,
     start: Instant,
+    /// The labels, kept up to date (the model and upstream may change when headers arrive) and
+    /// moved into the report at the end: no clones.
+    labels: PhaseLabels,
     request_id: Option<RequestId>,
     end_report: EndReport,
-    route: Arc<str>,
-    priority: Option<Priority>,
     facts: Option<RequestFacts>,
-    upstream: Arc<str>,
-    streamed: bool,
     status: Option<StatusCode>,
     head_reason: Option<EndReason>,
     time_to_headers: Option<Duration>,
@@ -50,6 +51,9 @@ pub(crate) struct Recording {
     last_token: Instant,
     gaps: Gaps,
     gap_hists: GapHistograms,
+    /// The first metrics sink's gap series (streamed responses): index in the sink list, and
+    /// the series, which finds the report series without a lookup.
+    metrics_gap: Option<(usize, Arc<Series>)>,
     output_events: u64,
     events: u64,
     done_seen: bool,
@@ -66,19 +70,22 @@ impl Recording {
         route: Arc<str>,
         priority: Option<Priority>,
         facts: Option<RequestFacts>,
-    ) -> Self {
-        let upstream = cfg.upstream.clone();
-        let streamed = facts.as_ref().and_then(|f| f.stream).unwrap_or(false);
-        Recording {
+    ) -> Box<Self> {
+        let labels = PhaseLabels {
+            route,
+            model: model_label(&cfg, facts.as_ref()),
+            upstream: cfg.upstream.clone(),
+            priority,
+            streamed: facts.as_ref().and_then(|f| f.stream).unwrap_or(false),
+        };
+        // Built in the box: the state is a few hundred bytes, not worth a copy.
+        Box::new(Recording {
             cfg,
             start,
+            labels,
             request_id,
             end_report,
-            route,
-            priority,
             facts,
-            upstream,
-            streamed,
             status: None,
             head_reason: None,
             time_to_headers: None,
@@ -89,30 +96,12 @@ impl Recording {
             last_token: start,
             gaps: Gaps::default(),
             gap_hists: GapHistograms::default(),
+            metrics_gap: None,
             output_events: 0,
             events: 0,
             done_seen: false,
             in_band_error: false,
-        }
-    }
-
-    fn labels(&self) -> PhaseLabels {
-        let model = match self.facts.as_ref().and_then(|f| f.model.as_deref()) {
-            None => self.cfg.unknown.clone(),
-            Some(m) => self
-                .cfg
-                .models
-                .normalise(m)
-                .unwrap_or(&self.cfg.other)
-                .clone(),
-        };
-        PhaseLabels {
-            route: self.route.clone(),
-            model,
-            upstream: self.upstream.clone(),
-            priority: self.priority.clone(),
-            streamed: self.streamed,
-        }
+        })
     }
 
     /// Takes in the response head: status, extensions, and the request id header.
@@ -124,14 +113,17 @@ impl Recording {
         let ext = res.extensions();
         self.admission = ext.get::<AdmissionOutcome>().cloned();
         self.hedge = ext.get::<HedgeOutcome>().cloned();
-        if self.priority.is_none() {
-            self.priority = ext.get::<Priority>().cloned();
+        if self.labels.priority.is_none() {
+            self.labels.priority = ext.get::<Priority>().cloned();
         }
         if self.facts.is_none() {
             self.facts = ext.get::<RequestFacts>().cloned();
+            if self.facts.is_some() {
+                self.labels.model = model_label(&self.cfg, self.facts.as_ref());
+            }
         }
         if let Some(u) = ext.get::<Upstream>() {
-            self.upstream = u.arc();
+            self.labels.upstream = u.arc();
         }
         // Replaces an id the upstream chose: the client gets back the id the logs carry.
         if let (Some(h), Some(id)) = (&self.cfg.request_id_header, &self.request_id) {
@@ -154,21 +146,35 @@ impl Recording {
         } else {
             None
         };
-        self.streamed = self.head_reason.is_none()
-            && status.is_success()
-            && (!matches!(self.cfg.dialect, Dialect::Auto) || is_stream(headers));
-        if self.streamed {
-            self.tracker =
-                Some(StreamTracker::new(&self.cfg.dialect, headers).with_usage(self.cfg.usage));
-            let labels = self.labels();
-            for h in self
-                .cfg
-                .sinks
-                .0
-                .iter()
-                .filter_map(|s| s.gap_histogram(&labels))
-            {
-                self.gap_hists.push(h);
+        // One look at the content-type serves both questions: streamed or not, and (under
+        // `Dialect::Auto`) which dialect the tracker uses.
+        let dialect = if self.head_reason.is_some() || !status.is_success() {
+            None
+        } else if matches!(self.cfg.dialect, Dialect::Auto) {
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .map_or(&[][..], |v| v.as_bytes());
+            stream_dialect(ct)
+        } else {
+            Some(self.cfg.dialect.clone())
+        };
+        self.labels.streamed = dialect.is_some();
+        if let Some(dialect) = dialect {
+            self.tracker = Some(StreamTracker::new(&dialect, headers).with_usage(self.cfg.usage));
+            for (i, sink) in self.cfg.sinks.0.iter().enumerate() {
+                let h = match sink {
+                    Sink::Metrics(m) if self.metrics_gap.is_none() => {
+                        let series = m.gap_series(&self.labels);
+                        let h = m.gap_histogram_of(&series);
+                        self.metrics_gap = Some((i, series));
+                        Some(h)
+                    }
+                    Sink::Metrics(m) => m.gap_histogram(&self.labels),
+                    Sink::Dyn(d) => d.gap_histogram(&self.labels),
+                };
+                if let Some(h) = h {
+                    self.gap_hists.push(h);
+                }
             }
         }
     }
@@ -196,11 +202,17 @@ impl Recording {
         self.events += u64::from(obs.events);
         self.done_seen |= obs.done;
         self.in_band_error |= obs.error;
-        if obs.tokens == 0 {
-            return;
+        if obs.tokens != 0 {
+            self.on_tokens(obs.tokens);
         }
+    }
+
+    /// A frame with tokens: the one clock read, then TTFT or one gap.
+    #[inline]
+    fn on_tokens(&mut self, tokens: u32) {
         let now = Instant::now();
-        if self.ttft.is_none() {
+        // No output event yet is the same as no TTFT yet: both are set by the first token.
+        if self.output_events == 0 {
             self.ttft = Some(now.saturating_duration_since(self.start));
         } else {
             let gap = now.saturating_duration_since(self.last_token);
@@ -208,7 +220,7 @@ impl Recording {
             self.gap_hists.record(gap);
         }
         self.last_token = now;
-        self.output_events += u64::from(obs.tokens);
+        self.output_events += u64::from(tokens);
     }
 
     /// Ends the recording and hands the report to every sink. Consumes the state, so it runs
@@ -238,43 +250,65 @@ impl Recording {
             _ => None,
         };
         let usage = self.tracker.as_ref().and_then(StreamTracker::usage);
-        let labels = self.labels();
+        // Fields move out of the box one by one (no copy of the whole state).
+        let this = self;
+        let priority = this.labels.priority.clone();
         let report = PhaseReport {
-            request_id: self.request_id.take(),
-            labels,
+            request_id: this.request_id,
+            labels: this.labels,
             end_reason,
             end_reason_reported: reported.is_some(),
-            status: self.status,
-            queue_wait: self.admission.as_ref().map(|a| a.queue_wait),
-            time_to_headers: self.time_to_headers,
-            time_to_first_token: self.ttft,
-            gaps: self.gaps.stats(),
+            status: this.status,
+            queue_wait: this.admission.as_ref().map(|a| a.queue_wait),
+            time_to_headers: this.time_to_headers,
+            time_to_first_token: this.ttft,
+            gaps: this.gaps.stats(),
             time_per_output_token,
             total,
-            output_events: self.output_events,
-            events: self.events,
-            done_seen: self.done_seen,
+            output_events: this.output_events,
+            events: this.events,
+            done_seen: this.done_seen,
             usage,
-            admission: self.admission.take(),
-            hedge: self.hedge.take(),
-            priority: self.priority.take(),
-            facts: self.facts.take(),
+            admission: this.admission,
+            hedge: this.hedge,
+            priority,
+            facts: this.facts,
             span: span.clone(),
         };
-        for sink in &self.cfg.sinks.0 {
-            sink.on_report(&report);
+        for (i, sink) in this.cfg.sinks.0.iter().enumerate() {
+            match sink {
+                Sink::Metrics(m) => {
+                    let gap = match &this.metrics_gap {
+                        Some((at, series)) if *at == i => Some(&**series),
+                        _ => None,
+                    };
+                    m.report_with(&report, gap);
+                }
+                Sink::Dyn(d) => d.on_report(&report),
+            }
         }
     }
 }
 
 /// [`GapStats`] accumulated in nanoseconds: integer compares and adds per frame instead of
 /// `Duration` arithmetic; converted (exactly) once, for the report.
-#[derive(Default)]
 struct Gaps {
     count: u64,
     sum: u64,
+    /// `u64::MAX` until the first gap, so that `add` needs no first-gap branch.
     min: u64,
     max: u64,
+}
+
+impl Default for Gaps {
+    fn default() -> Self {
+        Gaps {
+            count: 0,
+            sum: 0,
+            min: u64::MAX,
+            max: 0,
+        }
+    }
 }
 
 impl Gaps {
@@ -282,9 +316,7 @@ impl Gaps {
     fn add(&mut self, gap: Duration) {
         // Saturates past 584 years, which a gap between two frames does not reach.
         let ns = u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX);
-        if self.count == 0 || ns < self.min {
-            self.min = ns;
-        }
+        self.min = self.min.min(ns);
         self.max = self.max.max(ns);
         self.sum = self.sum.saturating_add(ns);
         self.count += 1;
@@ -294,7 +326,7 @@ impl Gaps {
         GapStats {
             count: self.count,
             sum: Duration::from_nanos(self.sum),
-            min: Duration::from_nanos(self.min),
+            min: Duration::from_nanos(if self.count == 0 { 0 } else { self.min }),
             max: Duration::from_nanos(self.max),
         }
     }
@@ -319,36 +351,268 @@ impl GapHistograms {
     #[inline]
     fn record(&self, gap: Duration) {
         if let Some(first) = &self.first {
-            let secs = gap.as_secs_f64();
-            first.record(secs);
+            // A `Duration` converts to seconds (`as_secs_f64`) inside `record`, and only when
+            // the handle is live: a no-op handle (no recorder installed) costs one branch.
+            first.record(gap);
             for h in &self.more {
-                h.record(secs);
+                h.record(gap);
             }
         }
     }
 }
 
-fn is_stream(headers: &HeaderMap) -> bool {
-    let Some(ct) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
+/// Whether a response with this `content-type` value is a stream, and if so, the dialect
+/// [`Dialect::Auto`] resolves to for it.
+///
+/// A stream's type, after leading whitespace, starts with an SSE, gRPC or NDJSON type (ASCII
+/// case-insensitively), and the whole value is visible ASCII (what `HeaderValue::to_str`
+/// accepts; an opaque value is not a stream). The dialect is exactly what
+/// [`Dialect::resolve`] gives (both pinned by tests against the straightforward versions),
+/// found in the same pass instead of a second header lookup and parse.
+fn stream_dialect(ct: &[u8]) -> Option<Dialect> {
+    // Leading whitespace: in a visible-ASCII value only spaces and tabs.
+    let start = ct
+        .iter()
+        .position(|&b| b != b' ' && b != b'\t')
+        .unwrap_or(ct.len());
+    let rest = &ct[start..];
+    // What `Dialect::resolve` compares: the media type before any `;`, trimmed. Leading
+    // whitespace is gone already, and a matched prefix holds no `;`: the media type is exactly
+    // the `len`-byte prefix when what follows it, up to a `;`, is whitespace.
+    let exact = |len: usize, d: Dialect| {
+        let tail = &rest[len..];
+        let end = tail.iter().position(|&b| b == b';').unwrap_or(tail.len());
+        if tail[..end].trim_ascii_end().is_empty() {
+            d
+        } else {
+            Dialect::AnyByte
+        }
     };
-    let ct = ct.trim_start();
-    let starts = |p: &str| ct.len() >= p.len() && ct[..p.len()].eq_ignore_ascii_case(p);
-    starts("text/event-stream")
-        || starts("application/grpc")
-        || starts("application/x-ndjson")
-        || starts("application/ndjson")
-        || starts("application/jsonl")
+    let found = if starts_ci(rest, b"text/event-stream") {
+        exact(17, Dialect::LlmSse)
+    } else if starts_ci(rest, b"application/") {
+        let sub = &rest[12..];
+        if starts_ci(sub, b"grpc") {
+            Dialect::Grpc
+        } else if starts_ci(sub, b"x-ndjson") {
+            exact(20, Dialect::Ndjson)
+        } else if starts_ci(sub, b"ndjson") {
+            Dialect::AnyByte
+        } else if starts_ci(sub, b"jsonl") {
+            exact(17, Dialect::Ndjson)
+        } else {
+            return None;
+        }
+    } else {
+        return None;
+    };
+    // Checked last: a stream type is rare among the values that fail it. No early exit, so
+    // that the loop runs a vector at a time.
+    ct.iter()
+        .fold(true, |ok, &b| {
+            ok & (b == b'\t' || (b' '..0x7f).contains(&b))
+        })
+        .then_some(found)
+}
+
+/// Whether `s` starts with the lower-case pattern `p`, ASCII case-insensitively, *given* that
+/// `s` is visible ASCII: `| 0x20` folds upper-case letters, and the only other bytes it maps
+/// onto a pattern byte (`/` from 0x0f, `-` from 0x0d) are control bytes, which the visible-ASCII
+/// check of [`stream_dialect`] rejects anyway.
+#[inline]
+fn starts_ci(s: &[u8], p: &[u8]) -> bool {
+    const FOLD: u64 = 0x2020_2020_2020_2020;
+    if s.len() < p.len() {
+        return false;
+    }
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    let mut i = 0;
+    while i + 8 <= p.len() {
+        if word(&s[i..i + 8]) | FOLD != word(&p[i..i + 8]) {
+            return false;
+        }
+        i += 8;
+    }
+    s[i..p.len()]
+        .iter()
+        .zip(&p[i..])
+        .all(|(a, b)| a | 0x20 == *b)
+}
+
+/// The model label: the request's model normalised against the configured list.
+fn model_label(cfg: &Config, facts: Option<&RequestFacts>) -> Arc<str> {
+    match facts.and_then(|f| f.model.as_deref()) {
+        None => cfg.unknown.clone(),
+        Some(m) => cfg.models.normalise(m).unwrap_or(&cfg.other).clone(),
+    }
 }
 
 /// Parsed once: `HeaderMap::get` with a `&str` parses (and checks) the name on every call.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 fn grpc_error(headers: &HeaderMap) -> bool {
-    headers
-        .get(GRPC_STATUS)
-        .is_some_and(|v| v.as_bytes() != b"0")
+    first_value(headers, &GRPC_STATUS).is_some_and(|v| v.as_bytes() != b"0")
+}
+
+/// `headers.get(name)`, but a short map is scanned rather than hashing a custom name (most
+/// of the cost of a lookup); `iter` yields a name's first value first, as `get` returns it.
+pub(crate) fn first_value<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> Option<&'a HeaderValue> {
+    if headers.is_empty() {
+        None
+    } else if headers.keys_len() <= 8 {
+        headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    } else {
+        headers.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `str`-based check this crate used before `is_stream` moved to bytes: the oracle.
+    fn is_stream_str(v: &HeaderValue) -> bool {
+        let Ok(ct) = v.to_str() else {
+            return false;
+        };
+        let ct = ct.trim_start();
+        let starts = |p: &str| ct.len() >= p.len() && ct[..p.len()].eq_ignore_ascii_case(p);
+        starts("text/event-stream")
+            || starts("application/grpc")
+            || starts("application/x-ndjson")
+            || starts("application/ndjson")
+            || starts("application/jsonl")
+    }
+
+    fn content_types() -> Vec<HeaderValue> {
+        let mut v: Vec<HeaderValue> = [
+            "",
+            " ",
+            "text/event-stream",
+            "TEXT/Event-Stream",
+            "text/event-stream; charset=utf-8",
+            "text/event-stream ;charset=utf-8",
+            "  \ttext/event-stream",
+            "text/event-streamx",
+            "text/event-strea",
+            "text/event",
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc-web",
+            "application/grp",
+            "application/x-ndjson",
+            "application/x-ndjson; charset=utf-8",
+            "application/ndjson",
+            "application/jsonl",
+            "application/jsonlines",
+            "application/json",
+            "text/plain",
+            " ; text/event-stream",
+            ";text/event-stream",
+            "text/event-stream\t",
+        ]
+        .into_iter()
+        .map(HeaderValue::from_static)
+        .collect();
+        for raw in [
+            &b"text/event-stream; charset=caf\xc3\xa9"[..],
+            b"text/event-stream\xff",
+            b"\xfftext/event-stream",
+            b"application/grpc\x80",
+            b"text/html\xff",
+        ] {
+            v.push(HeaderValue::from_bytes(raw).unwrap());
+        }
+        v
+    }
+
+    /// `stream_dialect` against the two checks it fuses: the `str`-based stream check and
+    /// core's `Dialect::resolve`.
+    #[test]
+    fn stream_dialect_matches_is_stream_and_core_resolve() {
+        let mut values = content_types();
+        // Every single-byte corruption of a few stream types, at every position.
+        for base in [
+            &b"text/event-stream; charset=utf-8"[..],
+            b"application/grpc+proto",
+            b"application/x-ndjson",
+            b"application/ndjson",
+            b"application/jsonl ;x",
+        ] {
+            for i in 0..base.len() {
+                for b in [
+                    0x0d, 0x0f, b'\t', b' ', b';', b'A', b'T', b'/', b'-', 0x7f, 0x80,
+                ] {
+                    let mut v = base.to_vec();
+                    v[i] = b;
+                    if let Ok(v) = HeaderValue::from_bytes(&v) {
+                        values.push(v);
+                    }
+                }
+                if let Ok(v) = HeaderValue::from_bytes(&base[..i]) {
+                    values.push(v);
+                }
+            }
+        }
+        for v in values {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, v.clone());
+            let ours = stream_dialect(v.as_bytes());
+            assert_eq!(ours.is_some(), is_stream_str(&v), "{v:?}");
+            if let Some(d) = ours {
+                let core = Dialect::Auto.resolve(&h);
+                assert_eq!(format!("{d:?}"), format!("{core:?}"), "{v:?}");
+            }
+        }
+        assert!(stream_dialect(b"").is_none());
+    }
+
+    #[test]
+    fn grpc_error_scan_matches_get() {
+        for n in [0usize, 1, 3, 8, 9, 20] {
+            for status in [None, Some("0"), Some("13"), Some("")] {
+                for dup in [false, true] {
+                    let mut h = HeaderMap::new();
+                    for i in 0..n {
+                        h.insert(
+                            HeaderName::try_from(format!("x-h{i}")).unwrap(),
+                            HeaderValue::from_static("v"),
+                        );
+                    }
+                    if let Some(s) = status {
+                        h.append(GRPC_STATUS, HeaderValue::from_static(s));
+                        if dup {
+                            h.append(GRPC_STATUS, HeaderValue::from_static("7"));
+                        }
+                    }
+                    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+                    let expect = h.get(GRPC_STATUS).is_some_and(|v| v.as_bytes() != b"0");
+                    assert_eq!(grpc_error(&h), expect, "{n} {status:?} {dup}");
+                    for name in [&GRPC_STATUS, &header::CONTENT_TYPE, &header::HOST] {
+                        assert_eq!(first_value(&h, name), h.get(name), "{n} {name}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gaps_min_is_zero_without_gaps() {
+        let mut g = Gaps::default();
+        assert_eq!(g.stats(), GapStats::default());
+        g.add(Duration::from_millis(7));
+        g.add(Duration::from_millis(3));
+        let s = g.stats();
+        assert_eq!(s.count, 2);
+        assert_eq!(s.min, Duration::from_millis(3));
+        assert_eq!(s.max, Duration::from_millis(7));
+        assert_eq!(s.sum, Duration::from_millis(10));
+    }
 }

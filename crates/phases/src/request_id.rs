@@ -48,8 +48,8 @@ impl RequestId {
         let hi = splitmix64(a.wrapping_add(n));
         let lo = splitmix64(b ^ n);
         let mut buf = [0u8; 32];
-        hex(hi, &mut buf[..16]);
-        hex(lo, &mut buf[16..]);
+        buf[..16].copy_from_slice(&hex(hi));
+        buf[16..].copy_from_slice(&hex(lo));
         // One allocation, shared by every clone (the id travels upstream and back).
         RequestId(
             HeaderValue::from_maybe_shared(Bytes::from_owner(buf))
@@ -88,11 +88,25 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn hex(v: u64, out: &mut [u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = DIGITS[((v >> (60 - 4 * i)) & 0xf) as usize];
-    }
+/// `v` as 16 lower-case hex digits, most significant first, eight at a time (SWAR): each
+/// nibble is spread into a byte of its own, then turned into its digit with no branch.
+fn hex(v: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&hex8((v >> 32) as u32));
+    out[8..].copy_from_slice(&hex8(v as u32));
+    out
+}
+
+fn hex8(v: u32) -> [u8; 8] {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let x = u64::from(v);
+    let x = (x | (x << 16)) & 0x0000_ffff_0000_ffff;
+    let x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff;
+    let x = (x | (x << 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    // 1 in each byte whose nibble is 10 or more (n + 6 carries into bit 4; no byte overflows).
+    let letters = ((x + 6 * ONES) >> 4) & ONES;
+    // '0' + n, and 'a' - '0' - 10 = 39 more for letters.
+    (x + 0x30 * ONES + 39 * letters).to_be_bytes()
 }
 
 #[cfg(test)]
@@ -108,6 +122,26 @@ mod tests {
         for id in ids.iter().take(10) {
             assert_eq!(id.len(), 32);
             assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+    }
+
+    #[test]
+    fn swar_hex_matches_the_digit_loop() {
+        fn slow(v: u64) -> [u8; 16] {
+            const DIGITS: &[u8; 16] = b"0123456789abcdef";
+            let mut out = [0u8; 16];
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = DIGITS[((v >> (60 - 4 * i)) & 0xf) as usize];
+            }
+            out
+        }
+        let mut v = 0x0123_4567_89ab_cdef_u64;
+        for _ in 0..10_000 {
+            assert_eq!(hex(v), slow(v), "{v:#x}");
+            v = splitmix64(v);
+        }
+        for v in [0, u64::MAX, 0xa0a0_a0a0_a0a0_a0a0, 0x9f9f_9f9f_9f9f_9f9f] {
+            assert_eq!(hex(v), slow(v), "{v:#x}");
         }
     }
 

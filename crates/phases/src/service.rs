@@ -14,7 +14,7 @@ use crate::body::LatencyPhaseRecorderBody;
 use crate::future::ResponseFuture;
 use crate::labels::Route;
 use crate::layer::LatencyPhaseRecorderLayer;
-use crate::recording::Recording;
+use crate::recording::{Recording, first_value};
 use crate::request_id::RequestId;
 
 /// Records every phase of every request to the configured sinks; see the
@@ -71,7 +71,7 @@ where
         let (mut parts, body) = req.into_parts();
 
         let request_id = cfg.request_id_header.as_ref().map(|h| {
-            match parts.headers.get(h).and_then(RequestId::from_header) {
+            match first_value(&parts.headers, h).and_then(RequestId::from_header) {
                 Some(id) => id,
                 None => {
                     let id = RequestId::generate();
@@ -149,6 +149,6 @@ where
             let _enter = span.enter();
             self.inner.call(req)
         };
-        ResponseFuture::new(inner, span, Box::new(rec))
+        ResponseFuture::new(inner, span, rec)
     }
 }

@@ -1,10 +1,12 @@
 //! Where reports go: the [`PhaseSink`] trait and the tracing sink.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use tailguard_core::EndReason;
 
+use crate::metrics_sink::MetricsSink;
 use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
 
 /// Receives one [`PhaseReport`] per request; the metrics and tracing outputs are sinks, and so is
@@ -43,7 +45,26 @@ where
 
 /// A shared list of sinks.
 #[derive(Clone, Default)]
-pub(crate) struct Sinks(pub(crate) Vec<Arc<dyn PhaseSink>>);
+pub(crate) struct Sinks(pub(crate) Vec<Sink>);
+
+/// One configured sink: the metrics sink by value, so that the recorder can use its fast path
+/// (one label-set lookup per streamed request, see [`MetricsSink`]); anything else by trait.
+#[derive(Clone)]
+pub(crate) enum Sink {
+    Metrics(Box<MetricsSink>),
+    Dyn(Arc<dyn PhaseSink>),
+}
+
+impl Sink {
+    /// Sorts a sink of any type: a [`MetricsSink`] gets its own variant.
+    pub(crate) fn of<S: PhaseSink>(sink: S) -> Self {
+        // A clone shares the original's cache and recorder: the same sink.
+        match (&sink as &dyn Any).downcast_ref::<MetricsSink>() {
+            Some(m) => Sink::Metrics(Box::new(m.clone())),
+            None => Sink::Dyn(Arc::new(sink)),
+        }
+    }
+}
 
 impl fmt::Debug for Sinks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -116,18 +137,16 @@ impl PhaseSink for TracingSink {
                 span.record("hedge_winner", h.winner);
             }
         }
-        let reason = end_reason_label(&r.end_reason);
-        let total_s = r.total.as_secs_f64();
-        let ttft_s = secs(r.time_to_first_token);
-        let id = r.request_id.as_ref().map(|id| id.as_str());
+        // Field values are computed inside the macros: only when the event is enabled.
+        let id = || r.request_id.as_ref().map(|id| id.as_str());
         if r.end_reason == EndReason::Completed {
             tracing::info!(
                 target: "tailguard_phases",
                 parent: span,
-                request_id = id,
-                end_reason = reason,
-                total_s,
-                ttft_s,
+                request_id = id(),
+                end_reason = end_reason_label(&r.end_reason),
+                total_s = r.total.as_secs_f64(),
+                ttft_s = secs(r.time_to_first_token),
                 output_events = r.output_events,
                 "llm request finished"
             );
@@ -135,10 +154,10 @@ impl PhaseSink for TracingSink {
             tracing::warn!(
                 target: "tailguard_phases",
                 parent: span,
-                request_id = id,
-                end_reason = reason,
-                total_s,
-                ttft_s,
+                request_id = id(),
+                end_reason = end_reason_label(&r.end_reason),
+                total_s = r.total.as_secs_f64(),
+                ttft_s = secs(r.time_to_first_token),
                 output_events = r.output_events,
                 "llm request finished"
             );

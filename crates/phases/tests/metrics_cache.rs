@@ -180,3 +180,85 @@ async fn cache_is_bounded_and_sets_beyond_it_still_record() {
     );
     assert_eq!(sink.cached_label_sets(), MAX_CACHED_LABEL_SETS);
 }
+
+/// The recorder's fast path for a `MetricsSink` (one label-set lookup per streamed request; the
+/// report series of each end reason found from the gap series) emits exactly what the sink does
+/// through the plain `PhaseSink` trait, for every end reason and label set, with the facade and
+/// with a recorder of its own.
+#[tokio::test(start_paused = true)]
+async fn fast_path_matches_the_trait_path() {
+    use std::sync::Arc;
+    use tailguard_phases::PhaseSink;
+
+    async fn scenario<S>(svc: &S)
+    where
+        S: Service<
+                Request<Empty<Bytes>>,
+                Response = Response<tailguard_phases::LatencyPhaseRecorderBody<Scripted>>,
+                Error = Infallible,
+            > + Clone,
+    {
+        for i in 0..12 {
+            let route = ["/a", "/b", "/a"][i % 3];
+            let mut req = Request::new(Empty::new());
+            req.extensions_mut().insert(Route::new(route));
+            let res = svc.clone().oneshot(req).await.unwrap();
+            if i % 4 == 1 {
+                // A client disconnect after the first frame: another end reason, same labels.
+                let mut body = std::pin::pin!(res.into_body());
+                let _ = body.frame().await;
+            } else {
+                drain(res.into_body()).await.unwrap();
+            }
+        }
+    }
+
+    // Sorted, comparable views of what a recorder saw.
+    fn view(all: &[Seen]) -> Vec<String> {
+        let mut v: Vec<String> = all.iter().map(|s| format!("{s:?}")).collect();
+        v.sort();
+        v
+    }
+
+    // Own recorders: one sink through `with_sink` (the fast path), one through
+    // `with_shared_sink` (the trait), on the same layer.
+    let fast_rec = DebuggingRecorder::new();
+    let fast_snap = fast_rec.snapshotter();
+    let slow_rec = DebuggingRecorder::new();
+    let slow_snap = slow_rec.snapshotter();
+    let fast = MetricsSink::new().with_recorder(fast_rec);
+    let slow = MetricsSink::new().with_recorder(slow_rec);
+    let svc = LatencyPhaseRecorderLayer::new()
+        .without_sinks()
+        .with_sink(fast.clone())
+        .with_shared_sink(Arc::new(slow.clone()) as Arc<dyn PhaseSink>)
+        .layer(upstream());
+    scenario(&svc).await;
+    let f = view(&snapshot(&fast_snap));
+    assert!(f.iter().any(|s| s.contains("client_disconnect")));
+    assert!(f.iter().any(|s| s.contains("completed")));
+    assert_eq!(f, view(&snapshot(&slow_snap)));
+    assert_eq!(fast.cached_label_sets(), slow.cached_label_sets());
+
+    // The facade: the same scenario under two local recorders, fast path then trait path.
+    for shared in [false, true] {
+        let rec = DebuggingRecorder::new();
+        let snap = rec.snapshotter();
+        let layer = LatencyPhaseRecorderLayer::new().without_sinks();
+        let layer = if shared {
+            layer.with_shared_sink(Arc::new(MetricsSink::new()) as Arc<dyn PhaseSink>)
+        } else {
+            layer.with_sink(MetricsSink::new())
+        };
+        let svc = layer.layer(upstream());
+        let guard = metrics::set_default_local_recorder(&rec);
+        scenario(&svc).await;
+        drop(guard);
+        let v = view(&snapshot(&snap));
+        if shared {
+            assert_eq!(v, f, "facade, trait path");
+        } else {
+            assert_eq!(v, f, "facade, fast path");
+        }
+    }
+}

@@ -610,6 +610,65 @@ async fn request_id_is_taken_or_generated_and_propagated() {
     assert_eq!(all[1].request_id.as_ref().unwrap().as_str(), generated);
 }
 
+/// An unusable client id is replaced (every value of the header, upstream and back); of
+/// repeated ids the first one is used when it is usable, and the header goes upstream as sent.
+#[tokio::test(start_paused = true)]
+async fn unusable_or_repeated_request_ids() {
+    let (layer, reports, _snap) = layer();
+    let svc = layer.layer_fn(|| {
+        service_fn(|req: Request<Empty<Bytes>>| async move {
+            let sent: Vec<_> = req
+                .headers()
+                .get_all("x-request-id")
+                .iter()
+                .cloned()
+                .collect();
+            let ext = req.extensions().get::<RequestId>().cloned().unwrap();
+            assert_eq!(ext.header_value(), &sent[0]);
+            let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
+            res.extensions_mut().insert(sent);
+            Ok::<_, Infallible>(res)
+        })
+    });
+    let with = |ids: &[&'static str]| {
+        let mut b = Request::builder();
+        for id in ids {
+            b = b.header("x-request-id", *id);
+        }
+        b.body(Empty::new()).unwrap()
+    };
+    for (ids, kept) in [
+        (&["a b"][..], None),
+        (&["a b", "ok-1"][..], None),
+        (&["ok-2", "a b"][..], Some("ok-2")),
+        (&["ok-3", "ok-4"][..], Some("ok-3")),
+    ] {
+        let res = svc.clone().oneshot(with(ids)).await.unwrap();
+        let sent = res
+            .extensions()
+            .get::<Vec<http::HeaderValue>>()
+            .cloned()
+            .unwrap();
+        let back = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+        assert_eq!(res.headers().get_all("x-request-id").iter().count(), 1);
+        drain(res.into_body()).await.unwrap();
+        let report = reports.all().pop().unwrap();
+        let id = report.request_id.unwrap().as_str().to_owned();
+        assert_eq!(id, back);
+        match kept {
+            Some(k) => {
+                assert_eq!(id, k);
+                assert_eq!(sent.len(), ids.len(), "sent upstream as the client sent it");
+            }
+            None => {
+                assert_eq!(id.len(), 32, "generated");
+                assert_eq!(sent.len(), 1, "every unusable value replaced");
+                assert_eq!(sent[0], id.as_str());
+            }
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn usage_is_extracted_from_include_usage_chunks() {
     let (layer, reports, snap) = layer();
