@@ -48,12 +48,19 @@ fn stream(tokens: usize) -> Vec<Bytes> {
     v
 }
 
+/// Answers at once with `frames`, each time in the next of their
+/// [`variants`](tailguard_benches::variants) (same bytes but the chat id, so core's memo of
+/// pre-token decisions never hits across requests).
 fn upstream(
     frames: Vec<Bytes>,
 ) -> impl Service<Request<String>, Response = Response<Frames>, Error = Infallible, Future: Send> + Clone
 {
+    let versions = tailguard_benches::variants(&frames);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     service_fn(move |_req: Request<String>| {
-        let frames = frames.clone();
+        let k =
+            next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % tailguard_benches::VARIANTS;
+        let frames = versions[k].to_vec();
         async move {
             Ok::<_, Infallible>(
                 Response::builder()

@@ -55,6 +55,41 @@ pub fn openai_stream(content: usize) -> Arc<[Bytes]> {
     frames.into()
 }
 
+/// How many versions of a stream a bench upstream serves in turn (see [`variants`]).
+pub const VARIANTS: usize = 8;
+
+/// `VARIANTS` versions of `frames` that differ only in their chat id (the byte after
+/// `chatcmpl-` is `a`, `b`, …; frames without an id are shared), same length each.
+///
+/// Real completions each carry their own id, so no two requests' events are byte-identical.
+/// tailguard-core keeps a per-thread memo of its recent pre-token JSON decisions (so the layers
+/// of one stack parse each event once between them); a bench upstream that served the very same
+/// bytes to every request would let that memo hit across requests and flatter a single layer.
+/// Served in turn, the versions make every request's events new to the memo, as in real
+/// traffic, while the layers of one stack still share their decisions within a request.
+pub fn variants(frames: &[Bytes]) -> Arc<[Arc<[Bytes]>]> {
+    const ID: &[u8] = b"chatcmpl-";
+    (0..VARIANTS)
+        .map(|k| {
+            frames
+                .iter()
+                .map(|f| match memchr_find(f, ID) {
+                    Some(i) if i + ID.len() < f.len() => {
+                        let mut v = f.to_vec();
+                        v[i + ID.len()] = b'a' + k as u8;
+                        Bytes::from(v)
+                    }
+                    _ => f.clone(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn memchr_find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
 /// An in-memory body whose every frame is ready.
 #[derive(Debug)]
 pub struct Frames {
@@ -90,13 +125,17 @@ impl Body for Frames {
     }
 }
 
-/// The upstream: answers every request at once with the stream.
+/// The upstream: answers every request at once with the stream, each time in the next of its
+/// [`variants`] (same bytes but the chat id).
 pub fn upstream<B>(
     frames: Arc<[Bytes]>,
 ) -> impl Service<Request<B>, Response = Response<Frames>, Error = Infallible, Future: Send> + Clone + Send
 {
+    let versions = variants(&frames);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     tower::service_fn(move |_req: Request<B>| {
-        let frames = frames.clone();
+        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % VARIANTS;
+        let frames = versions[k].clone();
         async move {
             Ok(Response::builder()
                 .header("content-type", "text/event-stream")

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::scan::{Captured, Event};
 
 mod json;
+mod memo;
 
 /// What one event means for latency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -378,12 +379,23 @@ fn openai(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class {
 /// The JSON is walked without building a `Value` and without allocating (see [`json`]): the
 /// same documents are accepted as by `serde_json::from_slice::<Value>`, and a member given twice
 /// counts by its last value, as in a `Value` map.
+///
+/// The decision is memoized per thread by content (see [`memo`]), so the layers of one stack
+/// parse each pre-token event once between them.
 #[inline(never)]
 fn openai_json(data: &Captured<'_>) -> Class {
     if is_done(data.bytes) {
         return Class::Done;
     }
-    match json::chunk(data.bytes) {
+    memo::memoized(memo::Kind::OpenAi, data.bytes, |bytes| {
+        Some(openai_json_parse(bytes))
+    })
+    .unwrap_or(Class::Meta)
+}
+
+/// [`openai_json`] without the memo.
+fn openai_json_parse(bytes: &[u8]) -> Class {
+    match json::chunk(bytes) {
         // Malformed or cut short: undecidable, so not a token. Not an object: nothing to say.
         Err(_) | Ok(None) => Class::Meta,
         Ok(Some(chunk)) if chunk.error => Class::Error,
@@ -450,7 +462,9 @@ fn anthropic(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class 
     }
     if name.is_empty() && !first_token_seen && data.is_complete() {
         // Malformed, not an object, no `type` or an unknown one: meta, as an unknown event.
-        if let Some(class) = json::anthropic_type(data.bytes) {
+        if let Some(class) =
+            memo::memoized(memo::Kind::AnthropicType, data.bytes, json::anthropic_type)
+        {
             return class;
         }
     }
@@ -476,8 +490,17 @@ fn ndjson(data: &Captured<'_>, first_token_seen: bool) -> Class {
     ndjson_json(data.bytes)
 }
 
-/// A whole NDJSON line before the first token: its JSON decides.
+/// A whole NDJSON line before the first token: its JSON decides (memoized like
+/// [`openai_json`]).
 fn ndjson_json(bytes: &[u8]) -> Class {
+    memo::memoized(memo::Kind::Ndjson, bytes, |bytes| {
+        Some(ndjson_json_parse(bytes))
+    })
+    .unwrap_or(Class::Token)
+}
+
+/// [`ndjson_json`] without the memo.
+fn ndjson_json_parse(bytes: &[u8]) -> Class {
     match json::line(bytes) {
         // Malformed, or not an object: a line of output all the same.
         Err(_) | Ok(None) => Class::Token,
