@@ -145,7 +145,69 @@ struct State {
     tokens: u64,
     failed: bool,
     usage: Option<UsageState>,
+    /// The steady state: a token was seen, no usage extraction, no scan error, SSE framing. Whole
+    /// unnamed data events then take [`StreamTracker::observe`]'s fast path.
+    steady: bool,
+    /// The class of the last steady-state data event decided by a preset (see [`Memo`]).
+    memo: Option<Memo>,
 }
+
+/// The counts of the steady-state fast path (see [`State::steady`]): what
+/// [`State::on_event`] counts for a whole unnamed data event after the first token, less what
+/// cannot apply there (the first token, usage, Anthropic event names).
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    events: u32,
+    tokens: u32,
+    meta: u32,
+    keepalives: u32,
+    done: bool,
+    error: bool,
+}
+
+impl Counts {
+    #[inline(always)]
+    fn add(&mut self, class: Class) {
+        self.events += 1;
+        match class {
+            Class::Token => self.tokens += 1,
+            Class::Meta => self.meta += 1,
+            Class::Keepalive => self.keepalives += 1,
+            Class::Done => self.done = true,
+            Class::Error => self.error = true,
+        }
+    }
+
+    #[inline(always)]
+    fn observation(self) -> Observation {
+        Observation {
+            events: self.events,
+            tokens: self.tokens,
+            meta: self.meta,
+            keepalives: self.keepalives,
+            done: self.done,
+            error: self.error,
+            first_token: false,
+            scan_error: None,
+        }
+    }
+}
+
+/// The captured prefix of a steady-state data event and the class a preset gave it.
+///
+/// After the first token the presets decide an unnamed data event from its captured prefix
+/// (at most [`MEMO_BYTES`]) and whether that prefix is the whole data, nothing else; and in a
+/// real stream every chunk starts alike (`{"id":"chatcmpl-…` with the same id), so the class
+/// of the previous event usually answers for the next one with one 16-byte comparison. Never
+/// used for a custom classifier, which may be stateful.
+#[derive(Clone, Copy, Debug)]
+struct Memo {
+    prefix: [u8; MEMO_BYTES],
+    class: Class,
+}
+
+/// The prefix length the memo keys on: the presets' capture after the first token.
+const MEMO_BYTES: usize = 16;
 
 #[derive(Debug, Default)]
 struct UsageState {
@@ -204,6 +266,8 @@ impl StreamTracker {
                 tokens: 0,
                 failed: false,
                 usage: None,
+                steady: false,
+                memo: None,
             },
         }
     }
@@ -225,6 +289,7 @@ impl StreamTracker {
     pub fn with_usage(mut self, usage: bool) -> Self {
         self.state.usage = usage.then(UsageState::default);
         self.set_capture();
+        self.state.steady = self.state.steady && !usage;
         self
     }
 
@@ -237,6 +302,26 @@ impl StreamTracker {
         let had_token = self.state.first_token_seen;
         let state = &mut self.state;
         let result = match &mut self.scanner {
+            Scanner::Sse(s) if state.steady => {
+                // The steady state: whole unnamed data events straight from the frame, the
+                // rest (if any) through the general path.
+                let chunk = data.chunk();
+                if chunk.len() != data.remaining() {
+                    s.feed_buf(data, |e| state.on_event(&e, &mut obs))
+                } else {
+                    let mut counts = Counts::default();
+                    let used = s.feed_data_events(chunk, |d| counts.add(state.steady_class(d)));
+                    state.events += u64::from(counts.events);
+                    state.tokens += u64::from(counts.tokens);
+                    // Built in one go from scalars (not field by field through a reference),
+                    // so that it is returned without a round trip through memory.
+                    obs = counts.observation();
+                    if used == chunk.len() {
+                        return obs;
+                    }
+                    s.feed(&chunk[used..], |e| state.on_event(&e, &mut obs))
+                }
+            }
             Scanner::Sse(s) => s.feed_buf(data, |e| state.on_event(&e, &mut obs)),
             Scanner::Grpc(s) => s.feed_buf(data, |e| state.on_event(&e, &mut obs)),
             Scanner::Ndjson(s) => s.feed_buf(data, |e| state.on_event(&e, &mut obs)),
@@ -294,6 +379,10 @@ impl StreamTracker {
         if !had_token && self.state.first_token_seen {
             self.set_capture();
         }
+        self.state.steady = self.state.first_token_seen
+            && self.state.usage.is_none()
+            && !self.state.failed
+            && matches!(self.scanner, Scanner::Sse(_));
     }
 
     /// Sets the scanner's capture for the current phase.
@@ -355,6 +444,32 @@ impl StreamTracker {
 }
 
 impl State {
+    /// The class of an unnamed data event after the first token, through the memo for presets.
+    #[inline(always)]
+    fn steady_class(&mut self, data: Captured<'_>) -> Class {
+        let key = match (<[u8; MEMO_BYTES]>::try_from(data.bytes), &self.preset) {
+            (_, Preset::Custom(_)) | (Err(_), _) => None,
+            // A prefix shorter than the data: the class depends on these bytes only.
+            (Ok(prefix), _) if data.len > MEMO_BYTES => Some(prefix),
+            _ => None,
+        };
+        if let (Some(prefix), Some(memo)) = (key, &self.memo)
+            && memo.prefix == prefix
+        {
+            return memo.class;
+        }
+        let class = self.classify_steady(data);
+        if let Some(prefix) = key {
+            self.memo = Some(Memo { prefix, class });
+        }
+        class
+    }
+
+    #[inline(never)]
+    fn classify_steady(&self, data: Captured<'_>) -> Class {
+        self.preset.classify(&Event::Sse { name: b"", data }, true)
+    }
+
     #[inline]
     fn on_event(&mut self, event: &Event<'_>, obs: &mut Observation) {
         let class = self.preset.classify(event, self.first_token_seen);

@@ -222,9 +222,12 @@ impl SseScanner {
             if self.line == Line::Start
                 && !self.in_event
                 && self.pending == 0
-                && chunk.starts_with(b"data:")
-                && let Some(used) = self.whole_data_event(chunk, on_event)
+                && let Some((used, value)) = self.whole_data_event(chunk)
             {
+                on_event(Event::Sse {
+                    name: b"",
+                    data: self.captured(value),
+                });
                 chunk = &chunk[used..];
                 continue;
             }
@@ -257,15 +260,15 @@ impl SseScanner {
     }
 
     /// The fast path for the common case: a whole `data: ...` event (one data line, then a blank
-    /// line, LF or CRLF ended) at an event boundary, dispatched straight from the frame without
-    /// copying. Returns the bytes used, or `None` to leave the frame to the general path (which
-    /// gives the same result byte for byte, including cap errors).
-    #[inline]
-    fn whole_data_event(
-        &mut self,
-        chunk: &[u8],
-        on_event: &mut impl FnMut(Event<'_>),
-    ) -> Option<usize> {
+    /// line, LF or CRLF ended) at the start of `chunk`, to be dispatched straight from the frame
+    /// without copying. Returns the bytes it spans and its data, or `None` to leave the chunk to
+    /// the general path (which gives the same result byte for byte, including cap errors). The
+    /// caller checks that the scanner is at an event boundary.
+    #[inline(always)]
+    fn whole_data_event<'c>(&self, chunk: &'c [u8]) -> Option<(usize, &'c [u8])> {
+        if !chunk.starts_with(b"data:") {
+            return None;
+        }
         let i = memchr2(b'\n', b'\r', chunk)?;
         let rest = &chunk[i..];
         // The event's size as the general path counts it: the data line and its line end.
@@ -283,14 +286,51 @@ impl SseScanner {
         if let [b' ', tail @ ..] = value {
             value = tail;
         }
-        on_event(Event::Sse {
-            name: b"",
-            data: Captured {
-                bytes: &value[..value.len().min(self.capture)],
-                len: value.len(),
-            },
-        });
-        Some(used)
+        Some((used, value))
+    }
+
+    /// `value` as captured: its first `capture` bytes and its length.
+    #[inline(always)]
+    fn captured<'c>(&self, value: &'c [u8]) -> Captured<'c> {
+        Captured {
+            bytes: &value[..value.len().min(self.capture)],
+            len: value.len(),
+        }
+    }
+
+    /// Whether the scanner stands at an event boundary with nothing carried over: the next byte
+    /// starts a line of a new event.
+    #[inline(always)]
+    fn at_boundary(&self) -> bool {
+        self.bom_done
+            && !self.after_cr
+            && self.line == Line::Start
+            && !self.in_event
+            && self.pending == 0
+            && self.error.is_none()
+    }
+
+    /// Dispatches the whole one-line `data:` events at the start of `chunk` (see
+    /// [`feed`](SseScanner::feed)) as long as they follow one another, calling `on_data` with
+    /// each one's data (unnamed events; comments, other fields and anything split are not
+    /// taken), and returns how many bytes of `chunk` they span: the caller feeds the rest with
+    /// [`feed`](SseScanner::feed). Exactly what `feed` would report for those bytes; it leaves
+    /// the scanner as `feed` would.
+    #[inline]
+    pub(crate) fn feed_data_events(
+        &mut self,
+        chunk: &[u8],
+        mut on_data: impl FnMut(Captured<'_>),
+    ) -> usize {
+        if !self.at_boundary() {
+            return 0;
+        }
+        let mut used = 0;
+        while let Some((n, value)) = self.whole_data_event(&chunk[used..]) {
+            on_data(self.captured(value));
+            used += n;
+        }
+        used
     }
 
     /// Adds `n` bytes to the current line and checks both caps.
