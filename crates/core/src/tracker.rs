@@ -150,6 +150,9 @@ struct State {
     steady: bool,
     /// The class of the last steady-state data event decided by a preset (see [`Memo`]).
     memo: Option<Memo>,
+    /// Whether the steady-state fast path may be taken (off only in tests, to compare it with
+    /// the general path).
+    fast: bool,
 }
 
 /// The counts of the steady-state fast path (see [`State::steady`]): what
@@ -268,6 +271,7 @@ impl StreamTracker {
                 usage: None,
                 steady: false,
                 memo: None,
+                fast: true,
             },
         }
     }
@@ -379,7 +383,8 @@ impl StreamTracker {
         if !had_token && self.state.first_token_seen {
             self.set_capture();
         }
-        self.state.steady = self.state.first_token_seen
+        self.state.steady = self.state.fast
+            && self.state.first_token_seen
             && self.state.usage.is_none()
             && !self.state.failed
             && matches!(self.scanner, Scanner::Sse(_));
@@ -603,6 +608,151 @@ mod tests {
 
     const ROLE: &str = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
     const TOKEN: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+
+    /// Every frame's observation, and the tracker's state after it, then the end.
+    fn trace(mut t: StreamTracker, frames: &[Vec<u8>], split_bufs: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        for f in frames {
+            let obs = if split_bufs && f.len() > 1 {
+                let (a, b) = f.split_at(f.len() / 2);
+                t.observe(&bytes::Buf::chain(a, b))
+            } else {
+                t.observe(&Bytes::copy_from_slice(f))
+            };
+            out.push(format!(
+                "{obs:?} events={} tokens={} first={} pending={} wire={:?}",
+                t.events(),
+                t.tokens(),
+                t.first_token_seen(),
+                t.pending_bytes(),
+                t.wire()
+            ));
+        }
+        out.push(format!("{:?} {:?}", t.finish(), t.usage()));
+        out
+    }
+
+    fn sse_piece() -> impl proptest::strategy::Strategy<Value = &'static [u8]> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(&b"data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"[..]),
+            Just(&b"data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\r\n\r\n"[..]),
+            Just(&b"data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"[..]),
+            Just(&b"data:{\"id\":\"chatcmpl-2\",\"choices\":[{\"delta\":{}}],\"usage\":{\"prompt_tokens\":3}}\n\n"[..]),
+            Just(&b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"[..]),
+            Just(&b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n"[..]),
+            Just(&b"data: { \"error\" :{\"message\":\"overloaded\"}}\n\n"[..]),
+            Just(&b"data:  {\"error\":{\"message\":\"overloaded\"}}\n\n"[..]),
+            Just(&b"data: [DONE]\n\n"[..]),
+            Just(&b"data: [DONE] and then some more bytes\n\n"[..]),
+            Just(&b"data: 0123456789abcdef\n\n"[..]),
+            Just(&b"data: 0123456789abcdefg\n\n"[..]),
+            Just(&b"data: x\n\n"[..]),
+            Just(&b"data:\n\n"[..]),
+            Just(&b"data\n\n"[..]),
+            Just(&b"data: a\ndata: b\n\n"[..]),
+            Just(&b"data: a\r\r"[..]),
+            Just(&b"data: a\r"[..]),
+            Just(&b"\n"[..]),
+            Just(&b"\r\n"[..]),
+            Just(&b": keepalive\n\n"[..]),
+            Just(&b": keepalive\n"[..]),
+            Just(&b"event: ping\ndata: {\"type\":\"ping\"}\n\n"[..]),
+            Just(&b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\n"[..]),
+            Just(&b"event: error\ndata: {}\n\n"[..]),
+            Just(&b"id: 7\ndata: {\"choices\":[{\"delta\":{\"content\":\"y\"}}]}\n\n"[..]),
+            Just(&b"\xEF\xBB\xBF"[..]),
+            Just(&b"data: {\"cut"[..]),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// The steady-state fast path reports exactly what the general path does: the same
+        /// observation for every frame and the same state after it, whatever the framing, the
+        /// dialect, the cap, usage extraction and buffers of two chunks.
+        #[test]
+        fn steady_fast_path_matches_the_general_path(
+            pieces in proptest::collection::vec(sse_piece(), 0..40),
+            raw_cuts in proptest::collection::vec(0usize..4096, 0..8),
+            boundary_cuts in proptest::collection::vec(proptest::bool::weighted(0.7), 40),
+            dialect in 0usize..5,
+            small_cap in proptest::bool::ANY,
+            usage in proptest::bool::ANY,
+            split_bufs in proptest::bool::ANY,
+        ) {
+            let bytes = pieces.concat();
+            let mut cuts: Vec<usize> = raw_cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            // Mostly at piece boundaries, where the fast path can take over.
+            let mut at = 0;
+            for (i, piece) in pieces.iter().enumerate() {
+                at += piece.len();
+                if boundary_cuts.get(i).copied().unwrap_or(true) {
+                    cuts.push(at);
+                }
+            }
+            cuts.sort_unstable();
+            cuts.push(bytes.len());
+            let mut frames = Vec::new();
+            let mut at = 0;
+            for cut in cuts {
+                frames.push(bytes[at..cut].to_vec());
+                at = cut;
+            }
+            let dialect = [Dialect::Auto, Dialect::OpenAi, Dialect::Anthropic, Dialect::AnySse, Dialect::LlmSse][dialect].clone();
+            let make = || {
+                let mut t = StreamTracker::new(&dialect, &headers("text/event-stream"));
+                if small_cap {
+                    t = t.with_max_event_bytes(48);
+                }
+                t.with_usage(usage)
+            };
+            let mut general = make();
+            general.state.fast = false;
+            proptest::prop_assert_eq!(trace(make(), &frames, split_bufs), trace(general, &frames, split_bufs));
+        }
+    }
+
+    #[test]
+    fn steady_fast_path_is_taken_and_memo_follows_the_prefix() {
+        let sse = headers("text/event-stream");
+        let mut t = StreamTracker::new(&Dialect::Auto, &sse);
+        t.observe(&b(TOKEN));
+        assert!(t.state.steady);
+        let long_token = "data: {\"choices\":[{\"delta\":{\"content\":\"xy\"}}]}\n\n";
+        let three = Bytes::from(format!("{long_token}{long_token}data: [DONE]\n\n"));
+        let obs = t.observe(&three);
+        assert_eq!((obs.events, obs.tokens, obs.done), (3, 2, true));
+        assert!(t.state.memo.is_some_and(|m| m.class == Class::Token));
+        // Same 16-byte prefix is not enough when the data is only 16 bytes long (then it is
+        // whole, and decided afresh), and an error with a new prefix replaces the memo.
+        let obs = t.observe(&b("data: {\"error\":{\"code\":1}}\n\n"));
+        assert!(obs.error && obs.tokens == 0);
+        assert!(t.state.memo.is_some_and(|m| m.class == Class::Error));
+        let obs = t.observe(&b(long_token));
+        assert_eq!(obs.tokens, 1);
+        // A frame that ends inside an event leaves the fast path for the rest of it.
+        let obs = t.observe(&Bytes::from(format!("{long_token}: ping\n\ndata: {{\"cho")));
+        assert_eq!((obs.events, obs.tokens, obs.keepalives), (2, 1, 1));
+        assert_eq!(t.pending_bytes(), 11);
+        let obs = t.observe(&b("ices\":[]}\n\n"));
+        assert_eq!((obs.events, obs.tokens), (1, 1));
+        assert_eq!((t.events(), t.tokens()), (9, 6));
+        // A custom classifier is asked every time.
+        let asked = Arc::new(Mutex::new(0));
+        let n = asked.clone();
+        let dialect = Dialect::custom(Framing::Sse, move |_: &Event<'_>, _: bool| {
+            *n.lock().unwrap() += 1;
+            Class::Token
+        });
+        let mut t = StreamTracker::new(&dialect, &sse);
+        for _ in 0..3 {
+            t.observe(&b(long_token));
+        }
+        assert!(t.state.steady && t.state.memo.is_none());
+        assert_eq!(*asked.lock().unwrap(), 3);
+    }
 
     #[test]
     fn counts_and_first_token_once() {
