@@ -298,7 +298,36 @@ impl StreamTracker {
     }
 
     /// Scans one data frame.
+    ///
+    /// The steady state (after the first token, without usage extraction, SSE) is inlined into
+    /// the caller: whole unnamed `data:` events at the front of the frame are counted straight
+    /// from it, and the rest of the frame, if any, goes through the general path.
+    #[inline(always)]
     pub fn observe<D: Buf + ?Sized>(&mut self, data: &D) -> Observation {
+        if self.state.steady
+            && let Scanner::Sse(s) = &mut self.scanner
+        {
+            let chunk = data.chunk();
+            if chunk.len() == data.remaining() {
+                let mut counts = Counts::default();
+                let state = &mut self.state;
+                let used = s.feed_data_events(chunk, |d| counts.add(state.steady_class(d)));
+                state.events += u64::from(counts.events);
+                state.tokens += u64::from(counts.tokens);
+                // Built in one go from scalars, so that the caller sees the fields as values.
+                let obs = counts.observation();
+                if used == chunk.len() {
+                    return obs;
+                }
+                return self.observe_rest(&chunk[used..], obs);
+            }
+        }
+        self.observe_general(data)
+    }
+
+    /// The general path of [`observe`](StreamTracker::observe).
+    #[inline(never)]
+    fn observe_general<D: Buf + ?Sized>(&mut self, data: &D) -> Observation {
         let mut obs = Observation::default();
         if self.state.failed {
             return obs;
@@ -306,26 +335,6 @@ impl StreamTracker {
         let had_token = self.state.first_token_seen;
         let state = &mut self.state;
         let result = match &mut self.scanner {
-            Scanner::Sse(s) if state.steady => {
-                // The steady state: whole unnamed data events straight from the frame, the
-                // rest (if any) through the general path.
-                let chunk = data.chunk();
-                if chunk.len() != data.remaining() {
-                    s.feed_buf(data, |e| state.on_event(&e, &mut obs))
-                } else {
-                    let mut counts = Counts::default();
-                    let used = s.feed_data_events(chunk, |d| counts.add(state.steady_class(d)));
-                    state.events += u64::from(counts.events);
-                    state.tokens += u64::from(counts.tokens);
-                    // Built in one go from scalars (not field by field through a reference),
-                    // so that it is returned without a round trip through memory.
-                    obs = counts.observation();
-                    if used == chunk.len() {
-                        return obs;
-                    }
-                    s.feed(&chunk[used..], |e| state.on_event(&e, &mut obs))
-                }
-            }
             Scanner::Sse(s) => s.feed_buf(data, |e| state.on_event(&e, &mut obs)),
             Scanner::Grpc(s) => s.feed_buf(data, |e| state.on_event(&e, &mut obs)),
             Scanner::Ndjson(s) => s.feed_buf(data, |e| state.on_event(&e, &mut obs)),
@@ -338,6 +347,19 @@ impl StreamTracker {
             }
         };
         self.after_scan(result, had_token, &mut obs);
+        obs
+    }
+
+    /// The part of a steady-state frame after its whole data events, through the general path,
+    /// added to `obs`.
+    #[inline(never)]
+    fn observe_rest(&mut self, rest: &[u8], mut obs: Observation) -> Observation {
+        let state = &mut self.state;
+        let result = match &mut self.scanner {
+            Scanner::Sse(s) => s.feed(rest, |e| state.on_event(&e, &mut obs)),
+            _ => Ok(()),
+        };
+        self.after_scan(result, true, &mut obs);
         obs
     }
 

@@ -290,6 +290,38 @@ where
                 Poll::Pending => Poll::Pending,
             };
         }
+        // The steady state: nothing held back or to release, streaming, no flood check due: a
+        // data frame that is ready goes out at once when it ends on an event boundary. Anything
+        // else is left to the general loop, with what was polled.
+        if *this.release == 0
+            && *this.streak < FLOOD_CHECK
+            && matches!(this.end, End::Streaming)
+            && this.tracker.is_some()
+            && let Some(inner) = this.inner.as_mut().as_pin_mut()
+        {
+            match inner.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        *this.streak += 1;
+                        if let Some(ready) = on_data(&mut this, data) {
+                            return ready;
+                        }
+                    }
+                    Err(frame) => {
+                        *this.streak += 1;
+                        on_non_data(&mut this, frame);
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => return on_error(&mut this, e),
+                Poll::Ready(None) => on_end(&mut this),
+                Poll::Pending => {
+                    *this.streak = 0;
+                    if let Some(ready) = wait(&mut this, cx) {
+                        return ready;
+                    }
+                }
+            }
+        }
         poll_tracked(&mut this, cx)
     }
 
@@ -330,8 +362,9 @@ type PollFrame<D> = Poll<Option<Result<Frame<Chunk<D>>, BoxError>>>;
 /// Deadlines are also checked after this many frames delivered in a row without waiting.
 const FLOOD_CHECK: u8 = 32;
 
-/// The body with a tracker: hold-back queue, end states and timers. Kept out of line so that
-/// the pass-through path of `poll_frame` stays small enough to inline.
+/// The body with a tracker, in general: hold-back queue, end states, flood check and timers.
+/// Kept out of line so that the pass-through path and the steady-state path of `poll_frame`
+/// (which share its helpers) stay small enough to inline.
 #[inline(never)]
 fn poll_tracked<B>(this: &mut BodyProj<'_, B>, cx: &mut Context<'_>) -> PollFrame<B::Data>
 where
@@ -400,142 +433,192 @@ where
         match inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 *this.streak = this.streak.saturating_add(1);
-                let Some(data) = frame.data_ref() else {
-                    let Ok(trailers) = frame.into_trailers() else {
-                        continue;
-                    };
-                    if let Some(tracker) = this.tracker.as_mut() {
-                        tracker.observe_trailers(&trailers);
+                match frame.into_data() {
+                    Ok(data) => {
+                        if let Some(ready) = on_data(this, data) {
+                            return ready;
+                        }
                     }
-                    // Trailers end the data: release what was held back, then send them.
-                    this.inner.set(None);
-                    this.sleep.set(None);
-                    *this.release = *this.held_len;
-                    *this.end = End::Trailers(trailers);
-                    continue;
-                };
-                let Some(tracker) = this.tracker.as_mut() else {
-                    return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner))));
-                };
-                let obs = tracker.observe(data);
-                let len = data.remaining();
-                let t = &mut *this.timers;
-                if obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0) {
-                    t.unstamped = true;
+                    Err(frame) => on_non_data(this, frame),
                 }
-                if obs.first_token {
-                    t.first_token_seen = true;
-                    t.first_token = None;
-                }
-                if obs.done {
-                    *this.done = true;
-                }
-                if obs.scan_error.is_some() {
-                    // An event over the scanner's cap: the tracker scans nothing more. Stop
-                    // holding back (what is held goes out below) and count any data as
-                    // progress from now on.
-                    *this.hold_back = false;
-                    *this.blind = true;
-                }
-                if *this.blind && len > 0 {
-                    t.unstamped = true;
-                    t.first_token_seen = true;
-                    t.first_token = None;
-                }
-                let pending = if *this.hold_back {
-                    tracker.pending_bytes()
-                } else {
-                    0
-                };
-                if *this.held_len == 0 && *this.release == 0 && pending == 0 {
-                    // The frame ends on an event boundary (what LLM servers send): pass it on.
-                    return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner))));
-                }
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                *this.held_len += len;
-                this.held.push_back(data);
-                *this.release = this.held_len.saturating_sub(pending);
-                continue;
             }
-            Poll::Ready(Some(Err(e))) => {
-                this.inner.set(None);
-                this.sleep.set(None);
-                this.held.clear();
-                *this.held_len = 0;
-                *this.end = End::Finished;
-                return Poll::Ready(Some(Err(e.into())));
-            }
-            Poll::Ready(None) => {
-                // The upstream ended: whatever it sent goes to the client, even a truncated
-                // event (the upstream cut it, not this layer).
-                if let Some(tracker) = this.tracker.as_mut() {
-                    tracker.finish();
+            Poll::Ready(Some(Err(e))) => return on_error(this, e),
+            Poll::Ready(None) => on_end(this),
+            Poll::Pending => {
+                *this.streak = 0;
+                // 5. Nothing ready: the body waits.
+                if let Some(ready) = wait(this, cx) {
+                    return ready;
                 }
-                this.inner.set(None);
-                this.sleep.set(None);
-                *this.release = *this.held_len;
-                *this.end = End::Finished;
-                continue;
-            }
-            Poll::Pending => *this.streak = 0,
-        }
-
-        // 5. Nothing ready: the body waits. Stamp the start of the gap if a progress event
-        //    was delivered since the last wait, then check the next deadline, arming the sleep
-        //    lazily.
-        if !this.timers.active() {
-            return Poll::Pending;
-        }
-        let registered = this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
-        if !this.timers.unstamped {
-            // No progress since the last wait, so the deadline has not moved: if the sleep is
-            // armed no later than it, has not fired and was registered with this task's waker,
-            // there is nothing to do, not even a clock read (a wait after a keepalive).
-            let Some((deadline, _, _)) = this.timers.next() else {
-                return Poll::Pending;
-            };
-            if registered
-                && let Some(s) = this.sleep.as_mut().as_pin_mut()
-                && s.deadline() <= deadline
-                && !s.is_elapsed()
-            {
-                return Poll::Pending;
             }
         }
-        let now = Instant::now();
-        this.timers.stamp(now);
-        let Some((deadline, phase, limit)) = this.timers.next() else {
-            return Poll::Pending;
-        };
-        if now < deadline {
-            // The sleep is armed no later than the deadline, has not fired and was registered
-            // with this task's waker: no need to poll it again (a wait between tokens).
-            if registered
-                && let Some(s) = this.sleep.as_mut().as_pin_mut()
-                && s.deadline() <= deadline
-                && now < s.deadline()
-            {
-                return Poll::Pending;
-            }
-            if arm(this.sleep.as_mut(), deadline, cx).is_pending() {
-                if !registered {
-                    *this.waker = Some(cx.waker().clone());
-                }
-                return Poll::Pending;
-            }
-            // The sleep fired: re-check against a fresh clock (it may have been armed for an
-            // earlier deadline that has since moved).
-            if Instant::now() < deadline {
-                continue;
-            }
-        }
-        this.inner.set(None);
-        this.sleep.set(None);
-        let now = Instant::now();
-        *this.end = expire(this, phase, limit, now);
     }
+}
+
+/// A data frame from the inner body: observed, then passed on when it ends on an event
+/// boundary (`Some`), or queued behind the bytes held back (`None`: the caller loops and
+/// releases what may go).
+#[inline(always)]
+fn on_data<B>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<PollFrame<B::Data>>
+where
+    B: Body,
+{
+    let Some(tracker) = this.tracker.as_mut() else {
+        return Some(Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data))))));
+    };
+    let obs = tracker.observe(&data);
+    let t = &mut *this.timers;
+    if obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0) {
+        t.unstamped = true;
+    }
+    if obs.first_token {
+        t.first_token_seen = true;
+        t.first_token = None;
+    }
+    if obs.done {
+        *this.done = true;
+    }
+    if obs.scan_error.is_some() {
+        // An event over the scanner's cap: the tracker scans nothing more. Stop holding back
+        // (what is held goes out below) and count any data as progress from now on.
+        *this.hold_back = false;
+        *this.blind = true;
+    }
+    if *this.blind {
+        blind_progress(t, &data);
+    }
+    let pending = if *this.hold_back {
+        tracker.pending_bytes()
+    } else {
+        0
+    };
+    if *this.held_len == 0 && *this.release == 0 && pending == 0 {
+        // The frame ends on an event boundary (what LLM servers send): pass it on.
+        return Some(Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data))))));
+    }
+    hold(this, data, pending);
+    None
+}
+
+/// Blind (after a scan error), any data is progress.
+#[cold]
+fn blind_progress<D: Buf>(t: &mut Timers, data: &D) {
+    if data.remaining() > 0 {
+        t.unstamped = true;
+        t.first_token_seen = true;
+        t.first_token = None;
+    }
+}
+
+/// Queues `data` behind the bytes held back and releases all but the last `pending` bytes.
+#[inline(never)]
+fn hold<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data, pending: usize) {
+    *this.held_len += data.remaining();
+    this.held.push_back(data);
+    *this.release = this.held_len.saturating_sub(pending);
+}
+
+/// A frame that is not data: trailers end the data (what was held back is released, then they
+/// are sent); anything else is skipped.
+#[inline(never)]
+fn on_non_data<B: Body>(this: &mut BodyProj<'_, B>, frame: Frame<B::Data>) {
+    let Ok(trailers) = frame.into_trailers() else {
+        return;
+    };
+    if let Some(tracker) = this.tracker.as_mut() {
+        tracker.observe_trailers(&trailers);
+    }
+    this.inner.set(None);
+    this.sleep.set(None);
+    *this.release = *this.held_len;
+    *this.end = End::Trailers(trailers);
+}
+
+/// An error from the inner body: passed on, and the body ends.
+#[inline(never)]
+fn on_error<B>(this: &mut BodyProj<'_, B>, e: B::Error) -> PollFrame<B::Data>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    this.inner.set(None);
+    this.sleep.set(None);
+    this.held.clear();
+    *this.held_len = 0;
+    *this.end = End::Finished;
+    Poll::Ready(Some(Err(e.into())))
+}
+
+/// The upstream ended: whatever it sent goes to the client, even a truncated event (the
+/// upstream cut it, not this layer).
+#[inline(never)]
+fn on_end<B: Body>(this: &mut BodyProj<'_, B>) {
+    if let Some(tracker) = this.tracker.as_mut() {
+        tracker.finish();
+    }
+    this.inner.set(None);
+    this.sleep.set(None);
+    *this.release = *this.held_len;
+    *this.end = End::Finished;
+}
+
+/// Nothing ready: the body waits. Stamps the start of the gap if a progress event was
+/// delivered since the last wait, then checks the next deadline, arming the sleep lazily.
+/// `Some(Pending)` to wait; `None` when the caller should loop (the sleep fired early, or a
+/// timer expired and `end` says what follows).
+#[inline(never)]
+fn wait<B: Body>(this: &mut BodyProj<'_, B>, cx: &mut Context<'_>) -> Option<PollFrame<B::Data>> {
+    if !this.timers.active() {
+        return Some(Poll::Pending);
+    }
+    let registered = this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+    if !this.timers.unstamped {
+        // No progress since the last wait, so the deadline has not moved: if the sleep is
+        // armed no later than it, has not fired and was registered with this task's waker,
+        // there is nothing to do, not even a clock read (a wait after a keepalive).
+        let Some((deadline, _, _)) = this.timers.next() else {
+            return Some(Poll::Pending);
+        };
+        if registered
+            && let Some(s) = this.sleep.as_mut().as_pin_mut()
+            && s.deadline() <= deadline
+            && !s.is_elapsed()
+        {
+            return Some(Poll::Pending);
+        }
+    }
+    let now = Instant::now();
+    this.timers.stamp(now);
+    let Some((deadline, phase, limit)) = this.timers.next() else {
+        return Some(Poll::Pending);
+    };
+    if now < deadline {
+        // The sleep is armed no later than the deadline, has not fired and was registered
+        // with this task's waker: no need to poll it again (a wait between tokens).
+        if registered
+            && let Some(s) = this.sleep.as_mut().as_pin_mut()
+            && s.deadline() <= deadline
+            && now < s.deadline()
+        {
+            return Some(Poll::Pending);
+        }
+        if arm(this.sleep.as_mut(), deadline, cx).is_pending() {
+            if !registered {
+                *this.waker = Some(cx.waker().clone());
+            }
+            return Some(Poll::Pending);
+        }
+        // The sleep fired: re-check against a fresh clock (it may have been armed for an
+        // earlier deadline that has since moved).
+        if Instant::now() < deadline {
+            return None;
+        }
+    }
+    this.inner.set(None);
+    this.sleep.set(None);
+    let now = Instant::now();
+    *this.end = expire(this, phase, limit, now);
+    None
 }
 
 /// Ends the stream for `phase`. The caller has dropped the inner body; this drops the
