@@ -311,7 +311,13 @@ impl StreamTracker {
             if chunk.len() == data.remaining() {
                 let mut counts = Counts::default();
                 let state = &mut self.state;
-                let used = s.feed_data_events(chunk, |d| counts.add(state.steady_class(d)));
+                let mut used = 0;
+                if s.at_boundary() {
+                    while let Some((n, data)) = s.next_data_event(&chunk[used..]) {
+                        counts.add(state.steady_class(data));
+                        used += n;
+                    }
+                }
                 state.events += u64::from(counts.events);
                 state.tokens += u64::from(counts.tokens);
                 // Built in one go from scalars, so that the caller sees the fields as values.
@@ -445,6 +451,7 @@ impl StreamTracker {
     /// Bytes fed since the last event boundary: the tail of the stream that is part of an event
     /// not complete yet. A layer that ends a stream early holds these back so that the client
     /// never sees half an event.
+    #[inline]
     pub fn pending_bytes(&self) -> usize {
         match &self.scanner {
             Scanner::Sse(s) => s.pending_bytes(),

@@ -264,10 +264,10 @@ where
 
     #[inline(always)]
     fn poll_frame(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
+        let mut this = self.as_mut().project();
         // Pass-through (no body timer for this response): no tracker, nothing held back.
         if this.tracker.is_none()
             && matches!(this.end, End::Streaming)
@@ -292,37 +292,33 @@ where
         }
         // The steady state: nothing held back or to release, streaming, no flood check due: a
         // data frame that is ready goes out at once when it ends on an event boundary. Anything
-        // else is left to the general loop, with what was polled.
-        if *this.release == 0
+        // else is left to the general path, with what was polled. (The projection is not
+        // passed to anything out of line here, so that it never has to be built in memory.)
+        let polled = if *this.release == 0
             && *this.streak < FLOOD_CHECK
             && matches!(this.end, End::Streaming)
             && this.tracker.is_some()
             && let Some(inner) = this.inner.as_mut().as_pin_mut()
         {
             match inner.poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        *this.streak += 1;
-                        if let Some(ready) = on_data(&mut this, data) {
-                            return ready;
-                        }
-                    }
-                    Err(frame) => {
-                        *this.streak += 1;
-                        on_non_data(&mut this, frame);
-                    }
-                },
-                Poll::Ready(Some(Err(e))) => return on_error(&mut this, e),
-                Poll::Ready(None) => on_end(&mut this),
-                Poll::Pending => {
-                    *this.streak = 0;
-                    if let Some(ready) = wait(&mut this, cx) {
-                        return ready;
+                Poll::Ready(Some(Ok(frame))) => {
+                    *this.streak += 1;
+                    match frame.into_data() {
+                        Ok(data) => match on_data(&mut this, data) {
+                            Some(ready) => return ready,
+                            None => Polled::Nothing,
+                        },
+                        Err(frame) => Polled::NonData(frame),
                     }
                 }
+                Poll::Ready(Some(Err(e))) => Polled::Error(e),
+                Poll::Ready(None) => Polled::End,
+                Poll::Pending => Polled::Pending,
             }
-        }
-        poll_tracked(&mut this, cx)
+        } else {
+            Polled::Nothing
+        };
+        poll_general(self, cx, polled)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -359,13 +355,52 @@ where
 /// What `poll_frame` returns.
 type PollFrame<D> = Poll<Option<Result<Frame<Chunk<D>>, BoxError>>>;
 
+/// What the steady-state path of `poll_frame` polled from the inner body and left to the
+/// general path.
+enum Polled<B: Body> {
+    /// Nothing polled (or a data frame already handled).
+    Nothing,
+    /// A frame that is not data.
+    NonData(Frame<B::Data>),
+    /// An error.
+    Error(B::Error),
+    /// The end of the inner body.
+    End,
+    /// `Pending`.
+    Pending,
+}
+
+/// The general path of `poll_frame`: first what the steady-state path polled, then the loop.
+#[inline(never)]
+fn poll_general<B>(
+    body: Pin<&mut SseIdleTimeoutBody<B>>,
+    cx: &mut Context<'_>,
+    polled: Polled<B>,
+) -> PollFrame<B::Data>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut this = body.project();
+    match polled {
+        Polled::Nothing => {}
+        Polled::NonData(frame) => on_non_data(&mut this, frame),
+        Polled::Error(e) => return on_error(&mut this, e),
+        Polled::End => on_end(&mut this),
+        Polled::Pending => {
+            *this.streak = 0;
+            if let Some(ready) = wait(&mut this, cx) {
+                return ready;
+            }
+        }
+    }
+    poll_tracked(&mut this, cx)
+}
+
 /// Deadlines are also checked after this many frames delivered in a row without waiting.
 const FLOOD_CHECK: u8 = 32;
 
 /// The body with a tracker, in general: hold-back queue, end states, flood check and timers.
-/// Kept out of line so that the pass-through path and the steady-state path of `poll_frame`
-/// (which share its helpers) stay small enough to inline.
-#[inline(never)]
 fn poll_tracked<B>(this: &mut BodyProj<'_, B>, cx: &mut Context<'_>) -> PollFrame<B::Data>
 where
     B: Body,
@@ -496,7 +531,7 @@ where
         // The frame ends on an event boundary (what LLM servers send): pass it on.
         return Some(Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data))))));
     }
-    hold(this, data, pending);
+    hold(this.held, this.held_len, this.release, data, pending);
     None
 }
 
@@ -512,10 +547,16 @@ fn blind_progress<D: Buf>(t: &mut Timers, data: &D) {
 
 /// Queues `data` behind the bytes held back and releases all but the last `pending` bytes.
 #[inline(never)]
-fn hold<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data, pending: usize) {
-    *this.held_len += data.remaining();
-    this.held.push_back(data);
-    *this.release = this.held_len.saturating_sub(pending);
+fn hold<D: Buf>(
+    held: &mut VecDeque<D>,
+    held_len: &mut usize,
+    release: &mut usize,
+    data: D,
+    pending: usize,
+) {
+    *held_len += data.remaining();
+    held.push_back(data);
+    *release = held_len.saturating_sub(pending);
 }
 
 /// A frame that is not data: trailers end the data (what was held back is released, then they

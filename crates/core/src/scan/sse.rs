@@ -138,6 +138,7 @@ impl SseScanner {
 
     /// Bytes fed since the last event boundary: the part of the stream that belongs to an
     /// event (or a line) not complete yet.
+    #[inline]
     pub fn pending_bytes(&self) -> usize {
         self.pending
     }
@@ -299,9 +300,10 @@ impl SseScanner {
     }
 
     /// Whether the scanner stands at an event boundary with nothing carried over: the next byte
-    /// starts a line of a new event.
+    /// starts a line of a new event. Then [`next_data_event`](SseScanner::next_data_event) may
+    /// take whole data events off the front of a chunk.
     #[inline(always)]
-    fn at_boundary(&self) -> bool {
+    pub(crate) fn at_boundary(&self) -> bool {
         self.bom_done
             && !self.after_cr
             && self.line == Line::Start
@@ -310,27 +312,15 @@ impl SseScanner {
             && self.error.is_none()
     }
 
-    /// Dispatches the whole one-line `data:` events at the start of `chunk` (see
-    /// [`feed`](SseScanner::feed)) as long as they follow one another, calling `on_data` with
-    /// each one's data (unnamed events; comments, other fields and anything split are not
-    /// taken), and returns how many bytes of `chunk` they span: the caller feeds the rest with
-    /// [`feed`](SseScanner::feed). Exactly what `feed` would report for those bytes; it leaves
-    /// the scanner as `feed` would.
-    #[inline]
-    pub(crate) fn feed_data_events(
-        &mut self,
-        chunk: &[u8],
-        mut on_data: impl FnMut(Captured<'_>),
-    ) -> usize {
-        if !self.at_boundary() {
-            return 0;
-        }
-        let mut used = 0;
-        while let Some((n, value)) = self.whole_data_event(&chunk[used..]) {
-            on_data(self.captured(value));
-            used += n;
-        }
-        used
+    /// The whole one-line `data:` event at the front of `rest`, if there is one: the bytes it
+    /// spans and its data, as captured. For a scanner [`at_boundary`](SseScanner::at_boundary),
+    /// this is exactly what [`feed`](SseScanner::feed) would report for those bytes, and feeding
+    /// them would leave the scanner as it is (at the boundary), so a caller may take such events
+    /// one after the other without feeding them, and feed the rest of the chunk.
+    #[inline(always)]
+    pub(crate) fn next_data_event<'c>(&self, rest: &'c [u8]) -> Option<(usize, Captured<'c>)> {
+        let (used, value) = self.whole_data_event(rest)?;
+        Some((used, self.captured(value)))
     }
 
     /// Adds `n` bytes to the current line and checks both caps.
