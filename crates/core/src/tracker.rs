@@ -45,6 +45,23 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// The same observation, built field by field: merged with one built from scalars (the
+    /// steady path of [`StreamTracker::observe`]), it stays a set of scalars in the caller
+    /// instead of a copy through memory.
+    #[inline(always)]
+    fn rebuilt(self) -> Observation {
+        Observation {
+            events: self.events,
+            tokens: self.tokens,
+            meta: self.meta,
+            keepalives: self.keepalives,
+            done: self.done,
+            error: self.error,
+            first_token: self.first_token,
+            scan_error: self.scan_error,
+        }
+    }
+
     /// Whether the frame carried progress: any event that is not a keepalive.
     pub fn progress(&self) -> bool {
         self.events > self.keepalives
@@ -67,6 +84,9 @@ impl Observation {
 pub struct StreamTracker {
     scanner: Scanner,
     state: State,
+    /// The scanner's pending bytes as of the last scan through the general path (the steady
+    /// path takes whole events only, so it leaves them at 0).
+    pending: usize,
 }
 
 #[derive(Debug)]
@@ -260,6 +280,7 @@ impl StreamTracker {
         let detect_anthropic = matches!(preset, Preset::LlmSse);
         StreamTracker {
             scanner,
+            pending: 0,
             state: State {
                 preset,
                 detect_anthropic,
@@ -325,10 +346,10 @@ impl StreamTracker {
                 if used == chunk.len() {
                     return obs;
                 }
-                return self.observe_rest(&chunk[used..], obs);
+                return self.observe_rest(&chunk[used..], obs).rebuilt();
             }
         }
-        self.observe_general(data)
+        self.observe_general(data).rebuilt()
     }
 
     /// The general path of [`observe`](StreamTracker::observe).
@@ -411,6 +432,12 @@ impl StreamTracker {
         if !had_token && self.state.first_token_seen {
             self.set_capture();
         }
+        self.pending = match &self.scanner {
+            Scanner::Sse(s) => s.pending_bytes(),
+            Scanner::Grpc(s) => s.pending_bytes(),
+            Scanner::Ndjson(s) => s.pending_bytes(),
+            Scanner::Bytes => 0,
+        };
         self.state.steady = self.state.fast
             && self.state.first_token_seen
             && self.state.usage.is_none()
@@ -453,12 +480,7 @@ impl StreamTracker {
     /// never sees half an event.
     #[inline]
     pub fn pending_bytes(&self) -> usize {
-        match &self.scanner {
-            Scanner::Sse(s) => s.pending_bytes(),
-            Scanner::Grpc(s) => s.pending_bytes(),
-            Scanner::Ndjson(s) => s.pending_bytes(),
-            Scanner::Bytes => 0,
-        }
+        self.pending
     }
 
     /// The wire dialect of the stream as far as seen (e.g. Anthropic once an Anthropic event
@@ -481,17 +503,18 @@ impl State {
     /// The class of an unnamed data event after the first token, through the memo for presets.
     #[inline(always)]
     fn steady_class(&mut self, data: Captured<'_>) -> Class {
-        let key = match (<[u8; MEMO_BYTES]>::try_from(data.bytes), &self.preset) {
-            (_, Preset::Custom(_)) | (Err(_), _) => None,
-            // A prefix shorter than the data: the class depends on these bytes only.
-            (Ok(prefix), _) if data.len > MEMO_BYTES => Some(prefix),
+        // Only a prefix shorter than the data is a key: the class depends on its bytes only.
+        let key = match <[u8; MEMO_BYTES]>::try_from(data.bytes) {
+            Ok(prefix) if data.len > MEMO_BYTES => Some(prefix),
             _ => None,
         };
+        // (The memo is only ever set for a preset.)
         if let (Some(prefix), Some(memo)) = (key, &self.memo)
             && memo.prefix == prefix
         {
             return memo.class;
         }
+        let key = key.filter(|_| !matches!(self.preset, Preset::Custom(_)));
         let class = self.classify_steady(data);
         if let Some(prefix) = key {
             self.memo = Some(Memo { prefix, class });
@@ -648,6 +671,13 @@ mod tests {
             } else {
                 t.observe(&Bytes::copy_from_slice(f))
             };
+            let scanner_pending = match &t.scanner {
+                Scanner::Sse(s) => s.pending_bytes(),
+                Scanner::Grpc(s) => s.pending_bytes(),
+                Scanner::Ndjson(s) => s.pending_bytes(),
+                Scanner::Bytes => 0,
+            };
+            assert_eq!(t.pending_bytes(), scanner_pending);
             out.push(format!(
                 "{obs:?} events={} tokens={} first={} pending={} wire={:?}",
                 t.events(),

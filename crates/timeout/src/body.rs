@@ -300,15 +300,30 @@ where
             && this.tracker.is_some()
             && let Some(inner) = this.inner.as_mut().as_pin_mut()
         {
-            match inner.poll_frame(cx) {
+            let polled = inner.poll_frame(cx);
+            // A data frame is observed where the inner body put it, before anything moves it
+            // (moving it first would read it back while the inner body's stores are still in
+            // flight); it is moved once, on its way out.
+            let pass = match &polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    frame.data_ref().map(|data| on_data(&mut this, data))
+                }
+                _ => None,
+            };
+            match polled {
                 Poll::Ready(Some(Ok(frame))) => {
                     *this.streak += 1;
-                    match frame.into_data() {
-                        Ok(data) => match on_data(&mut this, data) {
-                            Some(ready) => return ready,
-                            None => Polled::Nothing,
-                        },
-                        Err(frame) => Polled::NonData(frame),
+                    match pass {
+                        Some(Pass::Now) => {
+                            return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner))));
+                        }
+                        Some(Pass::HoldBack(pending)) => {
+                            if let Ok(data) = frame.into_data() {
+                                hold(this.held, this.held_len, this.release, data, pending);
+                            }
+                            Polled::Nothing
+                        }
+                        None => Polled::NonData(frame),
                     }
                 }
                 Poll::Ready(Some(Err(e))) => Polled::Error(e),
@@ -468,13 +483,14 @@ where
         match inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 *this.streak = this.streak.saturating_add(1);
-                match frame.into_data() {
-                    Ok(data) => {
-                        if let Some(ready) = on_data(this, data) {
-                            return ready;
+                match frame.data_ref().map(|data| on_data(this, data)) {
+                    Some(Pass::Now) => return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner)))),
+                    Some(Pass::HoldBack(pending)) => {
+                        if let Ok(data) = frame.into_data() {
+                            hold(this.held, this.held_len, this.release, data, pending);
                         }
                     }
-                    Err(frame) => on_non_data(this, frame),
+                    None => on_non_data(this, frame),
                 }
             }
             Poll::Ready(Some(Err(e))) => return on_error(this, e),
@@ -490,18 +506,23 @@ where
     }
 }
 
-/// A data frame from the inner body: observed, then passed on when it ends on an event
-/// boundary (`Some`), or queued behind the bytes held back (`None`: the caller loops and
-/// releases what may go).
+/// What to do with a data frame once observed.
+enum Pass {
+    /// It ends on an event boundary and nothing is held back: pass it on.
+    Now,
+    /// Queue it behind the bytes held back; its last `.0` bytes are part of an event not
+    /// complete yet.
+    HoldBack(usize),
+}
+
+/// A data frame from the inner body: runs the tracker and the timers' bookkeeping on it, and
+/// says whether it may pass at once.
 #[inline(always)]
-fn on_data<B>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<PollFrame<B::Data>>
-where
-    B: Body,
-{
+fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: &B::Data) -> Pass {
     let Some(tracker) = this.tracker.as_mut() else {
-        return Some(Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data))))));
+        return Pass::Now;
     };
-    let obs = tracker.observe(&data);
+    let obs = tracker.observe(data);
     let t = &mut *this.timers;
     if obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0) {
         t.unstamped = true;
@@ -520,7 +541,7 @@ where
         *this.blind = true;
     }
     if *this.blind {
-        blind_progress(t, &data);
+        blind_progress(t, data);
     }
     let pending = if *this.hold_back {
         tracker.pending_bytes()
@@ -528,11 +549,11 @@ where
         0
     };
     if *this.held_len == 0 && *this.release == 0 && pending == 0 {
-        // The frame ends on an event boundary (what LLM servers send): pass it on.
-        return Some(Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data))))));
+        // The frame ends on an event boundary (what LLM servers send).
+        Pass::Now
+    } else {
+        Pass::HoldBack(pending)
     }
-    hold(this.held, this.held_len, this.release, data, pending);
-    None
 }
 
 /// Blind (after a scan error), any data is progress.

@@ -89,6 +89,8 @@ pub struct SseScanner {
     comment: Vec<u8>,
     comment_len: usize,
     error: Option<ScanError>,
+    /// [`at_boundary`](SseScanner::at_boundary), as of the end of the last `feed`.
+    boundary: bool,
 }
 
 impl Default for SseScanner {
@@ -119,6 +121,7 @@ impl SseScanner {
             comment: Vec::new(),
             comment_len: 0,
             error: None,
+            boundary: false,
         }
     }
 
@@ -156,6 +159,12 @@ impl SseScanner {
         }
         let result = self.feed_inner(chunk, &mut on_event);
         self.error = result.err();
+        self.boundary = self.bom_done
+            && !self.after_cr
+            && self.line == Line::Start
+            && !self.in_event
+            && self.pending == 0
+            && self.error.is_none();
         result
     }
 
@@ -302,14 +311,12 @@ impl SseScanner {
     /// Whether the scanner stands at an event boundary with nothing carried over: the next byte
     /// starts a line of a new event. Then [`next_data_event`](SseScanner::next_data_event) may
     /// take whole data events off the front of a chunk.
+    ///
+    /// Kept up to date by [`feed`](SseScanner::feed); taking whole data events off the front of
+    /// a chunk leaves it as it is.
     #[inline(always)]
     pub(crate) fn at_boundary(&self) -> bool {
-        self.bom_done
-            && !self.after_cr
-            && self.line == Line::Start
-            && !self.in_event
-            && self.pending == 0
-            && self.error.is_none()
+        self.boundary
     }
 
     /// The whole one-line `data:` event at the front of `rest`, if there is one: the bytes it
