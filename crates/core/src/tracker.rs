@@ -78,7 +78,13 @@ impl Observation {
 /// Before the first token the classifier sees each event's whole data (and the presets parse
 /// its JSON); from the first token on the scanner captures only
 /// [`Classify::capture_after_first_token`] bytes per event, so the steady state is a `memchr`
-/// pass over the frame and a few byte comparisons per event. After a [`ScanError`] the tracker
+/// pass over the frame and a few byte comparisons per event. For SSE without usage extraction
+/// that steady state is a path of [`observe`](StreamTracker::observe) inlined into the caller:
+/// the whole one-line `data:` events at the front of a frame that starts on an event boundary
+/// are counted straight from the frame, and a preset's class for them is remembered by the
+/// event's 16-byte prefix (after the first token the presets decide from that prefix alone), so
+/// a token chunk costs one `memchr` and one 16-byte comparison; the rest of the frame, if any,
+/// goes through the general path, with the same result. After a [`ScanError`] the tracker
 /// reports it once and scans nothing more.
 #[derive(Debug)]
 pub struct StreamTracker {

@@ -274,10 +274,7 @@ where
             && let Some(inner) = this.inner.as_mut().as_pin_mut()
         {
             return match inner.poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(match frame.into_data() {
-                    Ok(data) => Frame::data(Chunk::Inner(data)),
-                    Err(frame) => frame.map_data(Chunk::Inner),
-                }))),
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner)))),
                 // Without an inner body, `End::Streaming` reads as the end.
                 Poll::Ready(Some(Err(e))) => {
                     this.inner.set(None);
