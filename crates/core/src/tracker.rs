@@ -45,6 +45,23 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// The same observation, built field by field: merged with one built from scalars (the
+    /// steady path of [`StreamTracker::observe`]), it stays a set of scalars in the caller
+    /// instead of a copy through memory.
+    #[inline(always)]
+    fn rebuilt(self) -> Observation {
+        Observation {
+            events: self.events,
+            tokens: self.tokens,
+            meta: self.meta,
+            keepalives: self.keepalives,
+            done: self.done,
+            error: self.error,
+            first_token: self.first_token,
+            scan_error: self.scan_error,
+        }
+    }
+
     /// Whether the frame carried progress: any event that is not a keepalive.
     pub fn progress(&self) -> bool {
         self.events > self.keepalives
@@ -61,12 +78,21 @@ impl Observation {
 /// Before the first token the classifier sees each event's whole data (and the presets parse
 /// its JSON); from the first token on the scanner captures only
 /// [`Classify::capture_after_first_token`] bytes per event, so the steady state is a `memchr`
-/// pass over the frame and a few byte comparisons per event. After a [`ScanError`] the tracker
+/// pass over the frame and a few byte comparisons per event. For SSE without usage extraction
+/// that steady state is a path of [`observe`](StreamTracker::observe) inlined into the caller:
+/// the whole one-line `data:` events at the front of a frame that starts on an event boundary
+/// are counted straight from the frame, and a preset's class for them is remembered by the
+/// event's 16-byte prefix (after the first token the presets decide from that prefix alone), so
+/// a token chunk costs one `memchr` and one 16-byte comparison; the rest of the frame, if any,
+/// goes through the general path, with the same result. After a [`ScanError`] the tracker
 /// reports it once and scans nothing more.
 #[derive(Debug)]
 pub struct StreamTracker {
     scanner: Scanner,
     state: State,
+    /// The scanner's pending bytes as of the last scan through the general path (the steady
+    /// path takes whole events only, so it leaves them at 0).
+    pending: usize,
 }
 
 #[derive(Debug)]
@@ -145,7 +171,72 @@ struct State {
     tokens: u64,
     failed: bool,
     usage: Option<UsageState>,
+    /// The steady state: a token was seen, no usage extraction, no scan error, SSE framing. Whole
+    /// unnamed data events then take [`StreamTracker::observe`]'s fast path.
+    steady: bool,
+    /// The class of the last steady-state data event decided by a preset (see [`Memo`]).
+    memo: Option<Memo>,
+    /// Whether the steady-state fast path may be taken (off only in tests, to compare it with
+    /// the general path).
+    fast: bool,
 }
+
+/// The counts of the steady-state fast path (see [`State::steady`]): what
+/// [`State::on_event`] counts for a whole unnamed data event after the first token, less what
+/// cannot apply there (the first token, usage, Anthropic event names).
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    events: u32,
+    tokens: u32,
+    meta: u32,
+    keepalives: u32,
+    done: bool,
+    error: bool,
+}
+
+impl Counts {
+    #[inline(always)]
+    fn add(&mut self, class: Class) {
+        self.events += 1;
+        match class {
+            Class::Token => self.tokens += 1,
+            Class::Meta => self.meta += 1,
+            Class::Keepalive => self.keepalives += 1,
+            Class::Done => self.done = true,
+            Class::Error => self.error = true,
+        }
+    }
+
+    #[inline(always)]
+    fn observation(self) -> Observation {
+        Observation {
+            events: self.events,
+            tokens: self.tokens,
+            meta: self.meta,
+            keepalives: self.keepalives,
+            done: self.done,
+            error: self.error,
+            first_token: false,
+            scan_error: None,
+        }
+    }
+}
+
+/// The captured prefix of a steady-state data event and the class a preset gave it.
+///
+/// After the first token the presets decide an unnamed data event from its captured prefix
+/// (at most [`MEMO_BYTES`]) and whether that prefix is the whole data, nothing else; and in a
+/// real stream every chunk starts alike (`{"id":"chatcmpl-…` with the same id), so the class
+/// of the previous event usually answers for the next one with one 16-byte comparison. Never
+/// used for a custom classifier, which may be stateful.
+#[derive(Clone, Copy, Debug)]
+struct Memo {
+    prefix: [u8; MEMO_BYTES],
+    class: Class,
+}
+
+/// The prefix length the memo keys on: the presets' capture after the first token.
+const MEMO_BYTES: usize = 16;
 
 #[derive(Debug, Default)]
 struct UsageState {
@@ -195,6 +286,7 @@ impl StreamTracker {
         let detect_anthropic = matches!(preset, Preset::LlmSse);
         StreamTracker {
             scanner,
+            pending: 0,
             state: State {
                 preset,
                 detect_anthropic,
@@ -204,6 +296,9 @@ impl StreamTracker {
                 tokens: 0,
                 failed: false,
                 usage: None,
+                steady: false,
+                memo: None,
+                fast: true,
             },
         }
     }
@@ -225,11 +320,47 @@ impl StreamTracker {
     pub fn with_usage(mut self, usage: bool) -> Self {
         self.state.usage = usage.then(UsageState::default);
         self.set_capture();
+        self.state.steady = self.state.steady && !usage;
         self
     }
 
     /// Scans one data frame.
+    ///
+    /// The steady state (after the first token, without usage extraction, SSE) is inlined into
+    /// the caller: whole unnamed `data:` events at the front of the frame are counted straight
+    /// from it, and the rest of the frame, if any, goes through the general path.
+    #[inline(always)]
     pub fn observe<D: Buf + ?Sized>(&mut self, data: &D) -> Observation {
+        if self.state.steady
+            && let Scanner::Sse(s) = &mut self.scanner
+        {
+            let chunk = data.chunk();
+            if chunk.len() == data.remaining() {
+                let mut counts = Counts::default();
+                let state = &mut self.state;
+                let mut used = 0;
+                if s.at_boundary() {
+                    while let Some((n, data)) = s.next_data_event(&chunk[used..]) {
+                        counts.add(state.steady_class(data));
+                        used += n;
+                    }
+                }
+                state.events += u64::from(counts.events);
+                state.tokens += u64::from(counts.tokens);
+                // Built in one go from scalars, so that the caller sees the fields as values.
+                let obs = counts.observation();
+                if used == chunk.len() {
+                    return obs;
+                }
+                return self.observe_rest(&chunk[used..], obs).rebuilt();
+            }
+        }
+        self.observe_general(data).rebuilt()
+    }
+
+    /// The general path of [`observe`](StreamTracker::observe).
+    #[inline(never)]
+    fn observe_general<D: Buf + ?Sized>(&mut self, data: &D) -> Observation {
         let mut obs = Observation::default();
         if self.state.failed {
             return obs;
@@ -249,6 +380,19 @@ impl StreamTracker {
             }
         };
         self.after_scan(result, had_token, &mut obs);
+        obs
+    }
+
+    /// The part of a steady-state frame after its whole data events, through the general path,
+    /// added to `obs`.
+    #[inline(never)]
+    fn observe_rest(&mut self, rest: &[u8], mut obs: Observation) -> Observation {
+        let state = &mut self.state;
+        let result = match &mut self.scanner {
+            Scanner::Sse(s) => s.feed(rest, |e| state.on_event(&e, &mut obs)),
+            _ => Ok(()),
+        };
+        self.after_scan(result, true, &mut obs);
         obs
     }
 
@@ -294,6 +438,17 @@ impl StreamTracker {
         if !had_token && self.state.first_token_seen {
             self.set_capture();
         }
+        self.pending = match &self.scanner {
+            Scanner::Sse(s) => s.pending_bytes(),
+            Scanner::Grpc(s) => s.pending_bytes(),
+            Scanner::Ndjson(s) => s.pending_bytes(),
+            Scanner::Bytes => 0,
+        };
+        self.state.steady = self.state.fast
+            && self.state.first_token_seen
+            && self.state.usage.is_none()
+            && !self.state.failed
+            && matches!(self.scanner, Scanner::Sse(_));
     }
 
     /// Sets the scanner's capture for the current phase.
@@ -329,13 +484,9 @@ impl StreamTracker {
     /// Bytes fed since the last event boundary: the tail of the stream that is part of an event
     /// not complete yet. A layer that ends a stream early holds these back so that the client
     /// never sees half an event.
+    #[inline]
     pub fn pending_bytes(&self) -> usize {
-        match &self.scanner {
-            Scanner::Sse(s) => s.pending_bytes(),
-            Scanner::Grpc(s) => s.pending_bytes(),
-            Scanner::Ndjson(s) => s.pending_bytes(),
-            Scanner::Bytes => 0,
-        }
+        self.pending
     }
 
     /// The wire dialect of the stream as far as seen (e.g. Anthropic once an Anthropic event
@@ -355,6 +506,33 @@ impl StreamTracker {
 }
 
 impl State {
+    /// The class of an unnamed data event after the first token, through the memo for presets.
+    #[inline(always)]
+    fn steady_class(&mut self, data: Captured<'_>) -> Class {
+        // Only a prefix shorter than the data is a key: the class depends on its bytes only.
+        let key = match <[u8; MEMO_BYTES]>::try_from(data.bytes) {
+            Ok(prefix) if data.len > MEMO_BYTES => Some(prefix),
+            _ => None,
+        };
+        // (The memo is only ever set for a preset.)
+        if let (Some(prefix), Some(memo)) = (key, &self.memo)
+            && memo.prefix == prefix
+        {
+            return memo.class;
+        }
+        let key = key.filter(|_| !matches!(self.preset, Preset::Custom(_)));
+        let class = self.classify_steady(data);
+        if let Some(prefix) = key {
+            self.memo = Some(Memo { prefix, class });
+        }
+        class
+    }
+
+    #[inline(never)]
+    fn classify_steady(&self, data: Captured<'_>) -> Class {
+        self.preset.classify(&Event::Sse { name: b"", data }, true)
+    }
+
     #[inline]
     fn on_event(&mut self, event: &Event<'_>, obs: &mut Observation) {
         let class = self.preset.classify(event, self.first_token_seen);
@@ -488,6 +666,158 @@ mod tests {
 
     const ROLE: &str = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
     const TOKEN: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+
+    /// Every frame's observation, and the tracker's state after it, then the end.
+    fn trace(mut t: StreamTracker, frames: &[Vec<u8>], split_bufs: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        for f in frames {
+            let obs = if split_bufs && f.len() > 1 {
+                let (a, b) = f.split_at(f.len() / 2);
+                t.observe(&bytes::Buf::chain(a, b))
+            } else {
+                t.observe(&Bytes::copy_from_slice(f))
+            };
+            let scanner_pending = match &t.scanner {
+                Scanner::Sse(s) => s.pending_bytes(),
+                Scanner::Grpc(s) => s.pending_bytes(),
+                Scanner::Ndjson(s) => s.pending_bytes(),
+                Scanner::Bytes => 0,
+            };
+            assert_eq!(t.pending_bytes(), scanner_pending);
+            out.push(format!(
+                "{obs:?} events={} tokens={} first={} pending={} wire={:?}",
+                t.events(),
+                t.tokens(),
+                t.first_token_seen(),
+                t.pending_bytes(),
+                t.wire()
+            ));
+        }
+        out.push(format!("{:?} {:?}", t.finish(), t.usage()));
+        out
+    }
+
+    fn sse_piece() -> impl proptest::strategy::Strategy<Value = &'static [u8]> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(&b"data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"[..]),
+            Just(&b"data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\r\n\r\n"[..]),
+            Just(&b"data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"[..]),
+            Just(&b"data:{\"id\":\"chatcmpl-2\",\"choices\":[{\"delta\":{}}],\"usage\":{\"prompt_tokens\":3}}\n\n"[..]),
+            Just(&b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"[..]),
+            Just(&b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n"[..]),
+            Just(&b"data: { \"error\" :{\"message\":\"overloaded\"}}\n\n"[..]),
+            Just(&b"data:  {\"error\":{\"message\":\"overloaded\"}}\n\n"[..]),
+            Just(&b"data: [DONE]\n\n"[..]),
+            Just(&b"data: [DONE] and then some more bytes\n\n"[..]),
+            Just(&b"data: 0123456789abcdef\n\n"[..]),
+            Just(&b"data: 0123456789abcdefg\n\n"[..]),
+            Just(&b"data: x\n\n"[..]),
+            Just(&b"data:\n\n"[..]),
+            Just(&b"data\n\n"[..]),
+            Just(&b"data: a\ndata: b\n\n"[..]),
+            Just(&b"data: a\r\r"[..]),
+            Just(&b"data: a\r"[..]),
+            Just(&b"\n"[..]),
+            Just(&b"\r\n"[..]),
+            Just(&b": keepalive\n\n"[..]),
+            Just(&b": keepalive\n"[..]),
+            Just(&b"event: ping\ndata: {\"type\":\"ping\"}\n\n"[..]),
+            Just(&b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\n"[..]),
+            Just(&b"event: error\ndata: {}\n\n"[..]),
+            Just(&b"id: 7\ndata: {\"choices\":[{\"delta\":{\"content\":\"y\"}}]}\n\n"[..]),
+            Just(&b"\xEF\xBB\xBF"[..]),
+            Just(&b"data: {\"cut"[..]),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// The steady-state fast path reports exactly what the general path does: the same
+        /// observation for every frame and the same state after it, whatever the framing, the
+        /// dialect, the cap, usage extraction and buffers of two chunks.
+        #[test]
+        fn steady_fast_path_matches_the_general_path(
+            pieces in proptest::collection::vec(sse_piece(), 0..40),
+            raw_cuts in proptest::collection::vec(0usize..4096, 0..8),
+            boundary_cuts in proptest::collection::vec(proptest::bool::weighted(0.7), 40),
+            dialect in 0usize..5,
+            small_cap in proptest::bool::ANY,
+            usage in proptest::bool::ANY,
+            split_bufs in proptest::bool::ANY,
+        ) {
+            let bytes = pieces.concat();
+            let mut cuts: Vec<usize> = raw_cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            // Mostly at piece boundaries, where the fast path can take over.
+            let mut at = 0;
+            for (i, piece) in pieces.iter().enumerate() {
+                at += piece.len();
+                if boundary_cuts.get(i).copied().unwrap_or(true) {
+                    cuts.push(at);
+                }
+            }
+            cuts.sort_unstable();
+            cuts.push(bytes.len());
+            let mut frames = Vec::new();
+            let mut at = 0;
+            for cut in cuts {
+                frames.push(bytes[at..cut].to_vec());
+                at = cut;
+            }
+            let dialect = [Dialect::Auto, Dialect::OpenAi, Dialect::Anthropic, Dialect::AnySse, Dialect::LlmSse][dialect].clone();
+            let make = || {
+                let mut t = StreamTracker::new(&dialect, &headers("text/event-stream"));
+                if small_cap {
+                    t = t.with_max_event_bytes(48);
+                }
+                t.with_usage(usage)
+            };
+            let mut general = make();
+            general.state.fast = false;
+            proptest::prop_assert_eq!(trace(make(), &frames, split_bufs), trace(general, &frames, split_bufs));
+        }
+    }
+
+    #[test]
+    fn steady_fast_path_is_taken_and_memo_follows_the_prefix() {
+        let sse = headers("text/event-stream");
+        let mut t = StreamTracker::new(&Dialect::Auto, &sse);
+        t.observe(&b(TOKEN));
+        assert!(t.state.steady);
+        let long_token = "data: {\"choices\":[{\"delta\":{\"content\":\"xy\"}}]}\n\n";
+        let three = Bytes::from(format!("{long_token}{long_token}data: [DONE]\n\n"));
+        let obs = t.observe(&three);
+        assert_eq!((obs.events, obs.tokens, obs.done), (3, 2, true));
+        assert!(t.state.memo.is_some_and(|m| m.class == Class::Token));
+        // Same 16-byte prefix is not enough when the data is only 16 bytes long (then it is
+        // whole, and decided afresh), and an error with a new prefix replaces the memo.
+        let obs = t.observe(&b("data: {\"error\":{\"code\":1}}\n\n"));
+        assert!(obs.error && obs.tokens == 0);
+        assert!(t.state.memo.is_some_and(|m| m.class == Class::Error));
+        let obs = t.observe(&b(long_token));
+        assert_eq!(obs.tokens, 1);
+        // A frame that ends inside an event leaves the fast path for the rest of it.
+        let obs = t.observe(&Bytes::from(format!("{long_token}: ping\n\ndata: {{\"cho")));
+        assert_eq!((obs.events, obs.tokens, obs.keepalives), (2, 1, 1));
+        assert_eq!(t.pending_bytes(), 11);
+        let obs = t.observe(&b("ices\":[]}\n\n"));
+        assert_eq!((obs.events, obs.tokens), (1, 1));
+        assert_eq!((t.events(), t.tokens()), (9, 6));
+        // A custom classifier is asked every time.
+        let asked = Arc::new(Mutex::new(0));
+        let n = asked.clone();
+        let dialect = Dialect::custom(Framing::Sse, move |_: &Event<'_>, _: bool| {
+            *n.lock().unwrap() += 1;
+            Class::Token
+        });
+        let mut t = StreamTracker::new(&dialect, &sse);
+        for _ in 0..3 {
+            t.observe(&b(long_token));
+        }
+        assert!(t.state.steady && t.state.memo.is_none());
+        assert_eq!(*asked.lock().unwrap(), 3);
+    }
 
     #[test]
     fn counts_and_first_token_once() {

@@ -264,20 +264,17 @@ where
 
     #[inline(always)]
     fn poll_frame(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
+        let mut this = self.as_mut().project();
         // Pass-through (no body timer for this response): no tracker, nothing held back.
         if this.tracker.is_none()
             && matches!(this.end, End::Streaming)
             && let Some(inner) = this.inner.as_mut().as_pin_mut()
         {
             return match inner.poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(match frame.into_data() {
-                    Ok(data) => Frame::data(Chunk::Inner(data)),
-                    Err(frame) => frame.map_data(Chunk::Inner),
-                }))),
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner)))),
                 // Without an inner body, `End::Streaming` reads as the end.
                 Poll::Ready(Some(Err(e))) => {
                     this.inner.set(None);
@@ -290,7 +287,50 @@ where
                 Poll::Pending => Poll::Pending,
             };
         }
-        poll_tracked(&mut this, cx)
+        // The steady state: nothing held back or to release, streaming, no flood check due: a
+        // data frame that is ready goes out at once when it ends on an event boundary. Anything
+        // else is left to the general path, with what was polled. (The projection is not
+        // passed to anything out of line here, so that it never has to be built in memory.)
+        let polled = if *this.release == 0
+            && *this.streak < FLOOD_CHECK
+            && matches!(this.end, End::Streaming)
+            && this.tracker.is_some()
+            && let Some(inner) = this.inner.as_mut().as_pin_mut()
+        {
+            let polled = inner.poll_frame(cx);
+            // A data frame is observed where the inner body put it, before anything moves it
+            // (moving it first would read it back while the inner body's stores are still in
+            // flight); it is moved once, on its way out.
+            let pass = match &polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    frame.data_ref().map(|data| on_data(&mut this, data))
+                }
+                _ => None,
+            };
+            match polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    *this.streak += 1;
+                    match pass {
+                        Some(Pass::Now) => {
+                            return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner))));
+                        }
+                        Some(Pass::HoldBack(pending)) => {
+                            if let Ok(data) = frame.into_data() {
+                                hold(this.held, this.held_len, this.release, data, pending);
+                            }
+                            Polled::Nothing
+                        }
+                        None => Polled::NonData(frame),
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => Polled::Error(e),
+                Poll::Ready(None) => Polled::End,
+                Poll::Pending => Polled::Pending,
+            }
+        } else {
+            Polled::Nothing
+        };
+        poll_general(self, cx, polled)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -327,12 +367,52 @@ where
 /// What `poll_frame` returns.
 type PollFrame<D> = Poll<Option<Result<Frame<Chunk<D>>, BoxError>>>;
 
+/// What the steady-state path of `poll_frame` polled from the inner body and left to the
+/// general path.
+enum Polled<B: Body> {
+    /// Nothing polled (or a data frame already handled).
+    Nothing,
+    /// A frame that is not data.
+    NonData(Frame<B::Data>),
+    /// An error.
+    Error(B::Error),
+    /// The end of the inner body.
+    End,
+    /// `Pending`.
+    Pending,
+}
+
+/// The general path of `poll_frame`: first what the steady-state path polled, then the loop.
+#[inline(never)]
+fn poll_general<B>(
+    body: Pin<&mut SseIdleTimeoutBody<B>>,
+    cx: &mut Context<'_>,
+    polled: Polled<B>,
+) -> PollFrame<B::Data>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut this = body.project();
+    match polled {
+        Polled::Nothing => {}
+        Polled::NonData(frame) => on_non_data(&mut this, frame),
+        Polled::Error(e) => return on_error(&mut this, e),
+        Polled::End => on_end(&mut this),
+        Polled::Pending => {
+            *this.streak = 0;
+            if let Some(ready) = wait(&mut this, cx) {
+                return ready;
+            }
+        }
+    }
+    poll_tracked(&mut this, cx)
+}
+
 /// Deadlines are also checked after this many frames delivered in a row without waiting.
 const FLOOD_CHECK: u8 = 32;
 
-/// The body with a tracker: hold-back queue, end states and timers. Kept out of line so that
-/// the pass-through path of `poll_frame` stays small enough to inline.
-#[inline(never)]
+/// The body with a tracker, in general: hold-back queue, end states, flood check and timers.
 fn poll_tracked<B>(this: &mut BodyProj<'_, B>, cx: &mut Context<'_>) -> PollFrame<B::Data>
 where
     B: Body,
@@ -400,142 +480,204 @@ where
         match inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 *this.streak = this.streak.saturating_add(1);
-                let Some(data) = frame.data_ref() else {
-                    let Ok(trailers) = frame.into_trailers() else {
-                        continue;
-                    };
-                    if let Some(tracker) = this.tracker.as_mut() {
-                        tracker.observe_trailers(&trailers);
+                match frame.data_ref().map(|data| on_data(this, data)) {
+                    Some(Pass::Now) => return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner)))),
+                    Some(Pass::HoldBack(pending)) => {
+                        if let Ok(data) = frame.into_data() {
+                            hold(this.held, this.held_len, this.release, data, pending);
+                        }
                     }
-                    // Trailers end the data: release what was held back, then send them.
-                    this.inner.set(None);
-                    this.sleep.set(None);
-                    *this.release = *this.held_len;
-                    *this.end = End::Trailers(trailers);
-                    continue;
-                };
-                let Some(tracker) = this.tracker.as_mut() else {
-                    return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner))));
-                };
-                let obs = tracker.observe(data);
-                let len = data.remaining();
-                let t = &mut *this.timers;
-                if obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0) {
-                    t.unstamped = true;
+                    None => on_non_data(this, frame),
                 }
-                if obs.first_token {
-                    t.first_token_seen = true;
-                    t.first_token = None;
-                }
-                if obs.done {
-                    *this.done = true;
-                }
-                if obs.scan_error.is_some() {
-                    // An event over the scanner's cap: the tracker scans nothing more. Stop
-                    // holding back (what is held goes out below) and count any data as
-                    // progress from now on.
-                    *this.hold_back = false;
-                    *this.blind = true;
-                }
-                if *this.blind && len > 0 {
-                    t.unstamped = true;
-                    t.first_token_seen = true;
-                    t.first_token = None;
-                }
-                let pending = if *this.hold_back {
-                    tracker.pending_bytes()
-                } else {
-                    0
-                };
-                if *this.held_len == 0 && *this.release == 0 && pending == 0 {
-                    // The frame ends on an event boundary (what LLM servers send): pass it on.
-                    return Poll::Ready(Some(Ok(frame.map_data(Chunk::Inner))));
-                }
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                *this.held_len += len;
-                this.held.push_back(data);
-                *this.release = this.held_len.saturating_sub(pending);
-                continue;
             }
-            Poll::Ready(Some(Err(e))) => {
-                this.inner.set(None);
-                this.sleep.set(None);
-                this.held.clear();
-                *this.held_len = 0;
-                *this.end = End::Finished;
-                return Poll::Ready(Some(Err(e.into())));
-            }
-            Poll::Ready(None) => {
-                // The upstream ended: whatever it sent goes to the client, even a truncated
-                // event (the upstream cut it, not this layer).
-                if let Some(tracker) = this.tracker.as_mut() {
-                    tracker.finish();
+            Poll::Ready(Some(Err(e))) => return on_error(this, e),
+            Poll::Ready(None) => on_end(this),
+            Poll::Pending => {
+                *this.streak = 0;
+                // 5. Nothing ready: the body waits.
+                if let Some(ready) = wait(this, cx) {
+                    return ready;
                 }
-                this.inner.set(None);
-                this.sleep.set(None);
-                *this.release = *this.held_len;
-                *this.end = End::Finished;
-                continue;
-            }
-            Poll::Pending => *this.streak = 0,
-        }
-
-        // 5. Nothing ready: the body waits. Stamp the start of the gap if a progress event
-        //    was delivered since the last wait, then check the next deadline, arming the sleep
-        //    lazily.
-        if !this.timers.active() {
-            return Poll::Pending;
-        }
-        let registered = this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
-        if !this.timers.unstamped {
-            // No progress since the last wait, so the deadline has not moved: if the sleep is
-            // armed no later than it, has not fired and was registered with this task's waker,
-            // there is nothing to do, not even a clock read (a wait after a keepalive).
-            let Some((deadline, _, _)) = this.timers.next() else {
-                return Poll::Pending;
-            };
-            if registered
-                && let Some(s) = this.sleep.as_mut().as_pin_mut()
-                && s.deadline() <= deadline
-                && !s.is_elapsed()
-            {
-                return Poll::Pending;
             }
         }
-        let now = Instant::now();
-        this.timers.stamp(now);
-        let Some((deadline, phase, limit)) = this.timers.next() else {
-            return Poll::Pending;
-        };
-        if now < deadline {
-            // The sleep is armed no later than the deadline, has not fired and was registered
-            // with this task's waker: no need to poll it again (a wait between tokens).
-            if registered
-                && let Some(s) = this.sleep.as_mut().as_pin_mut()
-                && s.deadline() <= deadline
-                && now < s.deadline()
-            {
-                return Poll::Pending;
-            }
-            if arm(this.sleep.as_mut(), deadline, cx).is_pending() {
-                if !registered {
-                    *this.waker = Some(cx.waker().clone());
-                }
-                return Poll::Pending;
-            }
-            // The sleep fired: re-check against a fresh clock (it may have been armed for an
-            // earlier deadline that has since moved).
-            if Instant::now() < deadline {
-                continue;
-            }
-        }
-        this.inner.set(None);
-        this.sleep.set(None);
-        let now = Instant::now();
-        *this.end = expire(this, phase, limit, now);
     }
+}
+
+/// What to do with a data frame once observed.
+enum Pass {
+    /// It ends on an event boundary and nothing is held back: pass it on.
+    Now,
+    /// Queue it behind the bytes held back; its last `.0` bytes are part of an event not
+    /// complete yet.
+    HoldBack(usize),
+}
+
+/// A data frame from the inner body: runs the tracker and the timers' bookkeeping on it, and
+/// says whether it may pass at once.
+#[inline(always)]
+fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: &B::Data) -> Pass {
+    let Some(tracker) = this.tracker.as_mut() else {
+        return Pass::Now;
+    };
+    let obs = tracker.observe(data);
+    let t = &mut *this.timers;
+    if obs.progress() || (t.keepalive_resets_idle && obs.keepalives > 0) {
+        t.unstamped = true;
+    }
+    if obs.first_token {
+        t.first_token_seen = true;
+        t.first_token = None;
+    }
+    if obs.done {
+        *this.done = true;
+    }
+    if obs.scan_error.is_some() {
+        // An event over the scanner's cap: the tracker scans nothing more. Stop holding back
+        // (what is held goes out below) and count any data as progress from now on.
+        *this.hold_back = false;
+        *this.blind = true;
+    }
+    if *this.blind {
+        blind_progress(t, data);
+    }
+    let pending = if *this.hold_back {
+        tracker.pending_bytes()
+    } else {
+        0
+    };
+    if *this.held_len == 0 && *this.release == 0 && pending == 0 {
+        // The frame ends on an event boundary (what LLM servers send).
+        Pass::Now
+    } else {
+        Pass::HoldBack(pending)
+    }
+}
+
+/// Blind (after a scan error), any data is progress.
+#[cold]
+fn blind_progress<D: Buf>(t: &mut Timers, data: &D) {
+    if data.remaining() > 0 {
+        t.unstamped = true;
+        t.first_token_seen = true;
+        t.first_token = None;
+    }
+}
+
+/// Queues `data` behind the bytes held back and releases all but the last `pending` bytes.
+#[inline(never)]
+fn hold<D: Buf>(
+    held: &mut VecDeque<D>,
+    held_len: &mut usize,
+    release: &mut usize,
+    data: D,
+    pending: usize,
+) {
+    *held_len += data.remaining();
+    held.push_back(data);
+    *release = held_len.saturating_sub(pending);
+}
+
+/// A frame that is not data: trailers end the data (what was held back is released, then they
+/// are sent); anything else is skipped.
+#[inline(never)]
+fn on_non_data<B: Body>(this: &mut BodyProj<'_, B>, frame: Frame<B::Data>) {
+    let Ok(trailers) = frame.into_trailers() else {
+        return;
+    };
+    if let Some(tracker) = this.tracker.as_mut() {
+        tracker.observe_trailers(&trailers);
+    }
+    this.inner.set(None);
+    this.sleep.set(None);
+    *this.release = *this.held_len;
+    *this.end = End::Trailers(trailers);
+}
+
+/// An error from the inner body: passed on, and the body ends.
+#[inline(never)]
+fn on_error<B>(this: &mut BodyProj<'_, B>, e: B::Error) -> PollFrame<B::Data>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    this.inner.set(None);
+    this.sleep.set(None);
+    this.held.clear();
+    *this.held_len = 0;
+    *this.end = End::Finished;
+    Poll::Ready(Some(Err(e.into())))
+}
+
+/// The upstream ended: whatever it sent goes to the client, even a truncated event (the
+/// upstream cut it, not this layer).
+#[inline(never)]
+fn on_end<B: Body>(this: &mut BodyProj<'_, B>) {
+    if let Some(tracker) = this.tracker.as_mut() {
+        tracker.finish();
+    }
+    this.inner.set(None);
+    this.sleep.set(None);
+    *this.release = *this.held_len;
+    *this.end = End::Finished;
+}
+
+/// Nothing ready: the body waits. Stamps the start of the gap if a progress event was
+/// delivered since the last wait, then checks the next deadline, arming the sleep lazily.
+/// `Some(Pending)` to wait; `None` when the caller should loop (the sleep fired early, or a
+/// timer expired and `end` says what follows).
+#[inline(never)]
+fn wait<B: Body>(this: &mut BodyProj<'_, B>, cx: &mut Context<'_>) -> Option<PollFrame<B::Data>> {
+    if !this.timers.active() {
+        return Some(Poll::Pending);
+    }
+    let registered = this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+    if !this.timers.unstamped {
+        // No progress since the last wait, so the deadline has not moved: if the sleep is
+        // armed no later than it, has not fired and was registered with this task's waker,
+        // there is nothing to do, not even a clock read (a wait after a keepalive).
+        let Some((deadline, _, _)) = this.timers.next() else {
+            return Some(Poll::Pending);
+        };
+        if registered
+            && let Some(s) = this.sleep.as_mut().as_pin_mut()
+            && s.deadline() <= deadline
+            && !s.is_elapsed()
+        {
+            return Some(Poll::Pending);
+        }
+    }
+    let now = Instant::now();
+    this.timers.stamp(now);
+    let Some((deadline, phase, limit)) = this.timers.next() else {
+        return Some(Poll::Pending);
+    };
+    if now < deadline {
+        // The sleep is armed no later than the deadline, has not fired and was registered
+        // with this task's waker: no need to poll it again (a wait between tokens).
+        if registered
+            && let Some(s) = this.sleep.as_mut().as_pin_mut()
+            && s.deadline() <= deadline
+            && now < s.deadline()
+        {
+            return Some(Poll::Pending);
+        }
+        if arm(this.sleep.as_mut(), deadline, cx).is_pending() {
+            if !registered {
+                *this.waker = Some(cx.waker().clone());
+            }
+            return Some(Poll::Pending);
+        }
+        // The sleep fired: re-check against a fresh clock (it may have been armed for an
+        // earlier deadline that has since moved).
+        if Instant::now() < deadline {
+            return None;
+        }
+    }
+    this.inner.set(None);
+    this.sleep.set(None);
+    let now = Instant::now();
+    *this.end = expire(this, phase, limit, now);
+    None
 }
 
 /// Ends the stream for `phase`. The caller has dropped the inner body; this drops the

@@ -106,7 +106,10 @@
 //!   row), never per frame; the tokio timer is created when the body first waits, polled again
 //!   only when its deadline or the task's waker changed, and re-armed only when it fired before
 //!   a deadline that has since moved later. A frame costs the event scan and a few comparisons,
-//!   with no clock read, no timer-wheel operation and no allocation.
+//!   with no clock read, no timer-wheel operation and no allocation: in the steady state (a
+//!   ready data frame that ends on an event boundary, nothing held back) the body observes the
+//!   frame where the inner body put it, in a path inlined into `poll_frame`, and passes it on;
+//!   everything else (holding back, trailers, errors, the end, waits) is out of line.
 //!
 //! ## Composition
 //!

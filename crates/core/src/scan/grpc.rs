@@ -79,6 +79,7 @@ impl GrpcScanner {
     }
 
     /// Bytes fed since the last message boundary.
+    #[inline]
     pub fn pending_bytes(&self) -> usize {
         self.pending
     }

@@ -71,6 +71,7 @@ impl NdjsonScanner {
     }
 
     /// Bytes fed since the last line end.
+    #[inline]
     pub fn pending_bytes(&self) -> usize {
         self.pending
     }

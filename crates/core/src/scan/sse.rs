@@ -89,6 +89,8 @@ pub struct SseScanner {
     comment: Vec<u8>,
     comment_len: usize,
     error: Option<ScanError>,
+    /// [`at_boundary`](SseScanner::at_boundary), as of the end of the last `feed`.
+    boundary: bool,
 }
 
 impl Default for SseScanner {
@@ -119,6 +121,7 @@ impl SseScanner {
             comment: Vec::new(),
             comment_len: 0,
             error: None,
+            boundary: false,
         }
     }
 
@@ -138,6 +141,7 @@ impl SseScanner {
 
     /// Bytes fed since the last event boundary: the part of the stream that belongs to an
     /// event (or a line) not complete yet.
+    #[inline]
     pub fn pending_bytes(&self) -> usize {
         self.pending
     }
@@ -155,6 +159,12 @@ impl SseScanner {
         }
         let result = self.feed_inner(chunk, &mut on_event);
         self.error = result.err();
+        self.boundary = self.bom_done
+            && !self.after_cr
+            && self.line == Line::Start
+            && !self.in_event
+            && self.pending == 0
+            && self.error.is_none();
         result
     }
 
@@ -222,9 +232,12 @@ impl SseScanner {
             if self.line == Line::Start
                 && !self.in_event
                 && self.pending == 0
-                && chunk.starts_with(b"data:")
-                && let Some(used) = self.whole_data_event(chunk, on_event)
+                && let Some((used, value)) = self.whole_data_event(chunk)
             {
+                on_event(Event::Sse {
+                    name: b"",
+                    data: self.captured(value),
+                });
                 chunk = &chunk[used..];
                 continue;
             }
@@ -257,15 +270,15 @@ impl SseScanner {
     }
 
     /// The fast path for the common case: a whole `data: ...` event (one data line, then a blank
-    /// line, LF or CRLF ended) at an event boundary, dispatched straight from the frame without
-    /// copying. Returns the bytes used, or `None` to leave the frame to the general path (which
-    /// gives the same result byte for byte, including cap errors).
-    #[inline]
-    fn whole_data_event(
-        &mut self,
-        chunk: &[u8],
-        on_event: &mut impl FnMut(Event<'_>),
-    ) -> Option<usize> {
+    /// line, LF or CRLF ended) at the start of `chunk`, to be dispatched straight from the frame
+    /// without copying. Returns the bytes it spans and its data, or `None` to leave the chunk to
+    /// the general path (which gives the same result byte for byte, including cap errors). The
+    /// caller checks that the scanner is at an event boundary.
+    #[inline(always)]
+    fn whole_data_event<'c>(&self, chunk: &'c [u8]) -> Option<(usize, &'c [u8])> {
+        if !chunk.starts_with(b"data:") {
+            return None;
+        }
         let i = memchr2(b'\n', b'\r', chunk)?;
         let rest = &chunk[i..];
         // The event's size as the general path counts it: the data line and its line end.
@@ -283,14 +296,38 @@ impl SseScanner {
         if let [b' ', tail @ ..] = value {
             value = tail;
         }
-        on_event(Event::Sse {
-            name: b"",
-            data: Captured {
-                bytes: &value[..value.len().min(self.capture)],
-                len: value.len(),
-            },
-        });
-        Some(used)
+        Some((used, value))
+    }
+
+    /// `value` as captured: its first `capture` bytes and its length.
+    #[inline(always)]
+    fn captured<'c>(&self, value: &'c [u8]) -> Captured<'c> {
+        Captured {
+            bytes: &value[..value.len().min(self.capture)],
+            len: value.len(),
+        }
+    }
+
+    /// Whether the scanner stands at an event boundary with nothing carried over: the next byte
+    /// starts a line of a new event. Then [`next_data_event`](SseScanner::next_data_event) may
+    /// take whole data events off the front of a chunk.
+    ///
+    /// Kept up to date by [`feed`](SseScanner::feed); taking whole data events off the front of
+    /// a chunk leaves it as it is.
+    #[inline(always)]
+    pub(crate) fn at_boundary(&self) -> bool {
+        self.boundary
+    }
+
+    /// The whole one-line `data:` event at the front of `rest`, if there is one: the bytes it
+    /// spans and its data, as captured. For a scanner [`at_boundary`](SseScanner::at_boundary),
+    /// this is exactly what [`feed`](SseScanner::feed) would report for those bytes, and feeding
+    /// them would leave the scanner as it is (at the boundary), so a caller may take such events
+    /// one after the other without feeding them, and feed the rest of the chunk.
+    #[inline(always)]
+    pub(crate) fn next_data_event<'c>(&self, rest: &'c [u8]) -> Option<(usize, Captured<'c>)> {
+        let (used, value) = self.whole_data_event(rest)?;
+        Some((used, self.captured(value)))
     }
 
     /// Adds `n` bytes to the current line and checks both caps.
