@@ -77,7 +77,8 @@ pub fn variants(frames: &[Bytes]) -> Arc<[Arc<[Bytes]>]> {
                     Some(i) if i + ID.len() < f.len() => {
                         let mut v = f.to_vec();
                         v[i + ID.len()] = b'a' + k as u8;
-                        Bytes::from(v)
+                        // Static, as `openai_stream`'s: cloning never allocates.
+                        Bytes::from_static(Box::leak(v.into_boxed_slice()))
                     }
                     _ => f.clone(),
                 })

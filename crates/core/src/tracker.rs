@@ -78,12 +78,13 @@ impl Observation {
 /// Before the first token the classifier sees each event's whole data (and the presets parse
 /// its JSON); from the first token on the scanner captures only
 /// [`Classify::capture_after_first_token`] bytes per event, so the steady state is a `memchr`
-/// pass over the frame and a few byte comparisons per event. For SSE without usage extraction
-/// that steady state is a path of [`observe`](StreamTracker::observe) inlined into the caller:
-/// the whole one-line `data:` events at the front of a frame that starts on an event boundary
-/// are counted straight from the frame, and a preset's class for them is remembered by the
-/// event's 16-byte prefix (after the first token the presets decide from that prefix alone), so
-/// a token chunk costs one `memchr` and one 16-byte comparison; the rest of the frame, if any,
+/// pass over the frame and a few byte comparisons per event. For SSE that steady state is a path
+/// of [`observe`](StreamTracker::observe) inlined into the caller: the whole one-line `data:`
+/// events at the front of a frame that starts on an event boundary are counted straight from
+/// the frame, and a preset's class for them is remembered by the event's 16-byte prefix (after
+/// the first token the presets decide from that prefix alone), so a token chunk costs one
+/// `memchr` and one 16-byte comparison (with usage extraction on, plus one search of the event
+/// for a `"usage"` key, and the class decided without the memo); the rest of the frame, if any,
 /// goes through the general path, with the same result. After a [`ScanError`] the tracker
 /// reports it once and scans nothing more.
 #[derive(Debug)]
@@ -171,7 +172,7 @@ struct State {
     tokens: u64,
     failed: bool,
     usage: Option<UsageState>,
-    /// The steady state: a token was seen, no usage extraction, no scan error, SSE framing. Whole
+    /// The steady state: a token was seen, no scan error, SSE framing. Whole
     /// unnamed data events then take [`StreamTracker::observe`]'s fast path.
     steady: bool,
     /// The class of the last steady-state data event decided by a preset (see [`Memo`]).
@@ -183,7 +184,8 @@ struct State {
 
 /// The counts of the steady-state fast path (see [`State::steady`]): what
 /// [`State::on_event`] counts for a whole unnamed data event after the first token, less what
-/// cannot apply there (the first token, usage, Anthropic event names).
+/// cannot apply there (the first token, Anthropic event names); usage, when extracted, is
+/// scanned alongside.
 #[derive(Clone, Copy, Default)]
 struct Counts {
     events: u32,
@@ -320,13 +322,12 @@ impl StreamTracker {
     pub fn with_usage(mut self, usage: bool) -> Self {
         self.state.usage = usage.then(UsageState::default);
         self.set_capture();
-        self.state.steady = self.state.steady && !usage;
         self
     }
 
     /// Scans one data frame.
     ///
-    /// The steady state (after the first token, without usage extraction, SSE) is inlined into
+    /// The steady state (after the first token, SSE) is inlined into
     /// the caller: whole unnamed `data:` events at the front of the frame are counted straight
     /// from it, and the rest of the frame, if any, goes through the general path.
     #[inline(always)]
@@ -342,6 +343,9 @@ impl StreamTracker {
                 if s.at_boundary() {
                     while let Some((n, data)) = s.next_data_event(&chunk[used..]) {
                         counts.add(state.steady_class(data));
+                        if let Some(usage) = &mut state.usage {
+                            usage.scan(&data);
+                        }
                         used += n;
                     }
                 }
@@ -446,7 +450,6 @@ impl StreamTracker {
         };
         self.state.steady = self.state.fast
             && self.state.first_token_seen
-            && self.state.usage.is_none()
             && !self.state.failed
             && matches!(self.scanner, Scanner::Sse(_));
     }
