@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
@@ -85,13 +85,16 @@ impl<B: Body> Body for AdmissionBody<B> {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
             KindProj::Stream { mut body, permit } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                match &frame {
-                    Some(Ok(_)) if !body.is_end_stream() => {}
+                // The inner poll's result is returned as it is (not rebuilt from its parts),
+                // so the frame is not copied on its way through.
+                let polled = body.as_mut().poll_frame(cx);
+                match &polled {
+                    Poll::Pending => {}
+                    Poll::Ready(Some(Ok(_))) if !body.is_end_stream() => {}
                     // End of stream, end after this frame, or a body error.
-                    _ => drop(permit.take()),
+                    Poll::Ready(_) => drop(permit.take()),
                 }
-                Poll::Ready(frame)
+                polled
             }
             KindProj::Local { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }

@@ -1,10 +1,9 @@
 //! Per-response token tracking: a scanner and a classifier driven frame by frame.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use bytes::Buf;
 use http::HeaderMap;
-use memchr::memmem;
 
 use crate::classify::{
     AnthropicClassifier, AnyByteClassifier, AnySseClassifier, Class, Classify, Dialect, Framing,
@@ -180,6 +179,11 @@ struct State {
     /// Whether the steady-state fast path may be taken (off only in tests, to compare it with
     /// the general path).
     fast: bool,
+    /// How many bytes of an event's data the classifier sees: everything, except after the
+    /// first token while usage extraction keeps the scanner capturing whole events, when the
+    /// classifier still sees only [`Classify::capture_after_first_token`] bytes, as it would
+    /// without usage extraction (so extracting usage never changes a class).
+    class_limit: usize,
 }
 
 /// The counts of the steady-state fast path (see [`State::steady`]): what
@@ -246,13 +250,9 @@ struct UsageState {
     seen: bool,
 }
 
-/// The `"usage"` key, searched for in every complete event while usage extraction is on. Built
-/// once per process: a tracker is built per response, and building a searcher costs more than
-/// running it over a few events.
+/// The length of the `"usage"` key, searched for in every complete event while usage
+/// extraction is on.
 const USAGE_KEY_LEN: usize = b"\"usage\"".len();
-
-static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
-    LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
 
 impl StreamTracker {
     /// A tracker for a response with `headers`, finding tokens as `dialect` says.
@@ -301,6 +301,7 @@ impl StreamTracker {
                 steady: false,
                 memo: None,
                 fast: true,
+                class_limit: usize::MAX,
             },
         }
     }
@@ -461,6 +462,11 @@ impl StreamTracker {
         } else {
             self.state.preset.capture_after_first_token()
         };
+        self.state.class_limit = if self.state.first_token_seen && self.state.usage.is_some() {
+            self.state.preset.capture_after_first_token()
+        } else {
+            usize::MAX
+        };
         match &mut self.scanner {
             Scanner::Sse(s) => s.set_capture(limit),
             Scanner::Grpc(s) => s.set_capture(limit),
@@ -512,6 +518,10 @@ impl State {
     /// The class of an unnamed data event after the first token, through the memo for presets.
     #[inline(always)]
     fn steady_class(&mut self, data: Captured<'_>) -> Class {
+        let data = Captured {
+            bytes: &data.bytes[..data.bytes.len().min(self.class_limit)],
+            len: data.len,
+        };
         // Only a prefix shorter than the data is a key: the class depends on its bytes only.
         let key = match <[u8; MEMO_BYTES]>::try_from(data.bytes) {
             Ok(prefix) if data.len > MEMO_BYTES => Some(prefix),
@@ -531,6 +541,36 @@ impl State {
         class
     }
 
+    /// The class of `event` seen through [`class_limit`](State::class_limit).
+    #[inline(never)]
+    fn classify_limited(&self, event: &Event<'_>) -> Class {
+        fn cut(data: Captured<'_>, limit: usize) -> Captured<'_> {
+            Captured {
+                bytes: &data.bytes[..data.bytes.len().min(limit)],
+                len: data.len,
+            }
+        }
+        let limit = self.class_limit;
+        let limited = match *event {
+            Event::Sse { name, data } => Event::Sse {
+                name,
+                data: cut(data, limit),
+            },
+            Event::Line { data } => Event::Line {
+                data: cut(data, limit),
+            },
+            Event::Comment { text } => Event::Comment {
+                text: cut(text, limit),
+            },
+            Event::Grpc { compressed, data } => Event::Grpc {
+                compressed,
+                data: cut(data, limit),
+            },
+            other => other,
+        };
+        self.preset.classify(&limited, self.first_token_seen)
+    }
+
     #[inline(never)]
     fn classify_steady(&self, data: Captured<'_>) -> Class {
         self.preset.classify(&Event::Sse { name: b"", data }, true)
@@ -538,7 +578,11 @@ impl State {
 
     #[inline]
     fn on_event(&mut self, event: &Event<'_>, obs: &mut Observation) {
-        let class = self.preset.classify(event, self.first_token_seen);
+        let class = if self.class_limit == usize::MAX {
+            self.preset.classify(event, self.first_token_seen)
+        } else {
+            self.classify_limited(event)
+        };
         if self.detect_anthropic
             && let Event::Sse { name, .. } = event
             && self.wire != Wire::AnthropicSse
@@ -625,27 +669,24 @@ impl UsageState {
 
     /// `"usage"`, optional whitespace, `:`, optional whitespace, `{` somewhere in `bytes`.
     ///
-    /// One search over the event settles the common case (no `"usage"` key at all); only an
-    /// event that has one is searched again for the object.
+    /// Found from the key's `u`: one `memchr` pass over the event (a `u` is rare in a JSON
+    /// chunk's syntax, so few candidates are checked), which costs less on a chunk of a few
+    /// hundred bytes than a substring search whose bytes (`"`, `s`, `a`, `e`) are all common.
+    /// Every occurrence of the key counts, overlapping ones included.
     #[inline]
     fn may_carry_usage(&self, bytes: &[u8]) -> bool {
-        let finder = &*USAGE_KEY;
-        let Some(first) = finder.find(bytes) else {
-            return false;
-        };
-        let object_at = |at: usize| {
-            let rest = bytes[at + USAGE_KEY_LEN..].trim_ascii_start();
-            match rest.split_first() {
-                Some((b':', rest)) => rest.trim_ascii_start().first() == Some(&b'{'),
-                _ => false,
-            }
-        };
-        // Non-overlapping occurrences, as one `find_iter` over the whole event would give.
-        let next = first + USAGE_KEY_LEN;
-        object_at(first)
-            || finder
-                .find_iter(&bytes[next..])
-                .any(|at| object_at(next + at))
+        memchr::memchr_iter(b'u', bytes).any(|at| {
+            at > 0
+                && bytes[at - 1] == b'"'
+                && bytes[at + 1..].starts_with(b"sage\"")
+                && match bytes[at + USAGE_KEY_LEN - 1..]
+                    .trim_ascii_start()
+                    .split_first()
+                {
+                    Some((b':', rest)) => rest.trim_ascii_start().first() == Some(&b'{'),
+                    _ => false,
+                }
+        })
     }
 }
 
@@ -863,12 +904,13 @@ mod tests {
         t.observe(&b(long));
         assert_eq!(*seen.lock().unwrap(), [(40, 40, false), (16, 40, true)]);
 
-        // With usage on, data stays whole.
+        // With usage on, the scanner keeps whole events (for the usage search), but the
+        // classifier sees the same prefix as without: extracting usage never changes a class.
         seen.lock().unwrap().clear();
         let mut t = StreamTracker::new(&dialect, &HeaderMap::new()).with_usage(true);
         t.observe(&b(long));
         t.observe(&b(long));
-        assert_eq!(*seen.lock().unwrap(), [(40, 40, false), (40, 40, true)]);
+        assert_eq!(*seen.lock().unwrap(), [(40, 40, false), (16, 40, true)]);
     }
 
     #[test]
@@ -972,8 +1014,9 @@ mod tests {
         assert!(!u.may_carry_usage(br#"{"usage""#));
         assert!(!u.may_carry_usage(br#"{"usage":"#));
         assert!(!u.may_carry_usage(b""));
-        // Overlapping candidates: `"usage"usage"` holds the key once, at 0.
-        assert!(!u.may_carry_usage(br#""usage"usage":{}"#));
+        // Overlapping candidates both count (this is only the prefilter: the JSON parse that
+        // follows decides, and rejects this one).
+        assert!(u.may_carry_usage(br#""usage"usage":{}"#));
         assert!(u.may_carry_usage(br#""usage""usage":{}"#));
     }
 

@@ -1,7 +1,7 @@
 //! The response body of [`LatencyPhaseRecorder`](crate::LatencyPhaseRecorder).
 
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -75,9 +75,14 @@ impl<B: Body> Body for LatencyPhaseRecorderBody<B> {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         let _enter = this.span.enter();
-        let res = ready!(this.inner.as_mut().poll_frame(cx));
+        // The inner poll's result is returned as it is (not rebuilt from its parts), so the
+        // frame is not copied on its way through.
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let Poll::Ready(res) = &polled else {
+            return Poll::Pending;
+        };
         if let Some(rec) = this.rec.as_mut() {
-            let end = match &res {
+            let end = match res {
                 Some(Ok(frame)) => {
                     if let Some(data) = frame.data_ref() {
                         rec.on_data(data);
@@ -98,7 +103,7 @@ impl<B: Body> Body for LatencyPhaseRecorderBody<B> {
                 rec.finish(end, this.span);
             }
         }
-        Poll::Ready(res)
+        polled
     }
 
     #[inline]

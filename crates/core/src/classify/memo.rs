@@ -125,7 +125,7 @@ mod tests {
         let calls = Cell::new(0);
         let decide = |b: &[u8]| {
             calls.set(calls.get() + 1);
-            (b.len() % 2 == 0).then_some(Class::Token)
+            b.len().is_multiple_of(2).then_some(Class::Token)
         };
         let a = b"{\"a\":1}".to_vec();
         assert_eq!(memoized(Kind::OpenAi, &a, decide), None);
