@@ -156,16 +156,7 @@ impl Dialect {
     pub fn resolve(&self, headers: &http::HeaderMap) -> Dialect {
         match self {
             Dialect::Auto => {
-                // A head with a few names is searched by comparing names (a tag check for a
-                // standard name), not by hashing: the same first value as `get`.
-                let ct = if headers.keys_len() <= 8 {
-                    headers
-                        .iter()
-                        .find(|(k, _)| *k == http::header::CONTENT_TYPE)
-                        .map(|(_, v)| v)
-                } else {
-                    headers.get(http::header::CONTENT_TYPE)
-                };
+                let ct = crate::headers::get(headers, &http::header::CONTENT_TYPE);
                 let ct = ct.map(|v| v.as_bytes()).unwrap_or_default();
                 let essence = ct
                     .split(|&b| b == b';')

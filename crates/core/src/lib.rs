@@ -42,6 +42,7 @@ pub mod body;
 pub mod classify;
 pub mod error;
 pub mod ext;
+pub mod headers;
 pub mod render;
 pub mod replay;
 pub mod scan;

@@ -780,7 +780,7 @@ static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// The `grpc-status` in `headers`, if any.
 fn grpc_status(headers: &HeaderMap) -> Option<u16> {
-    crate::headers::get(headers, &GRPC_STATUS)
+    tailguard_core::headers::get(headers, &GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.trim().parse().ok())
 }

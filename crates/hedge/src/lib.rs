@@ -140,7 +140,6 @@ mod budget;
 mod delay;
 pub mod error;
 pub mod future;
-mod headers;
 mod layer;
 mod replicas;
 mod service;

@@ -66,7 +66,7 @@ impl Shared {
             return false;
         }
         if let Some(h) = &c.opt_out
-            && crate::headers::contains(&parts.headers, h)
+            && tailguard_core::headers::contains(&parts.headers, h)
         {
             return false;
         }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Buf;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, Response, StatusCode, header};
 use tailguard_core::{
     AdmissionOutcome, Dialect, EndReason, EndReport, HedgeOutcome, Observation, Priority,
     RequestFacts, StreamTracker, UpstreamFailure,
@@ -455,26 +455,13 @@ fn model_label(cfg: &Config, facts: Option<&RequestFacts>) -> Arc<str> {
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 fn grpc_error(headers: &HeaderMap) -> bool {
-    first_value(headers, &GRPC_STATUS).is_some_and(|v| v.as_bytes() != b"0")
-}
-
-/// `headers.get(name)`, but a short map is scanned rather than hashing a custom name (most
-/// of the cost of a lookup); `iter` yields a name's first value first, as `get` returns it.
-pub(crate) fn first_value<'a>(
-    headers: &'a HeaderMap,
-    name: &HeaderName,
-) -> Option<&'a HeaderValue> {
-    if headers.is_empty() {
-        None
-    } else if headers.keys_len() <= 8 {
-        headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
-    } else {
-        headers.get(name)
-    }
+    tailguard_core::headers::get(headers, &GRPC_STATUS).is_some_and(|v| v.as_bytes() != b"0")
 }
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderValue;
+
     use super::*;
 
     /// The `str`-based check this crate used before `is_stream` moved to bytes: the oracle.
@@ -596,7 +583,11 @@ mod tests {
                     let expect = h.get(GRPC_STATUS).is_some_and(|v| v.as_bytes() != b"0");
                     assert_eq!(grpc_error(&h), expect, "{n} {status:?} {dup}");
                     for name in [&GRPC_STATUS, &header::CONTENT_TYPE, &header::HOST] {
-                        assert_eq!(first_value(&h, name), h.get(name), "{n} {name}");
+                        assert_eq!(
+                            tailguard_core::headers::get(&h, name),
+                            h.get(name),
+                            "{n} {name}"
+                        );
                     }
                 }
             }

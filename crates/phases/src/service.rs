@@ -14,7 +14,7 @@ use crate::body::LatencyPhaseRecorderBody;
 use crate::future::ResponseFuture;
 use crate::labels::Route;
 use crate::layer::LatencyPhaseRecorderLayer;
-use crate::recording::{Recording, first_value};
+use crate::recording::Recording;
 use crate::request_id::RequestId;
 
 /// Records every phase of every request to the configured sinks; see the
@@ -70,16 +70,19 @@ where
         let cfg = &self.layer.cfg;
         let (mut parts, body) = req.into_parts();
 
-        let request_id = cfg.request_id_header.as_ref().map(|h| {
-            match first_value(&parts.headers, h).and_then(RequestId::from_header) {
-                Some(id) => id,
-                None => {
-                    let id = RequestId::generate();
-                    parts.headers.insert(h.clone(), id.header_value().clone());
-                    id
+        let request_id =
+            cfg.request_id_header.as_ref().map(|h| {
+                match tailguard_core::headers::get(&parts.headers, h)
+                    .and_then(RequestId::from_header)
+                {
+                    Some(id) => id,
+                    None => {
+                        let id = RequestId::generate();
+                        parts.headers.insert(h.clone(), id.header_value().clone());
+                        id
+                    }
                 }
-            }
-        });
+            });
 
         let route: Arc<str> = parts
             .extensions

@@ -1,15 +1,16 @@
-//! Header lookups on the per-request path.
+//! Header lookups on the per-request path, shared by the layers (and by
+//! [`Dialect::resolve`](crate::Dialect::resolve)).
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// Up to this many distinct names, a lookup compares names one by one instead of hashing the
 /// name and probing the map: a request or response head with a handful of headers is the
 /// common case, and a name comparison is a tag or length check before any byte is compared.
-const LINEAR_LOOKUP: usize = 8;
+pub const LINEAR_LOOKUP: usize = 8;
 
 /// The first value of `name` in `headers`: the same answer as `HeaderMap::get`.
 #[inline]
-pub(crate) fn get<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
+pub fn get<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
     if headers.keys_len() <= LINEAR_LOOKUP {
         // `iter` yields each name's first value before its others.
         headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
@@ -20,7 +21,7 @@ pub(crate) fn get<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a H
 
 /// Whether `headers` holds `name`: the same answer as `HeaderMap::contains_key`.
 #[inline]
-pub(crate) fn contains(headers: &HeaderMap, name: &HeaderName) -> bool {
+pub fn contains(headers: &HeaderMap, name: &HeaderName) -> bool {
     if headers.keys_len() <= LINEAR_LOOKUP {
         headers.keys().any(|k| k == name)
     } else {
