@@ -518,10 +518,7 @@ impl State {
     /// The class of an unnamed data event after the first token, through the memo for presets.
     #[inline(always)]
     fn steady_class(&mut self, data: Captured<'_>) -> Class {
-        let data = Captured {
-            bytes: &data.bytes[..data.bytes.len().min(self.class_limit)],
-            len: data.len,
-        };
+        let data = data.limited(self.class_limit);
         // Only a prefix shorter than the data is a key: the class depends on its bytes only.
         let key = match <[u8; MEMO_BYTES]>::try_from(data.bytes) {
             Ok(prefix) if data.len > MEMO_BYTES => Some(prefix),
@@ -544,27 +541,21 @@ impl State {
     /// The class of `event` seen through [`class_limit`](State::class_limit).
     #[inline(never)]
     fn classify_limited(&self, event: &Event<'_>) -> Class {
-        fn cut(data: Captured<'_>, limit: usize) -> Captured<'_> {
-            Captured {
-                bytes: &data.bytes[..data.bytes.len().min(limit)],
-                len: data.len,
-            }
-        }
         let limit = self.class_limit;
         let limited = match *event {
             Event::Sse { name, data } => Event::Sse {
                 name,
-                data: cut(data, limit),
+                data: data.limited(limit),
             },
             Event::Line { data } => Event::Line {
-                data: cut(data, limit),
+                data: data.limited(limit),
             },
             Event::Comment { text } => Event::Comment {
-                text: cut(text, limit),
+                text: text.limited(limit),
             },
             Event::Grpc { compressed, data } => Event::Grpc {
                 compressed,
-                data: cut(data, limit),
+                data: data.limited(limit),
             },
             other => other,
         };

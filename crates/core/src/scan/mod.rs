@@ -45,10 +45,20 @@ pub struct Captured<'a> {
     pub len: usize,
 }
 
-impl Captured<'_> {
+impl<'a> Captured<'a> {
     /// Whether `bytes` holds the whole data.
     pub fn is_complete(&self) -> bool {
         self.bytes.len() == self.len
+    }
+
+    /// The same data captured with a limit of `limit` bytes: at most that prefix, the same
+    /// full length.
+    #[inline]
+    pub fn limited(self, limit: usize) -> Captured<'a> {
+        Captured {
+            bytes: &self.bytes[..self.bytes.len().min(limit)],
+            len: self.len,
+        }
     }
 }
 
