@@ -775,12 +775,9 @@ where
     }
 }
 
-/// `grpc-status`, parsed once (a `&str` key is parsed on every lookup).
-static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-
 /// The `grpc-status` in `headers`, if any.
 fn grpc_status(headers: &HeaderMap) -> Option<u16> {
-    tailguard_core::headers::get(headers, &GRPC_STATUS)
+    tailguard_core::headers::get(headers, &tailguard_core::headers::GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.trim().parse().ok())
 }

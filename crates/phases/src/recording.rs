@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Buf;
-use http::{HeaderMap, HeaderName, Response, StatusCode, header};
+use http::{HeaderMap, Response, StatusCode, header};
+use tailguard_core::headers::GRPC_STATUS;
 use tailguard_core::{
     AdmissionOutcome, Dialect, EndReason, EndReport, HedgeOutcome, Observation, Priority,
     RequestFacts, StreamTracker, UpstreamFailure,
@@ -451,16 +452,13 @@ fn model_label(cfg: &Config, facts: Option<&RequestFacts>) -> Arc<str> {
     }
 }
 
-/// Parsed once: `HeaderMap::get` with a `&str` parses (and checks) the name on every call.
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-
 fn grpc_error(headers: &HeaderMap) -> bool {
     tailguard_core::headers::get(headers, &GRPC_STATUS).is_some_and(|v| v.as_bytes() != b"0")
 }
 
 #[cfg(test)]
 mod tests {
-    use http::HeaderValue;
+    use http::{HeaderName, HeaderValue};
 
     use super::*;
 
