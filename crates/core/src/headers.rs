@@ -4,7 +4,7 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// `grpc-status`, as a parsed name (a `&str` key is parsed on every lookup).
-pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Up to this many distinct names, a lookup compares names one by one instead of hashing the
 /// name and probing the map: a request or response head with a handful of headers is the
