@@ -156,7 +156,7 @@ impl Dialect {
     pub fn resolve(&self, headers: &http::HeaderMap) -> Dialect {
         match self {
             Dialect::Auto => {
-                let ct = crate::headers::get(headers, &http::header::CONTENT_TYPE);
+                let ct = headers.get(http::header::CONTENT_TYPE);
                 let ct = ct.map(|v| v.as_bytes()).unwrap_or_default();
                 let essence = ct
                     .split(|&b| b == b';')

@@ -1,66 +1,42 @@
-//! Header lookups on the per-request path, shared by the layers (and by
-//! [`Dialect::resolve`](crate::Dialect::resolve)).
+//! Header names and readers shared by the layers.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName};
 
-/// `grpc-status`, as a parsed name (a `&str` key is parsed on every lookup).
+/// `grpc-status`, the trailer (or trailers-only header) that carries a gRPC call's outcome.
 pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
-/// Up to this many distinct names, a lookup compares names one by one instead of hashing the
-/// name and probing the map: a request or response head with a handful of headers is the
-/// common case, and a name comparison is a tag or length check before any byte is compared.
-pub const LINEAR_LOOKUP: usize = 8;
-
-/// The first value of `name` in `headers`: the same answer as `HeaderMap::get`.
-#[inline]
-pub fn get<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
-    if headers.keys_len() <= LINEAR_LOOKUP {
-        // `iter` yields each name's first value before its others.
-        headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
-    } else {
-        headers.get(name)
-    }
-}
-
-/// Whether `headers` holds `name`: the same answer as `HeaderMap::contains_key`.
-#[inline]
-pub fn contains(headers: &HeaderMap, name: &HeaderName) -> bool {
-    if headers.keys_len() <= LINEAR_LOOKUP {
-        headers.keys().any(|k| k == name)
-    } else {
-        headers.contains_key(name)
-    }
+/// The gRPC status code in `headers`: `None` when there is no `grpc-status`, `Some(0)` for OK.
+///
+/// This is the one reader of `grpc-status` in tailguard: the tracker, the hedge and the
+/// recorder all decide through it. Surrounding whitespace is ignored. A value that is not a
+/// decimal code is reported as `2` (UNKNOWN): a peer that sends a status it cannot spell has
+/// failed, and gRPC clients map unparseable statuses the same way.
+pub fn grpc_status(headers: &HeaderMap) -> Option<u16> {
+    let value = headers.get(&GRPC_STATUS)?;
+    let code = std::str::from_utf8(value.as_bytes().trim_ascii())
+        .ok()
+        .and_then(|s| s.parse().ok());
+    Some(code.unwrap_or(2))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The linear lookup answers as the map's own, below and above the threshold, for standard
-    /// and custom names, for names with several values, and for absent names.
     #[test]
-    fn lookups_match_the_map() {
-        let names = [
-            HeaderName::from_static("content-type"),
-            HeaderName::from_static("grpc-status"),
-            HeaderName::from_static("x-tailguard-no-hedge"),
-            HeaderName::from_static("accept"),
-            HeaderName::from_static("x-a"),
-            HeaderName::from_static("x-b"),
-        ];
+    fn reads_codes_and_maps_garbage_to_unknown() {
         let mut map = HeaderMap::new();
-        for n in 0..40 {
-            for name in &names {
-                assert_eq!(get(&map, name), map.get(name));
-                assert_eq!(contains(&map, name), map.contains_key(name));
-            }
-            let name = HeaderName::from_bytes(format!("x-h{}", n % 13).as_bytes()).unwrap();
-            map.append(name, HeaderValue::from_str(&n.to_string()).unwrap());
-            if n % 5 == 0 {
-                let name = &names[n % names.len()];
-                map.append(name.clone(), HeaderValue::from_str(&n.to_string()).unwrap());
-            }
+        assert_eq!(grpc_status(&map), None);
+        for (value, code) in [
+            ("0", 0),
+            (" 14 ", 14),
+            ("8", 8),
+            ("x", 2),
+            ("", 2),
+            ("-1", 2),
+        ] {
+            map.insert(GRPC_STATUS, value.parse().unwrap());
+            assert_eq!(grpc_status(&map), Some(code), "{value:?}");
         }
-        assert!(map.keys_len() > LINEAR_LOOKUP);
     }
 }

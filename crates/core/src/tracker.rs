@@ -404,9 +404,7 @@ impl StreamTracker {
     /// Looks at the trailers (a gRPC `grpc-status` other than 0 is an error).
     pub fn observe_trailers(&mut self, trailers: &HeaderMap) -> Observation {
         let mut obs = Observation::default();
-        if let Some(status) = crate::headers::get(trailers, &crate::headers::GRPC_STATUS)
-            && status.as_bytes().trim_ascii() != b"0"
-        {
+        if crate::headers::grpc_status(trailers).is_some_and(|code| code != 0) {
             obs.error = true;
         }
         obs

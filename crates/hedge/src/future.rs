@@ -14,6 +14,7 @@ use http::{
 };
 use http_body::Body;
 use pin_project_lite::pin_project;
+use tailguard_core::headers::grpc_status;
 use tailguard_core::replay::Buffering;
 use tailguard_core::{
     BoxError, EndReason, EndReport, HedgeOutcome, ReplayBody, StreamTracker, UpstreamError,
@@ -773,13 +774,6 @@ where
             );
         }
     }
-}
-
-/// The `grpc-status` in `headers`, if any.
-fn grpc_status(headers: &HeaderMap) -> Option<u16> {
-    tailguard_core::headers::get(headers, &tailguard_core::headers::GRPC_STATUS)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.trim().parse().ok())
 }
 
 /// Polls one attempt as far as it goes.

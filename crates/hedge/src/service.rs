@@ -66,7 +66,7 @@ impl Shared {
             return false;
         }
         if let Some(h) = &c.opt_out
-            && tailguard_core::headers::contains(&parts.headers, h)
+            && parts.headers.contains_key(h)
         {
             return false;
         }

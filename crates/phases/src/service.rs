@@ -70,19 +70,16 @@ where
         let cfg = &self.layer.cfg;
         let (mut parts, body) = req.into_parts();
 
-        let request_id =
-            cfg.request_id_header.as_ref().map(|h| {
-                match tailguard_core::headers::get(&parts.headers, h)
-                    .and_then(RequestId::from_header)
-                {
-                    Some(id) => id,
-                    None => {
-                        let id = RequestId::generate();
-                        parts.headers.insert(h.clone(), id.header_value().clone());
-                        id
-                    }
+        let request_id = cfg.request_id_header.as_ref().map(|h| {
+            match parts.headers.get(h).and_then(RequestId::from_header) {
+                Some(id) => id,
+                None => {
+                    let id = RequestId::generate();
+                    parts.headers.insert(h.clone(), id.header_value().clone());
+                    id
                 }
-            });
+            }
+        });
 
         let route: Arc<str> = parts
             .extensions
