@@ -152,32 +152,36 @@ pub enum Wire {
 
 impl Dialect {
     /// The dialect to use for a response with `headers`: [`Dialect::Auto`] resolved from the
-    /// `content-type` (see [`Dialect`]), any other dialect as it is.
+    /// `content-type` (see [`Dialect`]; a type that is not a stream reads as
+    /// [`Dialect::AnyByte`]), any other dialect as it is.
     pub fn resolve(&self, headers: &http::HeaderMap) -> Dialect {
-        match self {
-            Dialect::Auto => {
-                let ct = headers.get(http::header::CONTENT_TYPE);
-                let ct = ct.map(|v| v.as_bytes()).unwrap_or_default();
-                let essence = ct
-                    .split(|&b| b == b';')
-                    .next()
-                    .unwrap_or_default()
-                    .trim_ascii();
-                if essence.eq_ignore_ascii_case(b"text/event-stream") {
-                    Dialect::LlmSse
-                } else if essence.len() >= 16
-                    && essence[..16].eq_ignore_ascii_case(b"application/grpc")
-                {
-                    Dialect::Grpc
-                } else if essence.eq_ignore_ascii_case(b"application/x-ndjson")
-                    || essence.eq_ignore_ascii_case(b"application/jsonl")
-                {
-                    Dialect::Ndjson
-                } else {
-                    Dialect::AnyByte
-                }
-            }
-            other => other.clone(),
+        self.resolve_stream(headers).unwrap_or(Dialect::AnyByte)
+    }
+
+    /// Whether a response with `headers` is a stream, and in which dialect: under
+    /// [`Dialect::Auto`], `text/event-stream` is [`Dialect::LlmSse`], `application/grpc*` is
+    /// [`Dialect::Grpc`], `application/x-ndjson`, `application/ndjson` and `application/jsonl`
+    /// are [`Dialect::Ndjson`], and any other (or no) `content-type` is `None`: not a stream. Any
+    /// other dialect is configured, and so always `Some` of itself.
+    ///
+    /// This is the one content-type decision in tailguard: every layer that needs the dialect of
+    /// a response asks here.
+    pub fn resolve_stream(&self, headers: &http::HeaderMap) -> Option<Dialect> {
+        let Dialect::Auto = self else {
+            return Some(self.clone());
+        };
+        let ct = headers.get(http::header::CONTENT_TYPE)?.as_bytes();
+        let essence = ct.split(|&b| b == b';').next()?.trim_ascii();
+        let is = |name: &str| essence.eq_ignore_ascii_case(name.as_bytes());
+        if is("text/event-stream") {
+            Some(Dialect::LlmSse)
+        } else if essence.len() >= 16 && essence[..16].eq_ignore_ascii_case(b"application/grpc") {
+            Some(Dialect::Grpc)
+        } else if is("application/x-ndjson") || is("application/ndjson") || is("application/jsonl")
+        {
+            Some(Dialect::Ndjson)
+        } else {
+            None
         }
     }
 
