@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
@@ -78,29 +78,23 @@ impl<B: Body> Body for AdmissionBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
             KindProj::Stream { mut body, permit } => {
-                // The inner poll's result is returned as it is (not rebuilt from its parts),
-                // so the frame is not copied on its way through.
-                let polled = body.as_mut().poll_frame(cx);
-                match &polled {
-                    Poll::Pending => {}
-                    Poll::Ready(Some(Ok(_))) if !body.is_end_stream() => {}
-                    // End of stream, end after this frame, or a body error.
-                    Poll::Ready(_) => drop(permit.take()),
+                let frame = ready!(body.as_mut().poll_frame(cx));
+                // End of stream, end after this frame, or a body error.
+                if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
+                    drop(permit.take());
                 }
-                polled
+                Poll::Ready(frame)
             }
             KindProj::Local { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
-    #[inline]
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Stream { body, .. } => body.is_end_stream(),

@@ -98,10 +98,6 @@ impl Cost {
             Kind::Fn(f) => f(parts).max(1),
         }
     }
-
-    pub(crate) fn is_unit(&self) -> bool {
-        matches!(self.0, Kind::Unit)
-    }
 }
 
 fn saturate(v: u64) -> u32 {

@@ -104,8 +104,6 @@ impl Refusal {
         }
     }
 
-    #[cold]
-    #[inline(never)]
     fn into_response<B>(self) -> Response<AdmissionBody<B>>
     where
         B: Body,
@@ -123,7 +121,6 @@ impl<S, ReqB> State<S, ReqB>
 where
     S: Service<Request<ReqB>>,
 {
-    #[inline]
     pub(crate) fn called(fut: S::Future, permit: Permit, wait: Option<Duration>) -> Self {
         State::Called {
             fut,
@@ -201,7 +198,6 @@ pub(crate) enum Failure<E> {
     Refused(Refusal),
 }
 
-#[inline]
 fn poll_state<S, ReqB, ResB>(
     mut state: Pin<&mut State<S, ReqB>>,
     cx: &mut Context<'_>,
@@ -244,8 +240,7 @@ where
 }
 
 /// A queued request: waits for the gate's decision, then moves `state` on to `Called` or
-/// `Refused`. Outlined so that the admitted-at-once path of [`poll_state`] stays small.
-#[inline(never)]
+/// `Refused`.
 fn poll_waiting<S, ReqB>(mut state: Pin<&mut State<S, ReqB>>, cx: &mut Context<'_>) -> Poll<()>
 where
     S: Service<Request<ReqB>>,
@@ -283,7 +278,6 @@ where
 {
     type Output = Result<Response<AdmissionBody<ResB>>, S::Error>;
 
-    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
             Ok(res) => Ok(res),
@@ -314,7 +308,6 @@ impl<S, ReqB, M> ResponseFuture<S, ReqB, M>
 where
     S: Service<Request<ReqB>>,
 {
-    #[inline]
     pub(crate) fn new(state: State<S, ReqB>) -> Self {
         ResponseFuture {
             state,

@@ -11,6 +11,7 @@ use tower_layer::Layer;
 
 use crate::cost::Cost;
 use crate::gate::Shared;
+use crate::queue::Aging;
 use crate::service::BoundedAdmission;
 
 /// Default wait-queue deadline: 2 s.
@@ -24,8 +25,8 @@ pub const DEFAULT_CODEL_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_CODEL_TARGET: Duration = Duration::from_millis(5);
 /// Default aging period: 500 ms.
 ///
-/// Every period spent waiting raises a waiter's effective level by one step of the standard set
-/// (10), so a `batch` waiter outranks a fresh `interactive` one after a little over 1 s.
+/// Every period spent waiting raises a waiter's effective level by 10, so a `batch` waiter
+/// (level 10) goes ahead of a fresh `interactive` one (level 30) after 1 s of waiting.
 pub const DEFAULT_AGING: Duration = Duration::from_millis(500);
 /// Default cap on one request's cost: a quarter of the capacity, so one huge prompt can neither
 /// monopolise the gate nor wait forever for it to empty.
@@ -66,7 +67,7 @@ pub(crate) struct Config {
     pub(crate) queue_timeout: Duration,
     pub(crate) codel: Option<Codel>,
     pub(crate) lifo: bool,
-    pub(crate) aging: Option<Duration>,
+    pub(crate) aging: Option<Aging>,
     pub(crate) max_request_share: f64,
     pub(crate) full_status: StatusCode,
     pub(crate) default_priority: Priority,
@@ -137,7 +138,7 @@ impl BoundedAdmissionLayer<Respond> {
                 queue_timeout: DEFAULT_QUEUE_TIMEOUT,
                 codel: Some(Codel::default()),
                 lifo: false,
-                aging: Some(DEFAULT_AGING),
+                aging: Aging::new(DEFAULT_AGING),
                 max_request_share: DEFAULT_MAX_REQUEST_SHARE,
                 full_status: StatusCode::TOO_MANY_REQUESTS,
                 default_priority: Priority::standard(),
@@ -188,10 +189,10 @@ impl<M> BoundedAdmissionLayer<M> {
         self.with(|c| c.lifo = lifo)
     }
 
-    /// Sets (`Some`) or disables (`None`) aging: each `period` of waiting raises a waiter's
-    /// effective level by 10 (one step of the standard class set).
+    /// Sets (`Some`) or disables (`None`, or a zero period) aging: each `period` of waiting
+    /// raises a waiter's effective level by 10.
     pub fn with_aging(self, period: Option<Duration>) -> Self {
-        self.with(|c| c.aging = period.filter(|p| !p.is_zero()))
+        self.with(|c| c.aging = period.and_then(Aging::new))
     }
 
     /// Sets the cost function.
@@ -227,10 +228,8 @@ impl<M> BoundedAdmissionLayer<M> {
 
     /// Whether an admitted response carries an
     /// [`AdmissionOutcome`](tailguard_core::AdmissionOutcome) extension (default: yes, the
-    /// recorder reads the queue wait from it). Writing it into a response that has no other
-    /// extension costs three allocations inside `http::Extensions` (about 35 ns per request,
-    /// a third of the uncontended per-request cost); turn it off when nothing reads it.
-    /// Refusals always carry it.
+    /// recorder reads the queue wait from it); turn it off when nothing reads it. Refusals
+    /// always carry it.
     pub fn with_response_outcome(self, on: bool) -> Self {
         self.with(|c| c.outcome = on)
     }

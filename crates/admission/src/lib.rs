@@ -72,7 +72,7 @@
 //! * **Priority.** The [`Priority`](tailguard_core::Priority) in the request extensions (written
 //!   by `tailguard-priority`, or anyone) picks the class; requests without one are `standard`.
 //!   The queue serves higher classes first; each aging period a waiter has waited raises its
-//!   effective level by 10 (one step of the standard set), so lower classes cannot starve.
+//!   effective level by 10, so lower classes cannot starve.
 //!   A class can have a reserved share of the capacity
 //!   ([`ClassPolicy::reserved_share`](tailguard_core::ClassPolicy) in the request extensions, or
 //!   [`with_reserved_share`](BoundedAdmissionLayer::with_reserved_share)): it binds only under
@@ -96,10 +96,13 @@
 
 mod body;
 mod cost;
+mod drain;
 pub mod error;
 pub mod future;
 mod gate;
 mod layer;
+mod metrics;
+mod queue;
 mod service;
 
 pub use body::AdmissionBody;

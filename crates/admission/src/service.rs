@@ -15,7 +15,7 @@ use tower_service::Service;
 use crate::body::AdmissionBody;
 use crate::future::{Refusal, ResponseFuture, State};
 use crate::gate::{Acquire, Shared};
-use crate::layer::{AdmissionHandle, Config, Fail, Respond};
+use crate::layer::{AdmissionHandle, Fail, Respond};
 
 /// Admission control in front of an inner service; built by
 /// [`BoundedAdmissionLayer`](crate::BoundedAdmissionLayer).
@@ -78,51 +78,22 @@ impl<S, M> BoundedAdmission<S, M> {
         self.inner
     }
 
-    #[inline]
-    fn start<ReqB>(&mut self, mut req: Request<ReqB>) -> State<S, ReqB>
+    /// Weighs the request, asks the gate, and starts the response future in the state the
+    /// gate decided: called, waiting in the queue, or refused.
+    fn start<ReqB>(&mut self, req: Request<ReqB>) -> State<S, ReqB>
     where
         S: Service<Request<ReqB>> + Clone,
     {
         let cfg = self.shared.config();
-        let units = if cfg.cost.is_unit() {
-            // The request is not moved on this path (cheaper than taking it apart).
-            self.shared.units_for(1)
-        } else {
-            let (r, cost) = weigh(cfg, req);
-            req = r;
-            self.shared.units_for(cost)
-        };
+        let (parts, body) = req.into_parts();
+        let units = self.shared.units_for(cfg.cost.units(&parts));
+        let req = Request::from_parts(parts, body);
         let ext = req.extensions();
         let acquired = self.shared.acquire(
             ext.get::<Priority>(),
             ext.get::<ClassPolicy>().and_then(|p| p.reserved_share),
             units,
         );
-        match acquired {
-            // The common case stays small enough to be inlined into `call`: the slow arms
-            // (refusal, queueing) are outlined.
-            Acquire::Admitted(permit) => State::called(
-                self.inner.call(req),
-                permit,
-                cfg.outcome.then_some(Duration::ZERO),
-            ),
-            other => self.start_slow(other, req, units),
-        }
-    }
-
-    /// Refusal or queueing of an arrival that was not admitted at once.
-    #[cold]
-    #[inline(never)]
-    fn start_slow<ReqB>(
-        &mut self,
-        acquired: Acquire,
-        req: Request<ReqB>,
-        units: u32,
-    ) -> State<S, ReqB>
-    where
-        S: Service<Request<ReqB>> + Clone,
-    {
-        let cfg = self.shared.config();
         match acquired {
             Acquire::Admitted(permit) => State::called(
                 self.inner.call(req),
@@ -143,14 +114,6 @@ impl<S, M> BoundedAdmission<S, M> {
     }
 }
 
-/// The raw cost of `req` under a non-unit cost function.
-#[inline(never)]
-fn weigh<ReqB>(cfg: &Config, req: Request<ReqB>) -> (Request<ReqB>, u32) {
-    let (parts, body) = req.into_parts();
-    let cost = cfg.cost.units(&parts);
-    (Request::from_parts(parts, body), cost)
-}
-
 impl<S, ReqB, ResB> Service<Request<ReqB>> for BoundedAdmission<S, Respond>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
@@ -165,7 +128,6 @@ where
         self.inner.poll_ready(cx)
     }
 
-    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         ResponseFuture::new(self.start(req))
     }
@@ -185,7 +147,6 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         ResponseFuture::new(self.start(req))
     }

@@ -1,0 +1,62 @@
+//! The metric handles of one priority class of a gate.
+//!
+//! Names and labels are listed in the crate docs; the handles are registered once, when the
+//! gate first sees the class.
+
+use metrics::{Counter, Gauge, Histogram};
+use tailguard_core::OverloadReason;
+
+/// The handles of one class, labelled `priority` = the class name.
+pub(crate) struct ClassMetrics {
+    pub(crate) in_flight: Gauge,
+    pub(crate) queued: Gauge,
+    pub(crate) admitted_immediate: Counter,
+    pub(crate) admitted_queued: Counter,
+    rejected_queue_full: Counter,
+    rejected_queue_timeout: Counter,
+    rejected_evicted: Counter,
+    pub(crate) queue_wait: Histogram,
+}
+
+impl ClassMetrics {
+    pub(crate) fn new(priority: &str) -> Self {
+        let p = priority.to_owned();
+        let admitted = |path: &'static str| {
+            metrics::counter!(
+                "tailguard_admission_admitted_total",
+                "priority" => p.clone(),
+                "path" => path
+            )
+        };
+        let rejected = |reason: OverloadReason| {
+            metrics::counter!(
+                "tailguard_admission_rejected_total",
+                "priority" => p.clone(),
+                "reason" => reason.as_str()
+            )
+        };
+        ClassMetrics {
+            in_flight: metrics::gauge!("tailguard_admission_in_flight", "priority" => p.clone()),
+            queued: metrics::gauge!("tailguard_admission_queued", "priority" => p.clone()),
+            admitted_immediate: admitted("immediate"),
+            admitted_queued: admitted("queued"),
+            rejected_queue_full: rejected(OverloadReason::QueueFull),
+            rejected_queue_timeout: rejected(OverloadReason::QueueTimeout),
+            rejected_evicted: rejected(OverloadReason::Evicted),
+            queue_wait: metrics::histogram!(
+                "tailguard_admission_queue_wait_seconds",
+                "priority" => p.clone()
+            ),
+        }
+    }
+
+    /// Counts one refusal. The gate refuses only for these three reasons.
+    pub(crate) fn rejected(&self, reason: OverloadReason) {
+        match reason {
+            OverloadReason::QueueFull => self.rejected_queue_full.increment(1),
+            OverloadReason::QueueTimeout => self.rejected_queue_timeout.increment(1),
+            OverloadReason::Evicted => self.rejected_evicted.increment(1),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The wait queue of a gate and its disciplines: per-class order, reserved shares, aging,
+//! adaptive LIFO, CoDel deadlines and eviction.
+//!
+//! The queue only orders and bookkeeps; the gate decides whether the chosen waiter fits and
+//! admits it. The queue is served head-of-line: the gate asks for the next waiter in order and
+//! stops when that one does not fit, so large requests are not starved by small ones.
+
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tailguard_core::Priority;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::gate::Grant;
+use crate::layer::Config;
+use crate::metrics::ClassMetrics;
+
+/// Aging: waiting raises a waiter's rank, so lower classes cannot starve.
+///
+/// Each `period` waited adds [`Aging::STEP`] (10) to the waiter's effective level, growing
+/// continuously with the wait (half a period, half a step). The step assumes priority levels
+/// spaced 10 apart, as the standard set is (`sheddable` 0, `batch` 10, `standard` 20,
+/// `interactive` 30, `critical` 40): one period then lifts a waiter by one class, so a `batch`
+/// waiter ties a fresh `interactive` one after two periods and, being older, goes first. With
+/// levels spaced otherwise the gain is still 10 levels per period: a waiter overtakes a class
+/// `d` levels above it after `d / 10` periods (a tenth of a period for classes one level apart).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Aging {
+    period: Duration,
+}
+
+impl Aging {
+    /// Effective-level gain per period.
+    const STEP: u128 = 10;
+
+    /// Aging with `period`; `None` (no aging) for a zero period.
+    pub(crate) fn new(period: Duration) -> Option<Self> {
+        (!period.is_zero()).then_some(Aging { period })
+    }
+
+    /// The effective level of a waiter of `level` that has waited `waited`, scaled by the period
+    /// in nanoseconds (integers, so equal ranks compare equal and fall to age).
+    fn effective(self, level: u8, waited: Duration) -> u128 {
+        u128::from(level) * self.period.as_nanos() + Self::STEP * waited.as_nanos()
+    }
+
+    /// Whether a waiter has waited at least one period.
+    fn aged(self, waited: Duration) -> bool {
+        waited >= self.period
+    }
+}
+
+/// One queued request.
+pub(crate) struct Waiter {
+    /// Arrival order across the whole gate.
+    pub(crate) seq: u64,
+    pub(crate) units: u32,
+    pub(crate) enqueued: Instant,
+    pub(crate) tx: oneshot::Sender<Grant>,
+}
+
+/// One priority class: what it holds, what it reserves, who of it waits.
+pub(crate) struct Class {
+    pub(crate) priority: Priority,
+    pub(crate) in_use: u32,
+    pub(crate) in_flight: usize,
+    /// Units reserved for the class under contention.
+    reserved: u32,
+    /// Oldest first; `seq` increases front to back.
+    pub(crate) waiters: VecDeque<Waiter>,
+    pub(crate) metrics: ClassMetrics,
+}
+
+/// The queue's choice of the next waiter to admit.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pick {
+    pub(crate) class: usize,
+    /// The newest waiter of the class (adaptive LIFO) instead of the oldest.
+    newest: bool,
+    pub(crate) units: u32,
+}
+
+/// Order of candidates, greatest first: below its reserved share, effective level, age.
+type OrderKey = (bool, u128, Reverse<u64>);
+
+/// The classes of a gate and the waiters across them.
+pub(crate) struct Queue {
+    pub(crate) classes: Vec<Class>,
+    len: usize,
+    units: u64,
+    /// When the queue last went from empty to non-empty (`None` while empty).
+    nonempty_since: Option<Instant>,
+    next_seq: u64,
+}
+
+impl Queue {
+    pub(crate) fn new() -> Self {
+        Queue {
+            classes: Vec::new(),
+            len: 0,
+            units: 0,
+            nonempty_since: None,
+            next_seq: 0,
+        }
+    }
+
+    /// Requests waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Units waiting.
+    pub(crate) fn units(&self) -> u64 {
+        self.units
+    }
+
+    /// The index of the class of `priority`, created on first sight. A reserved `share` carried
+    /// by the request replaces the class's reservation.
+    pub(crate) fn class(&mut self, priority: &Priority, share: Option<f64>, cfg: &Config) -> usize {
+        let level = priority.level();
+        let i = match self
+            .classes
+            .iter()
+            .position(|c| c.priority.level() == level)
+        {
+            Some(i) => i,
+            None => {
+                let configured = cfg.reserved.iter().find(|(p, _)| p.level() == level);
+                self.classes.push(Class {
+                    priority: priority.clone(),
+                    in_use: 0,
+                    in_flight: 0,
+                    reserved: cfg.reserved_units(configured.map_or(0.0, |(_, s)| *s)),
+                    waiters: VecDeque::new(),
+                    metrics: ClassMetrics::new(priority.name()),
+                });
+                self.classes.len() - 1
+            }
+        };
+        if let Some(s) = share {
+            self.classes[i].reserved = cfg.reserved_units(s);
+        }
+        i
+    }
+
+    /// CoDel: whether the queue has not been empty for the CoDel interval.
+    fn standing(&self, now: Instant, cfg: &Config) -> bool {
+        match (cfg.codel, self.nonempty_since) {
+            (Some(c), Some(since)) => now.saturating_duration_since(since) >= c.interval,
+            _ => false,
+        }
+    }
+
+    /// The wait allowed to a request arriving now: the queue deadline, or the CoDel target
+    /// under a standing queue.
+    pub(crate) fn allowed_wait(&self, now: Instant, cfg: &Config) -> Duration {
+        match cfg.codel {
+            Some(c) if self.standing(now, cfg) => c.target.min(cfg.queue_timeout),
+            _ => cfg.queue_timeout,
+        }
+    }
+
+    /// Queues a request of `units` in `class`; its sequence number and the receiving end of
+    /// its outcome.
+    pub(crate) fn push(
+        &mut self,
+        class: usize,
+        units: u32,
+        now: Instant,
+    ) -> (u64, oneshot::Receiver<Grant>) {
+        if self.len == 0 {
+            self.nonempty_since = Some(now);
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.len += 1;
+        self.units += u64::from(units);
+        let (tx, rx) = oneshot::channel();
+        let c = &mut self.classes[class];
+        c.waiters.push_back(Waiter {
+            seq,
+            units,
+            enqueued: now,
+            tx,
+        });
+        c.metrics.queued.increment(1.0);
+        (seq, rx)
+    }
+
+    /// Bookkeeping after a waiter of `class` left the queue.
+    fn left(&mut self, class: usize, w: Waiter) -> Waiter {
+        self.len -= 1;
+        self.units -= u64::from(w.units);
+        if self.len == 0 {
+            self.nonempty_since = None;
+        }
+        self.classes[class].metrics.queued.decrement(1.0);
+        w
+    }
+
+    /// The next waiter in order. Each class offers its oldest waiter (its newest under adaptive
+    /// LIFO while the queue is standing, unless the oldest has aged a full period); among those,
+    /// a class below its reserved share goes first, then the highest effective level, then the
+    /// oldest arrival.
+    pub(crate) fn next(&self, now: Instant, cfg: &Config) -> Option<Pick> {
+        let lifo = cfg.lifo && self.standing(now, cfg);
+        let mut best: Option<(Pick, OrderKey)> = None;
+        for (i, c) in self.classes.iter().enumerate() {
+            let Some(oldest) = c.waiters.front() else {
+                continue;
+            };
+            let waited = |w: &Waiter| now.saturating_duration_since(w.enqueued);
+            let newest = lifo && !cfg.aging.is_some_and(|a| a.aged(waited(oldest)));
+            let w = if newest {
+                c.waiters.back()
+            } else {
+                Some(oldest)
+            }
+            .expect("non-empty");
+            let level = c.priority.level();
+            let effective = cfg
+                .aging
+                .map_or(u128::from(level), |a| a.effective(level, waited(w)));
+            let key = (c.in_use < c.reserved, effective, Reverse(w.seq));
+            if best.as_ref().is_none_or(|(_, k)| key > *k) {
+                let pick = Pick {
+                    class: i,
+                    newest,
+                    units: w.units,
+                };
+                best = Some((pick, key));
+            }
+        }
+        best.map(|(pick, _)| pick)
+    }
+
+    /// Takes the waiter `pick` chose out of the queue.
+    pub(crate) fn take(&mut self, pick: Pick) -> Waiter {
+        let waiters = &mut self.classes[pick.class].waiters;
+        let w = if pick.newest {
+            waiters.pop_back()
+        } else {
+            waiters.pop_front()
+        };
+        self.left(pick.class, w.expect("picked from a non-empty class"))
+    }
+
+    /// Takes the newest waiter of `class` out of the queue.
+    pub(crate) fn take_newest(&mut self, class: usize) -> Option<Waiter> {
+        let w = self.classes[class].waiters.pop_back()?;
+        Some(self.left(class, w))
+    }
+
+    /// Takes the waiter `seq` of `class` out of the queue; `None` if it is not queued.
+    pub(crate) fn remove(&mut self, class: usize, seq: u64) -> Option<Waiter> {
+        let waiters = &mut self.classes[class].waiters;
+        let pos = waiters.binary_search_by_key(&seq, |w| w.seq).ok()?;
+        let w = waiters.remove(pos)?;
+        Some(self.left(class, w))
+    }
+
+    /// Eviction: the lowest class below `level` that has waiters (its newest waiter is the one
+    /// to evict).
+    pub(crate) fn victim_below(&self, level: u8) -> Option<usize> {
+        self.classes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.waiters.is_empty() && c.priority.level() < level)
+            .min_by_key(|(_, c)| c.priority.level())
+            .map(|(i, _)| i)
+    }
+}
