@@ -4,9 +4,8 @@
 //! Futures and bodies are polled by hand with a no-op waker (every step is ready at once when
 //! uncontended), so what is measured is the layer's own work: for `ConcurrencyLimit`, a
 //! semaphore acquire in `poll_ready` and the release when the response future completes; for
-//! `BoundedAdmission`, the decision in `call` (one compare-and-swap on the gate word: the
-//! default class of a unit-cost gate takes no lock), the response wrapped in a body that holds
-//! the permit, and the release at the end of the body (one `fetch_add`, no clock read). The
+//! `BoundedAdmission`, the decision in `call` (under the gate's one lock), the response wrapped
+//! in a body that holds the permit, and the release at the end of the body. The
 //! inner service answers at once with a one-frame body, which is read to its end in every
 //! variant.
 //!
