@@ -16,8 +16,7 @@ pin_project! {
     /// The report is finalised exactly once: when the inner body ends (`None`, trailers, or
     /// `is_end_stream()` turning true after a frame), when it yields an error, or when this body
     /// is dropped before any of those (a client disconnect). Per data frame it scans the frame
-    /// with the [`StreamTracker`](tailguard_core::StreamTracker) and reads the clock only if
-    /// the frame carried tokens: no allocation, no lock.
+    /// with the [`StreamTracker`](tailguard_core::StreamTracker), without allocating or locking.
     pub struct LatencyPhaseRecorderBody<B> {
         #[pin]
         inner: B,
@@ -68,15 +67,12 @@ impl<B: Body> Body for LatencyPhaseRecorderBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         let _enter = this.span.enter();
-        // The inner poll's result is returned as it is (not rebuilt from its parts), so the
-        // frame is not copied on its way through.
         let polled = this.inner.as_mut().poll_frame(cx);
         let Poll::Ready(res) = &polled else {
             return Poll::Pending;
@@ -106,12 +102,10 @@ impl<B: Body> Body for LatencyPhaseRecorderBody<B> {
         polled
     }
 
-    #[inline]
     fn is_end_stream(&self) -> bool {
         self.inner.is_end_stream()
     }
 
-    #[inline]
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }

@@ -85,40 +85,25 @@ pub(crate) type RouteFn = Arc<dyn Fn(&Parts) -> Option<Route> + Send + Sync>;
 /// equal to it or continues it after a `/`; the longest match wins.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RouteTable {
-    /// Each route with the length of its match prefix (the route without trailing `/`s),
-    /// computed once here rather than per request.
-    routes: Vec<(Arc<str>, usize)>,
+    /// Longest first, so the first match is the longest.
+    routes: Vec<Arc<str>>,
 }
 
 impl RouteTable {
     pub(crate) fn new(routes: impl IntoIterator<Item = Arc<str>>) -> Self {
         let mut routes: Vec<_> = routes.into_iter().collect();
-        // Longest first, so the first match is the longest.
         routes.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         routes.dedup();
-        let routes = routes
-            .into_iter()
-            .map(|r| {
-                let n = r.trim_end_matches('/').len();
-                (r, n)
-            })
-            .collect();
         RouteTable { routes }
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.routes.is_empty()
-    }
-
     pub(crate) fn find(&self, path: &str) -> Option<&Arc<str>> {
-        let path = path.as_bytes();
-        self.routes
-            .iter()
-            .find(|(route, n)| {
-                let r = &route.as_bytes()[..*n];
-                path.starts_with(r) && (path.len() == r.len() || path[r.len()] == b'/')
-            })
-            .map(|(route, _)| route)
+        self.routes.iter().find(|route| {
+            // A configured trailing `/` matches with or without it.
+            let prefix = route.trim_end_matches('/');
+            path.strip_prefix(prefix)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use crate::labels::{ModelTable, OTHER, Route, RouteFn, RouteTable, UNKNOWN};
 use crate::metrics_sink::MetricsSink;
 use crate::request_id::X_REQUEST_ID;
 use crate::service::LatencyPhaseRecorder;
-use crate::sink::{PhaseSink, Sink, Sinks, TracingSink};
+use crate::sink::{PhaseSink, Sinks, TracingSink};
 
 /// Records every phase of every request: wraps services in [`LatencyPhaseRecorder`].
 ///
@@ -23,13 +23,11 @@ use crate::sink::{PhaseSink, Sink, Sinks, TracingSink};
 ///
 /// * dialect [`Dialect::Auto`]: the framing follows each response's `content-type`, which is
 ///   right for any mix of OpenAI, Anthropic, gRPC and NDJSON upstreams;
-/// * usage extraction on: billing needs it, and it costs one search of each event for a
-///   `"usage"` key, plus a parse of the events that carry a usage object (see
-///   [`StreamTracker::with_usage`](tailguard_core::StreamTracker::with_usage)); the crate
-///   README gives the measured cost per frame;
+/// * usage extraction on: billing needs it (see
+///   [`StreamTracker::with_usage`](tailguard_core::StreamTracker::with_usage));
 /// * sinks: a [`MetricsSink`] (the [`MetricNames::tailguard`](crate::MetricNames::tailguard)
 ///   scheme, to the `metrics` facade's recorder) and a [`TracingSink`]: with no recorder and no
-///   subscriber installed both cost next to nothing;
+///   subscriber installed they record nothing;
 /// * no configured routes and no route function: every route is `other` unless the request
 ///   carries a [`Route`] extension, because a raw path would be an unbounded label;
 /// * no configured models: every model is `other` (or `unknown` when the request carries
@@ -88,8 +86,8 @@ impl LatencyPhaseRecorderLayer {
                 dialect: Dialect::Auto,
                 usage: true,
                 sinks: Sinks(vec![
-                    Sink::Metrics(Box::new(MetricsSink::new())),
-                    Sink::Dyn(Arc::new(TracingSink::new())),
+                    Arc::new(MetricsSink::new()),
+                    Arc::new(TracingSink::new()),
                 ]),
                 routes: RouteTable::default(),
                 route_fn: None,
@@ -121,13 +119,13 @@ impl LatencyPhaseRecorderLayer {
 
     /// Adds a sink (after the ones already configured).
     pub fn with_sink(mut self, sink: impl PhaseSink) -> Self {
-        self.cfg().sinks.0.push(Sink::of(sink));
+        self.cfg().sinks.0.push(Arc::new(sink));
         self
     }
 
     /// Adds a shared sink.
     pub fn with_shared_sink(mut self, sink: Arc<dyn PhaseSink>) -> Self {
-        self.cfg().sinks.0.push(Sink::Dyn(sink));
+        self.cfg().sinks.0.push(sink);
         self
     }
 

@@ -87,7 +87,8 @@
 //! * **output events**: token events (every gRPC message is one); **usage** when the stream
 //!   reports it.
 //!
-//! A response is *streamed* when its `content-type` is SSE, gRPC or NDJSON (or any success
+//! A response is *streamed* when its `content-type` is SSE, gRPC or NDJSON as core's
+//! [`Dialect::resolve_stream`](tailguard_core::Dialect::resolve_stream) decides (or any success
 //! response under an explicit [`with_dialect`](LatencyPhaseRecorderLayer::with_dialect)); other
 //! responses (a JSON completion, an error page) get no TTFT, gaps or events: total only.
 //!
@@ -116,23 +117,18 @@
 //! extensions, and set on the response (replacing any id the upstream chose, so the client gets
 //! back the id the logs carry).
 //!
-//! ## Cost
+//! ## Per frame
 //!
-//! Per request: a few small allocations (the state box, the request id, the request extensions);
-//! one look at the `content-type` decides both whether the response is a stream and which
-//! dialect the tracker uses; the labels are built once and moved into the report; the
-//! [`MetricsSink`] builds the keys of each label set once and then only looks them up, once per
-//! request (see [its caching](MetricsSink#caching)); the tracing end event's fields are computed
-//! only when a subscriber wants the event. Per data frame: one incremental scan of the frame,
-//! and one clock read only when the frame carried tokens; no lock, no allocation. Gaps reach
-//! histograms as they happen through a handle resolved once per response
-//! ([`PhaseSink::gap_histogram`]), converted to seconds only when the handle is live (a
-//! recorder is installed); everything else is emitted once, at the end.
+//! A data frame is scanned incrementally by core's
+//! [`StreamTracker`](tailguard_core::StreamTracker), without a lock or an allocation. Gaps reach
+//! histograms as they happen, through a handle resolved once per streamed response
+//! ([`PhaseSink::gap_histogram`]); everything else is emitted once per request, at its end.
 
 mod body;
 pub mod future;
 mod labels;
 mod layer;
+mod metric_names;
 mod metrics_sink;
 mod recording;
 mod report;
@@ -143,7 +139,8 @@ mod sink;
 pub use body::LatencyPhaseRecorderBody;
 pub use labels::{OTHER, Route, UNKNOWN, Upstream};
 pub use layer::LatencyPhaseRecorderLayer;
-pub use metrics_sink::{MAX_CACHED_LABEL_SETS, MetricNames, MetricsSink, buckets};
+pub use metric_names::{MetricNames, buckets};
+pub use metrics_sink::{MAX_CACHED_LABEL_SETS, MetricsSink};
 pub use report::{GapStats, PhaseLabels, PhaseReport, end_reason_label};
 pub use request_id::{MAX_REQUEST_ID_LEN, RequestId, X_REQUEST_ID};
 pub use service::LatencyPhaseRecorder;

@@ -86,6 +86,18 @@ impl GapStats {
             .filter(|&n| n > 0)
             .map(|n| self.sum / n)
     }
+
+    /// Counts one more gap.
+    pub(crate) fn add(&mut self, gap: Duration) {
+        self.min = if self.count == 0 {
+            gap
+        } else {
+            self.min.min(gap)
+        };
+        self.max = self.max.max(gap);
+        self.sum = self.sum.saturating_add(gap);
+        self.count += 1;
+    }
 }
 
 /// Everything the recorder learnt about one request, handed to every
@@ -144,34 +156,17 @@ pub struct PhaseReport {
 /// `upstream_error_transport`, `upstream_error_in_band`, `upstream_error_protocol`,
 /// `upstream_error_other_status`).
 pub fn end_reason_label(reason: &EndReason) -> &'static str {
-    end_reason_slot(reason).1
-}
-
-/// How many end reasons [`end_reason_slot`] numbers.
-pub(crate) const END_REASON_SLOTS: usize = 14;
-
-/// The end reason's label, and its number below [`END_REASON_SLOTS`] (`None` for a reason added
-/// to core after this crate was written), so that per-reason state can be an array.
-#[inline]
-pub(crate) fn end_reason_slot(reason: &EndReason) -> (Option<usize>, &'static str) {
     match reason {
-        EndReason::Completed => (Some(0), "completed"),
-        EndReason::HeadTimeout => (Some(1), "head_timeout"),
-        EndReason::FirstTokenTimeout => (Some(2), "first_token_timeout"),
-        EndReason::IdleTimeout => (Some(3), "idle_timeout"),
-        EndReason::Deadline => (Some(4), "deadline"),
-        EndReason::ClientDisconnect => (Some(5), "client_disconnect"),
-        EndReason::Rejected => (Some(6), "rejected"),
         EndReason::UpstreamError(f) => match f {
-            UpstreamFailure::Status(s) if s.is_client_error() => (Some(7), "upstream_error_4xx"),
-            UpstreamFailure::Status(s) if s.is_server_error() => (Some(8), "upstream_error_5xx"),
-            UpstreamFailure::Status(_) => (Some(9), "upstream_error_other_status"),
-            UpstreamFailure::Transport => (Some(10), "upstream_error_transport"),
-            UpstreamFailure::InBand => (Some(11), "upstream_error_in_band"),
-            UpstreamFailure::Protocol => (Some(12), "upstream_error_protocol"),
-            _ => (Some(13), "upstream_error"),
+            UpstreamFailure::Status(s) if s.is_client_error() => "upstream_error_4xx",
+            UpstreamFailure::Status(s) if s.is_server_error() => "upstream_error_5xx",
+            UpstreamFailure::Status(_) => "upstream_error_other_status",
+            UpstreamFailure::Transport => "upstream_error_transport",
+            UpstreamFailure::InBand => "upstream_error_in_band",
+            UpstreamFailure::Protocol => "upstream_error_protocol",
+            _ => "upstream_error",
         },
-        other => (None, other.as_str()),
+        other => other.as_str(),
     }
 }
 
@@ -179,10 +174,22 @@ pub(crate) fn end_reason_slot(reason: &EndReason) -> (Option<usize>, &'static st
 mod tests {
     use super::*;
 
-    /// The numbered labels are the documented ones: `EndReason::as_str`, upstream errors with
-    /// their class; each number names one label.
+    /// The labels are the documented ones: `EndReason::as_str`, upstream errors with their
+    /// class.
     #[test]
-    fn end_reason_slots_name_the_documented_labels() {
+    fn gaps_min_is_zero_without_gaps() {
+        let mut g = GapStats::default();
+        assert_eq!(g.min, Duration::ZERO);
+        g.add(Duration::from_millis(7));
+        g.add(Duration::from_millis(3));
+        assert_eq!(g.count, 2);
+        assert_eq!(g.min, Duration::from_millis(3));
+        assert_eq!(g.max, Duration::from_millis(7));
+        assert_eq!(g.sum, Duration::from_millis(10));
+    }
+
+    #[test]
+    fn end_reason_labels_are_the_documented_ones() {
         let reasons = [
             EndReason::Completed,
             EndReason::HeadTimeout,
@@ -198,18 +205,14 @@ mod tests {
             EndReason::UpstreamError(UpstreamFailure::InBand),
             EndReason::UpstreamError(UpstreamFailure::Protocol),
         ];
-        let mut seen = std::collections::HashMap::new();
         for r in reasons {
-            let (slot, label) = end_reason_slot(&r);
-            let slot = slot.unwrap();
-            assert!(slot < END_REASON_SLOTS);
+            let label = end_reason_label(&r);
             match r {
                 EndReason::UpstreamError(f) => {
                     assert_eq!(label, format!("upstream_error_{}", f.as_str()))
                 }
                 _ => assert_eq!(label, r.as_str()),
             }
-            assert_eq!(*seen.entry(slot).or_insert(label), label);
         }
     }
 }

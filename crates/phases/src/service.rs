@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::request::Parts;
 use http::{Request, Response};
 use tailguard_core::{EndReport, Priority, RequestFacts};
 use tokio::time::Instant;
@@ -13,7 +14,7 @@ use tracing::field::Empty;
 use crate::body::LatencyPhaseRecorderBody;
 use crate::future::ResponseFuture;
 use crate::labels::Route;
-use crate::layer::LatencyPhaseRecorderLayer;
+use crate::layer::{Config, LatencyPhaseRecorderLayer};
 use crate::recording::Recording;
 use crate::request_id::RequestId;
 
@@ -80,19 +81,7 @@ where
                 }
             }
         });
-
-        let route: Arc<str> = parts
-            .extensions
-            .get::<Route>()
-            .cloned()
-            .or_else(|| cfg.route_fn.as_ref().and_then(|f| f(&parts)))
-            .map(Route::into_arc)
-            .or_else(|| {
-                (!cfg.routes.is_empty())
-                    .then(|| cfg.routes.find(parts.uri.path()).cloned())
-                    .flatten()
-            })
-            .unwrap_or_else(|| cfg.other.clone());
+        let route = route(cfg, &parts);
 
         let end_report = EndReport::new();
         parts.extensions.insert(end_report.clone());
@@ -103,34 +92,7 @@ where
         let facts = parts.extensions.get::<RequestFacts>().cloned();
 
         let span = if cfg.span {
-            tracing::info_span!(
-                target: "tailguard_phases",
-                "llm_request",
-                request_id = request_id.as_ref().map(RequestId::as_str),
-                route = &*route,
-                model = Empty,
-                requested_model = facts.as_ref().and_then(|f| f.model.as_deref()),
-                priority = Empty,
-                upstream = Empty,
-                streamed = Empty,
-                status = Empty,
-                end_reason = Empty,
-                queue_wait_s = Empty,
-                time_to_headers_s = Empty,
-                ttft_s = Empty,
-                tpot_s = Empty,
-                total_s = Empty,
-                output_events = Empty,
-                events = Empty,
-                gaps = Empty,
-                max_gap_s = Empty,
-                prompt_tokens = Empty,
-                completion_tokens = Empty,
-                max_tokens = Empty,
-                prompt_bytes = Empty,
-                hedge_attempts = Empty,
-                hedge_winner = Empty,
-            )
+            request_span(request_id.as_ref(), &route, facts.as_ref())
         } else {
             Span::none()
         };
@@ -151,4 +113,49 @@ where
         };
         ResponseFuture::new(inner, span, rec)
     }
+}
+
+/// The route label: a [`Route`] extension, else the route function's, else a configured route,
+/// else `other`.
+fn route(cfg: &Config, parts: &Parts) -> Arc<str> {
+    parts
+        .extensions
+        .get::<Route>()
+        .cloned()
+        .or_else(|| cfg.route_fn.as_ref().and_then(|f| f(parts)))
+        .map(Route::into_arc)
+        .or_else(|| cfg.routes.find(parts.uri.path()).cloned())
+        .unwrap_or_else(|| cfg.other.clone())
+}
+
+/// The request's span, with every field the [`TracingSink`](crate::TracingSink) fills in later.
+fn request_span(id: Option<&RequestId>, route: &str, facts: Option<&RequestFacts>) -> Span {
+    tracing::info_span!(
+        target: "tailguard_phases",
+        "llm_request",
+        request_id = id.map(RequestId::as_str),
+        route = route,
+        model = Empty,
+        requested_model = facts.and_then(|f| f.model.as_deref()),
+        priority = Empty,
+        upstream = Empty,
+        streamed = Empty,
+        status = Empty,
+        end_reason = Empty,
+        queue_wait_s = Empty,
+        time_to_headers_s = Empty,
+        ttft_s = Empty,
+        tpot_s = Empty,
+        total_s = Empty,
+        output_events = Empty,
+        events = Empty,
+        gaps = Empty,
+        max_gap_s = Empty,
+        prompt_tokens = Empty,
+        completion_tokens = Empty,
+        max_tokens = Empty,
+        prompt_bytes = Empty,
+        hedge_attempts = Empty,
+        hedge_winner = Empty,
+    )
 }

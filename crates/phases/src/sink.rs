@@ -1,12 +1,10 @@
 //! Where reports go: the [`PhaseSink`] trait and the tracing sink.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use tailguard_core::EndReason;
 
-use crate::metrics_sink::MetricsSink;
 use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
 
 /// Receives one [`PhaseReport`] per request; the metrics and tracing outputs are sinks, and so is
@@ -45,26 +43,7 @@ where
 
 /// A shared list of sinks.
 #[derive(Clone, Default)]
-pub(crate) struct Sinks(pub(crate) Vec<Sink>);
-
-/// One configured sink: the metrics sink by value, so that the recorder can use its fast path
-/// (one label-set lookup per streamed request, see [`MetricsSink`]); anything else by trait.
-#[derive(Clone)]
-pub(crate) enum Sink {
-    Metrics(Box<MetricsSink>),
-    Dyn(Arc<dyn PhaseSink>),
-}
-
-impl Sink {
-    /// Sorts a sink of any type: a [`MetricsSink`] gets its own variant.
-    pub(crate) fn of<S: PhaseSink>(sink: S) -> Self {
-        // A clone shares the original's cache and recorder: the same sink.
-        match (&sink as &dyn Any).downcast_ref::<MetricsSink>() {
-            Some(m) => Sink::Metrics(Box::new(m.clone())),
-            None => Sink::Dyn(Arc::new(sink)),
-        }
-    }
-}
+pub(crate) struct Sinks(pub(crate) Vec<Arc<dyn PhaseSink>>);
 
 impl fmt::Debug for Sinks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -105,45 +84,14 @@ impl PhaseSink for TracingSink {
     fn on_report(&self, r: &PhaseReport) {
         let span = &r.span;
         if !span.is_disabled() {
-            span.record("model", r.labels.model());
-            span.record("upstream", r.labels.upstream());
-            span.record("priority", r.labels.priority());
-            span.record("streamed", r.labels.streamed());
-            if let Some(s) = r.status {
-                span.record("status", s.as_u16());
-            }
-            span.record("end_reason", end_reason_label(&r.end_reason));
-            span.record("queue_wait_s", secs(r.queue_wait));
-            span.record("time_to_headers_s", secs(r.time_to_headers));
-            span.record("ttft_s", secs(r.time_to_first_token));
-            span.record("tpot_s", secs(r.time_per_output_token));
-            span.record("total_s", r.total.as_secs_f64());
-            span.record("output_events", r.output_events);
-            span.record("events", r.events);
-            span.record("gaps", r.gaps.count);
-            if r.gaps.count > 0 {
-                span.record("max_gap_s", r.gaps.max.as_secs_f64());
-            }
-            if let Some(u) = r.usage {
-                span.record("prompt_tokens", u.prompt_tokens);
-                span.record("completion_tokens", u.completion_tokens);
-            }
-            if let Some(f) = &r.facts {
-                span.record("max_tokens", f.max_tokens);
-                span.record("prompt_bytes", f.prompt_bytes);
-            }
-            if let Some(h) = &r.hedge {
-                span.record("hedge_attempts", h.attempts);
-                span.record("hedge_winner", h.winner);
-            }
+            record_span(r);
         }
-        // Field values are computed inside the macros: only when the event is enabled.
-        let id = || r.request_id.as_ref().map(|id| id.as_str());
+        let id = r.request_id.as_ref().map(|id| id.as_str());
         if r.end_reason == EndReason::Completed {
             tracing::info!(
                 target: "tailguard_phases",
                 parent: span,
-                request_id = id(),
+                request_id = id,
                 end_reason = end_reason_label(&r.end_reason),
                 total_s = r.total.as_secs_f64(),
                 ttft_s = secs(r.time_to_first_token),
@@ -154,7 +102,7 @@ impl PhaseSink for TracingSink {
             tracing::warn!(
                 target: "tailguard_phases",
                 parent: span,
-                request_id = id(),
+                request_id = id,
                 end_reason = end_reason_label(&r.end_reason),
                 total_s = r.total.as_secs_f64(),
                 ttft_s = secs(r.time_to_first_token),
@@ -162,5 +110,41 @@ impl PhaseSink for TracingSink {
                 "llm request finished"
             );
         }
+    }
+}
+
+/// Fills the fields of the request's span.
+fn record_span(r: &PhaseReport) {
+    let span = &r.span;
+    span.record("model", r.labels.model());
+    span.record("upstream", r.labels.upstream());
+    span.record("priority", r.labels.priority());
+    span.record("streamed", r.labels.streamed());
+    if let Some(s) = r.status {
+        span.record("status", s.as_u16());
+    }
+    span.record("end_reason", end_reason_label(&r.end_reason));
+    span.record("queue_wait_s", secs(r.queue_wait));
+    span.record("time_to_headers_s", secs(r.time_to_headers));
+    span.record("ttft_s", secs(r.time_to_first_token));
+    span.record("tpot_s", secs(r.time_per_output_token));
+    span.record("total_s", r.total.as_secs_f64());
+    span.record("output_events", r.output_events);
+    span.record("events", r.events);
+    span.record("gaps", r.gaps.count);
+    if r.gaps.count > 0 {
+        span.record("max_gap_s", r.gaps.max.as_secs_f64());
+    }
+    if let Some(u) = r.usage {
+        span.record("prompt_tokens", u.prompt_tokens);
+        span.record("completion_tokens", u.completion_tokens);
+    }
+    if let Some(f) = &r.facts {
+        span.record("max_tokens", f.max_tokens);
+        span.record("prompt_bytes", f.prompt_bytes);
+    }
+    if let Some(h) = &r.hedge {
+        span.record("hedge_attempts", h.attempts);
+        span.record("hedge_winner", h.winner);
     }
 }
