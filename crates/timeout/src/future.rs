@@ -5,7 +5,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
@@ -13,10 +12,11 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::render::{self, RenderError};
 use tailguard_core::{BoxError, EndReport, Phase, TimeoutError};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
-use crate::body::{SseIdleTimeoutBody, arm};
+use crate::body::SseIdleTimeoutBody;
 use crate::layer::{BeforeHeaders, Config, FirstTokenClock, Timeouts};
+use crate::timers::Clock;
 
 pin_project! {
     /// The response future of [`SseIdleTimeout`](crate::SseIdleTimeout).
@@ -29,7 +29,8 @@ pin_project! {
         #[pin]
         inner: Option<F>,
         #[pin]
-        sleep: Option<Sleep>,
+        clock: Clock,
+        phase: Phase,
         config: Arc<Config>,
         timeouts: Timeouts,
         start: Instant,
@@ -47,9 +48,11 @@ impl<F> ResponseFuture<F> {
         report: Option<EndReport>,
         grpc: bool,
     ) -> Self {
+        let (phase, clock) = head_clock(&timeouts, config.first_token_clock, start);
         ResponseFuture {
             inner: Some(inner),
-            sleep: None,
+            clock,
+            phase,
             config,
             timeouts,
             start,
@@ -69,29 +72,24 @@ impl<F> fmt::Debug for ResponseFuture<F> {
     }
 }
 
-/// The earliest deadline before headers and the phase it belongs to; on a tie the more specific
-/// phase is named (head, then first token, then total).
-fn head_deadline(
-    t: &Timeouts,
-    clock: FirstTokenClock,
-    start: Instant,
-) -> Option<(Instant, Phase, Duration)> {
-    let mut best: Option<(Instant, Phase, Duration)> = None;
-    let mut consider = |limit: Option<Duration>, phase: Phase| {
-        // A limit too far out to be an `Instant` is no limit.
-        if let Some(limit) = limit
-            && let Some(at) = start.checked_add(limit)
-            && best.is_none_or(|(b, _, _)| at < b)
-        {
-            best = Some((at, phase, limit));
-        }
-    };
-    consider(t.head, Phase::Head);
-    if clock == FirstTokenClock::FromCall {
-        consider(t.first_token, Phase::FirstToken);
-    }
-    consider(t.total, Phase::Total);
-    best
+/// The clock before headers and the phase it belongs to: the earliest deadline of head, first
+/// token (when it starts at `call`) and total; on a tie the more specific phase is named (head,
+/// then first token, then total).
+fn head_clock(t: &Timeouts, clock: FirstTokenClock, start: Instant) -> (Phase, Clock) {
+    let first_token = t.first_token.filter(|_| clock == FirstTokenClock::FromCall);
+    [
+        (Phase::Head, t.head),
+        (Phase::FirstToken, first_token),
+        (Phase::Total, t.total),
+    ]
+    .into_iter()
+    .map(|(phase, limit)| (phase, Clock::new(limit, start)))
+    .filter_map(|(phase, clock)| Some((clock.running()?.0, phase, clock)))
+    .min_by_key(|(at, _, _)| *at)
+    .map_or(
+        (Phase::Head, Clock::new(None, start)),
+        |(_, phase, clock)| (phase, clock),
+    )
 }
 
 impl<F, B, E> Future for ResponseFuture<F>
@@ -109,7 +107,7 @@ where
         };
         if let Poll::Ready(res) = inner.poll(cx) {
             this.inner.set(None);
-            this.sleep.set(None);
+            this.clock.stop();
             let res = res.map_err(Into::into)?;
             let (parts, body) = res.into_parts();
             let body = SseIdleTimeoutBody::streaming(
@@ -122,17 +120,14 @@ where
             );
             return Poll::Ready(Ok(Response::from_parts(parts, body)));
         }
-        let Some((deadline, phase, limit)) =
-            head_deadline(this.timeouts, this.config.first_token_clock, *this.start)
-        else {
-            return Poll::Pending;
+        let limit = match this.clock.expired(Instant::now()) {
+            Some(limit) => limit,
+            None => ready!(this.clock.as_mut().poll_expired(cx)),
         };
-        if Instant::now() < deadline {
-            ready!(arm(this.sleep.as_mut(), deadline, cx));
-        }
         // Expired: cancel the upstream at once.
         this.inner.set(None);
-        this.sleep.set(None);
+        this.clock.stop();
+        let phase = *this.phase;
         let now = Instant::now();
         let err = TimeoutError::new(phase, limit, now.saturating_duration_since(*this.start));
         if let Some(report) = this.report.take() {

@@ -101,15 +101,9 @@
 //!   The idle gap runs from the first moment after a progress event at which the client asked
 //!   for more and the upstream had nothing ready, until the next progress event: time the client
 //!   spends between frames never counts against it.
-//! * **Cost.** Timers are armed lazily: deadlines are [`Instant`](tokio::time::Instant)s; the
-//!   clock is read only when the body waits after a progress event (and once per 32 frames in a
-//!   row), never per frame; the tokio timer is created when the body first waits, polled again
-//!   only when its deadline or the task's waker changed, and re-armed only when it fired before
-//!   a deadline that has since moved later. A frame costs the event scan and a few comparisons,
-//!   with no clock read, no timer-wheel operation and no allocation: in the steady state (a
-//!   ready data frame that ends on an event boundary, nothing held back) the body observes the
-//!   frame where the inner body put it, in a path inlined into `poll_frame`, and passes it on;
-//!   everything else (holding back, trailers, errors, the end, waits) is out of line.
+//! * **Per frame.** A frame never resets a timer: progress records a later deadline, and each
+//!   timer's sleep, armed when the body first waits on it, is re-armed when it fires before a
+//!   deadline that progress has moved. In the steady state a frame allocates nothing.
 //!
 //! ## Composition
 //!
@@ -122,8 +116,10 @@
 pub mod body;
 pub mod error;
 pub mod future;
+mod held;
 mod layer;
 mod service;
+mod timers;
 
 pub use body::SseIdleTimeoutBody;
 pub use layer::{BeforeHeaders, FirstTokenClock, OnExpiry, SseIdleTimeoutLayer, Timeouts};

@@ -1,0 +1,327 @@
+//! The timers: a [`Clock`] per timer, and the body's first-token, idle and total clocks
+//! ([`Timers`]), which one expired and the phase it is named by.
+//!
+//! A clock keeps its deadline as an [`Instant`] and one [`Sleep`], armed lazily the first time
+//! its owner waits. Progress only records a new, later deadline; the sleep is left alone, and
+//! when it fires the clock compares the time with the recorded deadline and re-arms the sleep
+//! for it if progress moved it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tailguard_core::{Observation, Phase};
+use tokio::time::{Instant, Sleep};
+
+use crate::layer::Timeouts;
+
+pin_project! {
+    /// One timer: the deadline it runs to, the limit that deadline came from, and its sleep.
+    #[derive(Debug)]
+    pub(crate) struct Clock {
+        running: Option<(Instant, Duration)>,
+        #[pin]
+        sleep: Option<Sleep>,
+    }
+}
+
+impl Clock {
+    /// A clock of `limit` running from `from`; stopped without a limit, or with one too far out
+    /// to be an [`Instant`] (a header can carry any number): that is no limit.
+    pub(crate) fn new(limit: Option<Duration>, from: Instant) -> Self {
+        Clock {
+            running: deadline(limit, from),
+            sleep: None,
+        }
+    }
+
+    /// The deadline and its limit, while the clock runs.
+    pub(crate) fn running(&self) -> Option<(Instant, Duration)> {
+        self.running
+    }
+
+    /// The limit, if the clock has run out at `now`.
+    pub(crate) fn expired(&self, now: Instant) -> Option<Duration> {
+        self.running
+            .and_then(|(at, limit)| (now >= at).then_some(limit))
+    }
+
+    /// Runs the clock to `from + limit`. Only the deadline is recorded: a sleep armed for an
+    /// earlier one is re-armed when it fires.
+    fn restart(self: Pin<&mut Self>, limit: Option<Duration>, from: Instant) {
+        *self.project().running = deadline(limit, from);
+    }
+
+    /// Stops the clock and drops its sleep.
+    pub(crate) fn stop(self: Pin<&mut Self>) {
+        let mut this = self.project();
+        *this.running = None;
+        this.sleep.set(None);
+    }
+
+    /// Waits for the deadline; `Ready` with the limit once it has passed.
+    ///
+    /// The sleep is armed on the first poll. When it fires, the time is compared with the
+    /// recorded deadline: past it, the clock has run out; before it, progress moved the
+    /// deadline since the sleep was armed, and the sleep is re-armed for it.
+    pub(crate) fn poll_expired(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Duration> {
+        let mut this = self.project();
+        let Some((at, limit)) = *this.running else {
+            return Poll::Pending;
+        };
+        if this.sleep.is_none() {
+            this.sleep.set(Some(tokio::time::sleep_until(at)));
+        }
+        let Some(mut sleep) = this.sleep.as_pin_mut() else {
+            return Poll::Pending;
+        };
+        loop {
+            ready!(sleep.as_mut().poll(cx));
+            if Instant::now() >= at {
+                return Poll::Ready(limit);
+            }
+            sleep.as_mut().reset(at);
+        }
+    }
+}
+
+fn deadline(limit: Option<Duration>, from: Instant) -> Option<(Instant, Duration)> {
+    let limit = limit?;
+    Some((from.checked_add(limit)?, limit))
+}
+
+/// A timer that ran out: its phase and its limit.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Expired {
+    pub(crate) phase: Phase,
+    pub(crate) limit: Duration,
+}
+
+pin_project! {
+    /// The timers of one response body.
+    ///
+    /// The first-token clock runs until the first token. The idle clock runs after it, over each
+    /// gap between progress events; a gap starts the first time the body has to wait after a
+    /// progress event, so time the client spends not reading never counts against it. The
+    /// total clock runs from `call`. Keepalives are no progress unless configured so.
+    #[derive(Debug)]
+    pub(crate) struct Timers {
+        start: Instant,
+        idle_limit: Option<Duration>,
+        keepalive_resets_idle: bool,
+        first_token_seen: bool,
+        // A progress event was delivered and its gap has not started yet.
+        progress: bool,
+        // When the current gap between progress events started.
+        last_progress: Option<Instant>,
+        #[pin]
+        first_token: Clock,
+        #[pin]
+        idle: Clock,
+        #[pin]
+        total: Clock,
+    }
+}
+
+impl Timers {
+    /// The timers `t` of a request that started at `start`, the first-token clock running from
+    /// `first_token_from`.
+    pub(crate) fn new(
+        t: &Timeouts,
+        start: Instant,
+        first_token_from: Instant,
+        keepalive_resets_idle: bool,
+    ) -> Self {
+        Timers {
+            start,
+            idle_limit: t.idle,
+            keepalive_resets_idle,
+            first_token_seen: false,
+            progress: false,
+            last_progress: None,
+            first_token: Clock::new(t.first_token, first_token_from),
+            idle: Clock::new(None, start),
+            total: Clock::new(t.total, start),
+        }
+    }
+
+    /// When the request started (`call`).
+    pub(crate) fn start(&self) -> Instant {
+        self.start
+    }
+
+    /// When the current gap between progress events started.
+    pub(crate) fn last_progress(&self) -> Option<Instant> {
+        self.last_progress
+    }
+
+    /// Whether any timer can still expire.
+    pub(crate) fn active(&self) -> bool {
+        self.first_token.running.is_some()
+            || self.idle_limit.is_some()
+            || self.total.running.is_some()
+    }
+
+    /// Records what the tracker found in a data frame.
+    pub(crate) fn observe(self: Pin<&mut Self>, obs: &Observation) {
+        let progress = obs.progress() || (self.keepalive_resets_idle && obs.keepalives > 0);
+        self.record(progress, obs.first_token);
+    }
+
+    /// Records data the tracker could not scan (an event over its cap): any byte is progress
+    /// and counts as the first token.
+    pub(crate) fn observe_unscanned(self: Pin<&mut Self>) {
+        self.record(true, true);
+    }
+
+    fn record(self: Pin<&mut Self>, progress: bool, first_token: bool) {
+        let this = self.project();
+        *this.progress |= progress;
+        if first_token && !*this.first_token_seen {
+            *this.first_token_seen = true;
+            this.first_token.stop();
+        }
+    }
+
+    /// Starts the gap after a progress event delivered since the last check, then names the
+    /// timer that has run out at `now`, if any: the one with the earliest deadline, and on a tie
+    /// the per-phase timer (first token or idle) rather than the total.
+    pub(crate) fn check(self: Pin<&mut Self>, now: Instant) -> Option<Expired> {
+        let mut this = self.project();
+        if std::mem::take(this.progress) {
+            *this.last_progress = Some(now);
+            if *this.first_token_seen {
+                this.idle.as_mut().restart(*this.idle_limit, now);
+            }
+        }
+        [
+            (Phase::FirstToken, this.first_token.running()),
+            (Phase::Idle, this.idle.running()),
+            (Phase::Total, this.total.running()),
+        ]
+        .into_iter()
+        .filter_map(|(phase, running)| Some((phase, running?)))
+        .filter(|(_, (at, _))| now >= *at)
+        .min_by_key(|(_, (at, _))| *at)
+        .map(|(phase, (_, limit))| Expired { phase, limit })
+    }
+
+    /// The body has to wait: checks the timers at the current time, then waits on their sleeps.
+    pub(crate) fn poll_expired(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Expired> {
+        if !self.active() {
+            return Poll::Pending;
+        }
+        if let Some(expired) = self.as_mut().check(Instant::now()) {
+            return Poll::Ready(expired);
+        }
+        let this = self.project();
+        let clocks = [
+            (Phase::FirstToken, this.first_token),
+            (Phase::Idle, this.idle),
+            (Phase::Total, this.total),
+        ];
+        for (phase, clock) in clocks {
+            if let Poll::Ready(limit) = clock.poll_expired(cx) {
+                return Poll::Ready(Expired { phase, limit });
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Stops every clock (the inner body is gone).
+    pub(crate) fn stop(self: Pin<&mut Self>) {
+        let this = self.project();
+        this.first_token.stop();
+        this.idle.stop();
+        this.total.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use super::*;
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    fn token() -> Observation {
+        let mut obs = Observation::default();
+        obs.events = 1;
+        obs.tokens = 1;
+        obs.first_token = true;
+        obs
+    }
+
+    fn keepalive() -> Observation {
+        let mut obs = Observation::default();
+        obs.events = 1;
+        obs.keepalives = 1;
+        obs
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tie_names_the_per_phase_timer_and_the_earlier_deadline_wins() {
+        let t0 = Instant::now();
+        let t = Timeouts::new()
+            .with_first_token(secs(5))
+            .with_total(secs(5));
+        let mut timers = std::pin::pin!(Timers::new(&t, t0, t0, false));
+        assert!(timers.as_mut().check(t0 + secs(4)).is_none());
+        let e = timers.as_mut().check(t0 + secs(5)).unwrap();
+        assert_eq!((e.phase, e.limit), (Phase::FirstToken, secs(5)));
+
+        let t = Timeouts::new().with_idle(secs(3)).with_total(secs(10));
+        let mut timers = std::pin::pin!(Timers::new(&t, t0, t0, false));
+        timers.as_mut().observe(&token());
+        assert!(
+            timers.as_mut().check(t0 + secs(8)).is_none(),
+            "gap starts at 8 s"
+        );
+        let e = timers.as_mut().check(t0 + secs(12)).unwrap();
+        assert_eq!(e.phase, Phase::Total, "10 s is before 8 s + 3 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keepalives_start_no_gap_unless_configured() {
+        let t0 = Instant::now();
+        let t = Timeouts::new().with_idle(secs(2));
+        for (resets, fires_at) in [(false, 3), (true, 4)] {
+            let mut timers = std::pin::pin!(Timers::new(&t, t0, t0, resets));
+            timers.as_mut().observe(&token());
+            assert!(timers.as_mut().check(t0 + secs(1)).is_none());
+            timers.as_mut().observe(&keepalive());
+            assert!(timers.as_mut().check(t0 + secs(2)).is_none());
+            let phase = timers.as_mut().check(t0 + secs(fires_at)).map(|e| e.phase);
+            assert_eq!(phase, Some(Phase::Idle), "resets: {resets}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sleep_armed_for_an_old_deadline_is_re_armed_when_it_fires() {
+        let t0 = Instant::now();
+        let t = Timeouts::new().with_idle(secs(2));
+        let mut timers = Box::pin(Timers::new(&t, t0, t0, false));
+        let mut cx = Context::from_waker(Waker::noop());
+        let armed = |timers: &Pin<Box<Timers>>| timers.idle.sleep.as_ref().map(Sleep::deadline);
+
+        // A gap from 0 s: the sleep is armed for 2 s.
+        timers.as_mut().observe(&token());
+        assert!(timers.as_mut().poll_expired(&mut cx).is_pending());
+        assert_eq!(armed(&timers), Some(t0 + secs(2)));
+        // Progress at 1 s moves the deadline to 3 s and leaves the sleep alone.
+        tokio::time::sleep(secs(1)).await;
+        timers.as_mut().observe(&token());
+        assert!(timers.as_mut().poll_expired(&mut cx).is_pending());
+        assert_eq!(armed(&timers), Some(t0 + secs(2)));
+        // It fires at 2 s, is re-armed for 3 s, and the clock runs out then.
+        let e = std::future::poll_fn(|cx| timers.as_mut().poll_expired(cx)).await;
+        assert_eq!((e.phase, Instant::now()), (Phase::Idle, t0 + secs(3)));
+        assert_eq!(armed(&timers), Some(t0 + secs(3)));
+        assert_eq!(timers.last_progress(), Some(t0 + secs(1)));
+    }
+}
