@@ -140,9 +140,13 @@ mod budget;
 mod delay;
 pub mod error;
 pub mod future;
+mod inflight;
 mod layer;
+mod race;
 mod replicas;
 mod service;
+mod template;
+mod verdict;
 
 pub use attempt::{ATTEMPT_HEADER, Attempt, ReplicaId};
 pub use body::HedgeBody;
