@@ -3,17 +3,9 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use http::HeaderValue;
-
 /// The header `FirstTokenHedge` sets on every attempt it sends: the attempt index, `0` for the
 /// primary, `1` for the first backup, and so on.
 pub const ATTEMPT_HEADER: &str = "x-tailguard-attempt";
-
-/// Header values `"0"`..`"4"` for the attempt header.
-pub(crate) fn attempt_header_value(index: u8) -> HeaderValue {
-    const VALUES: [&str; 5] = ["0", "1", "2", "3", "4"];
-    HeaderValue::from_static(VALUES[usize::from(index).min(VALUES.len() - 1)])
-}
 
 /// Identifies one replica (an upstream endpoint) for the purpose of "not tried yet".
 ///
@@ -113,7 +105,5 @@ mod tests {
         backup.record(ReplicaId(1));
         backup.record(ReplicaId(1));
         assert_eq!(primary.tried(), vec![ReplicaId(3), ReplicaId(1)]);
-        assert_eq!(attempt_header_value(1), "1");
-        assert_eq!(attempt_header_value(9), "4");
     }
 }

@@ -34,8 +34,8 @@ pin_project! {
     /// For a request that was not hedged it is the upstream body itself. For a raced request
     /// it first replays, frame by frame and byte for byte, the frames the winning attempt sent
     /// before its first token (they are the very `B::Data` values the upstream produced), then
-    /// continues with the winner's live body. After the replay each frame costs one branch and
-    /// one poll of the inner body: no scanning, no allocation.
+    /// continues with the winner's live body, whose frames are passed on as they are (not
+    /// scanned, not copied).
     pub struct HedgeBody<B: Body> {
         #[pin]
         inner: Inner<B>,
@@ -49,9 +49,6 @@ pin_project! {
         Raced {
             live: Pin<Box<Live<B>>>,
             forward: Option<Forward>,
-            // Frames to replay or an error to yield first: while `false` a frame costs this
-            // one branch and the poll of the live body.
-            draining: bool,
         },
     }
 }
@@ -68,7 +65,7 @@ pin_project! {
         // as it is, and once committed.
         pub(crate) tracker: Option<StreamTracker>,
         // The frames read before the first token, to replay.
-        pub(crate) replay: Replay<Frame<B::Data>>,
+        pub(crate) replay: VecDeque<Frame<B::Data>>,
         pub(crate) replay_bytes: u64,
         error: Option<B::Error>,
         // The upstream body; `None` once it ended.
@@ -86,7 +83,7 @@ impl<B: Body> Live<B> {
         Box::pin(Live {
             head: Some(head),
             tracker,
-            replay: Replay::new(),
+            replay: VecDeque::new(),
             replay_bytes: 0,
             error: None,
             body: Some(body),
@@ -118,14 +115,12 @@ impl<B: Body> Live<B> {
             f.apply();
         }
         *this.error = error;
-        let draining = !this.replay.is_empty() || this.error.is_some();
         Response::from_parts(
             head,
             HedgeBody {
                 inner: Inner::Raced {
                     live: self,
                     forward,
-                    draining,
                 },
             },
         )
@@ -150,18 +145,13 @@ impl<B: Body> Body for HedgeBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         match self.project().inner.project() {
             InnerProj::Direct { body } => body.poll_frame(cx),
-            InnerProj::Raced {
-                live,
-                forward,
-                draining,
-            } => {
+            InnerProj::Raced { live, forward } => {
                 let LiveProj {
                     replay,
                     replay_bytes,
@@ -169,19 +159,16 @@ impl<B: Body> Body for HedgeBody<B> {
                     mut body,
                     ..
                 } = live.as_mut().project();
-                if *draining {
-                    if let Some(frame) = replay.pop_front() {
-                        if let Some(d) = frame.data_ref() {
-                            *replay_bytes = replay_bytes.saturating_sub(d.remaining() as u64);
-                        }
-                        return Poll::Ready(Some(Ok(frame)));
+                if let Some(frame) = replay.pop_front() {
+                    if let Some(d) = frame.data_ref() {
+                        *replay_bytes = replay_bytes.saturating_sub(d.remaining() as u64);
                     }
-                    *draining = false;
-                    if let Some(e) = error.take() {
-                        body.set(None);
-                        end(forward);
-                        return Poll::Ready(Some(Err(e)));
-                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                if let Some(e) = error.take() {
+                    body.set(None);
+                    end(forward);
+                    return Poll::Ready(Some(Err(e)));
                 }
                 let Some(inner) = body.as_mut().as_pin_mut() else {
                     end(forward);
@@ -233,71 +220,8 @@ impl<B: Body> Body for HedgeBody<B> {
     }
 }
 
-/// Frames read before the first token, first in first out. The first [`REPLAY_INLINE`]
-/// are kept inline (a stream whose first token comes in its first or second frame, as an
-/// OpenAI stream's does, allocates nothing for them); the rest go to a `VecDeque`.
-pub(crate) struct Replay<T> {
-    inline: [Option<T>; REPLAY_INLINE],
-    /// Inline slots filled so far (never reused: every inline frame precedes every spilled one).
-    filled: u8,
-    /// The next inline slot to pop.
-    next: u8,
-    more: VecDeque<T>,
-    len: usize,
-}
-
-/// Frames a [`Replay`] keeps inline.
-const REPLAY_INLINE: usize = 2;
-
-impl<T> Replay<T> {
-    pub(crate) fn new() -> Self {
-        Replay {
-            inline: [const { None }; REPLAY_INLINE],
-            filled: 0,
-            next: 0,
-            more: VecDeque::new(),
-            len: 0,
-        }
-    }
-
-    pub(crate) fn push_back(&mut self, item: T) {
-        self.len += 1;
-        match self.inline.get_mut(usize::from(self.filled)) {
-            Some(slot) => {
-                *slot = Some(item);
-                self.filled += 1;
-            }
-            None => self.more.push_back(item),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn pop_front(&mut self) -> Option<T> {
-        if self.len == 0 {
-            return None;
-        }
-        self.len -= 1;
-        if self.next < self.filled {
-            let i = usize::from(self.next);
-            self.next += 1;
-            self.inline.get_mut(i).and_then(Option::take)
-        } else {
-            self.more.pop_front()
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
 /// The stream ends: an inner layer's report for the winner reaches the outer report before the
 /// outer layer sees the end.
-#[inline]
 fn end(forward: &mut Option<Forward>) {
     if let Some(f) = forward.take() {
         f.apply();
@@ -316,27 +240,5 @@ impl<B: Body> fmt::Debug for HedgeBody<B> {
                 .field("live", &live.body.is_some())
                 .finish(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replay_is_first_in_first_out_across_the_inline_slots() {
-        let mut r = Replay::new();
-        assert_eq!(r.pop_front(), None::<u32>);
-        r.push_back(1);
-        assert_eq!(r.pop_front(), Some(1));
-        for i in 2..7 {
-            r.push_back(i);
-        }
-        assert_eq!(r.len(), 5);
-        assert_eq!(r.pop_front(), Some(2));
-        r.push_back(7);
-        let rest: Vec<_> = std::iter::from_fn(|| r.pop_front()).collect();
-        assert_eq!(rest, [3, 4, 5, 6, 7]);
-        assert!(r.is_empty());
     }
 }

@@ -1,7 +1,6 @@
 //! The hedge budget: a token bucket that bounds extra attempts to a share of requests.
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 
@@ -96,8 +95,15 @@ pub(crate) struct Bucket {
     per_request: i64,
     floor_per_sec: f64,
     max: i64,
-    balance: AtomicI64,
-    last_floor: Mutex<Instant>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// In [`UNIT`]s, so that ten deposits of a tenth make exactly one token.
+    balance: i64,
+    /// When the floor rate last paid into the balance.
+    last_floor: Instant,
 }
 
 impl Bucket {
@@ -108,26 +114,22 @@ impl Bucket {
             per_request: (b.ratio * UNIT as f64) as i64,
             floor_per_sec: b.floor_per_sec,
             max,
-            balance: AtomicI64::new(max),
-            last_floor: Mutex::new(Instant::now()),
+            state: Mutex::new(State {
+                balance: max,
+                last_floor: Instant::now(),
+            }),
         }
     }
 
-    fn add(&self, amount: i64) {
-        if amount <= 0 {
-            return;
-        }
-        let _ = self
-            .balance
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                (b < self.max).then(|| b.saturating_add(amount).min(self.max))
-            });
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// An eligible request arrived.
     pub(crate) fn deposit(&self) {
         if !self.unlimited {
-            self.add(self.per_request);
+            let mut st = self.state();
+            st.balance = st.balance.saturating_add(self.per_request).min(self.max);
         }
     }
 
@@ -136,23 +138,18 @@ impl Bucket {
         if self.unlimited {
             return true;
         }
-        {
-            let mut last = self
-                .last_floor
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let elapsed = now.saturating_duration_since(*last);
-            let earned = (elapsed.as_secs_f64() * self.floor_per_sec * UNIT as f64) as i64;
-            if earned > 0 {
-                self.add(earned);
-                *last = now;
-            }
+        let mut st = self.state();
+        let elapsed = now.saturating_duration_since(st.last_floor);
+        let earned = (elapsed.as_secs_f64() * self.floor_per_sec * UNIT as f64) as i64;
+        if earned > 0 {
+            st.balance = st.balance.saturating_add(earned).min(self.max);
+            st.last_floor = now;
         }
-        self.balance
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                (b >= UNIT).then_some(b - UNIT)
-            })
-            .is_ok()
+        if st.balance < UNIT {
+            return false;
+        }
+        st.balance -= UNIT;
+        true
     }
 }
 

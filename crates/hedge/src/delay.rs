@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use http::request::Parts;
@@ -230,26 +230,20 @@ fn bucket_value(k: usize) -> Duration {
     Duration::from_secs_f64(ms / 1000.0)
 }
 
-#[derive(Clone)]
+/// Samples by bucket: attempts that produced a first token, and censored ones.
 struct Hist {
-    events: Box<[u32; BUCKETS]>,
-    censored: Box<[u32; BUCKETS]>,
+    events: [u32; BUCKETS],
+    censored: [u32; BUCKETS],
     total: u32,
 }
 
 impl Hist {
     fn new() -> Self {
         Hist {
-            events: Box::new([0; BUCKETS]),
-            censored: Box::new([0; BUCKETS]),
+            events: [0; BUCKETS],
+            censored: [0; BUCKETS],
             total: 0,
         }
-    }
-
-    fn clear(&mut self) {
-        self.events.fill(0);
-        self.censored.fill(0);
-        self.total = 0;
     }
 }
 
@@ -257,11 +251,6 @@ struct State {
     current: Hist,
     previous: Hist,
     rotated_at: Instant,
-    /// `rotated_at + window` (`None` when that overflows): before it, `rotate` is one
-    /// comparison.
-    rotate_due: Option<Instant>,
-    cached: Option<Duration>,
-    dirty: u32,
 }
 
 /// One TTFT estimate.
@@ -281,87 +270,61 @@ impl fmt::Debug for Estimator {
 
 impl Estimator {
     pub(crate) fn new(config: AdaptiveDelay, label: Arc<str>) -> Self {
-        let now = Instant::now();
-        let rotate_due = now.checked_add(config.window);
         Estimator {
             config,
             label,
             state: Mutex::new(State {
                 current: Hist::new(),
                 previous: Hist::new(),
-                rotated_at: now,
-                rotate_due,
-                cached: None,
-                dirty: 0,
+                rotated_at: Instant::now(),
             }),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn rotate(&self, st: &mut State, now: Instant) {
-        // The common case, without the duration arithmetic.
-        if st.rotate_due.is_none_or(|due| now < due) {
-            return;
-        }
+    /// The state, its window rotated to `now`: once a window has passed the current
+    /// histogram becomes the previous one; after two, both are empty.
+    fn state(&self, now: Instant) -> MutexGuard<'_, State> {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let since = now.saturating_duration_since(st.rotated_at);
-        if since < self.config.window {
-            return;
+        if since >= self.config.window {
+            let previous = std::mem::replace(&mut st.current, Hist::new());
+            st.previous = if since >= self.config.window.saturating_mul(2) {
+                Hist::new()
+            } else {
+                previous
+            };
+            st.rotated_at = now;
         }
-        if since >= self.config.window.saturating_mul(2) {
-            st.previous.clear();
-            st.current.clear();
-        } else {
-            std::mem::swap(&mut st.previous, &mut st.current);
-            st.current.clear();
-        }
-        st.rotated_at = now;
-        st.rotate_due = now.checked_add(self.config.window);
-        st.dirty += 1;
+        st
     }
 
     /// Records a time to first token; `censored` when the attempt was cancelled before its
     /// first token and `ttft` is only a lower bound.
     pub(crate) fn record(&self, ttft: Duration, censored: bool, now: Instant) {
-        let mut st = self.lock();
-        self.rotate(&mut st, now);
+        let mut st = self.state(now);
         let k = bucket_of(ttft);
         let h = &mut st.current;
-        if censored {
-            h.censored[k] = h.censored[k].saturating_add(1);
+        let count = if censored {
+            &mut h.censored[k]
         } else {
-            h.events[k] = h.events[k].saturating_add(1);
-        }
+            &mut h.events[k]
+        };
+        *count = count.saturating_add(1);
         h.total = h.total.saturating_add(1);
-        st.dirty += 1;
     }
 
     /// The delay in force, `None` while the window holds fewer than the minimum samples.
     pub(crate) fn current(&self, now: Instant) -> Option<Duration> {
-        let mut st = self.lock();
-        self.rotate(&mut st, now);
+        let st = self.state(now);
         let samples = st.current.total.saturating_add(st.previous.total);
-        // Recomputing walks the histogram (a few hundred buckets); amortise it over 16 samples
-        // once the window is warm.
-        if st.dirty > 0 && (st.dirty >= 16 || samples <= 256 || st.cached.is_none()) {
-            st.dirty = 0;
-            st.cached = if samples < self.config.min_samples.max(1) {
-                None
-            } else {
-                Some(
-                    kaplan_meier(&st.current, &st.previous, self.config.percentile)
-                        .clamp(self.config.min, self.config.max),
-                )
-            };
-            if let Some(d) = st.cached {
-                // The label shares the key's `Arc<str>` (no string copied per update).
-                metrics::gauge!("tailguard_hedge_delay_seconds", "key" => self.label.clone())
-                    .set(d.as_secs_f64());
-            }
+        if samples < self.config.min_samples.max(1) {
+            return None;
         }
-        st.cached
+        let d = kaplan_meier(&st.current, &st.previous, self.config.percentile)
+            .clamp(self.config.min, self.config.max);
+        metrics::gauge!("tailguard_hedge_delay_seconds", "key" => self.label.clone())
+            .set(d.as_secs_f64());
+        Some(d)
     }
 }
 
@@ -373,14 +336,11 @@ fn kaplan_meier(a: &Hist, b: &Hist, p: f64) -> Duration {
     let mut survival = 1.0f64;
     let mut last = 0;
     for k in 0..BUCKETS {
-        // Most buckets are empty: tested in integers, converted only when not (the sums of
-        // two `u32` are exact in an `f64`, so the arithmetic below is unchanged).
-        let d = u64::from(a.events[k]) + u64::from(b.events[k]);
-        let c = u64::from(a.censored[k]) + u64::from(b.censored[k]);
-        if d + c == 0 {
+        let d = f64::from(a.events[k]) + f64::from(b.events[k]);
+        let c = f64::from(a.censored[k]) + f64::from(b.censored[k]);
+        if d + c == 0.0 {
             continue;
         }
-        let (d, c) = (d as f64, c as f64);
         last = k;
         if d > 0.0 && at_risk > 0.0 {
             survival *= 1.0 - d / at_risk;
@@ -405,7 +365,7 @@ pub(crate) enum DelaySource {
 pub(crate) struct Estimators {
     config: AdaptiveDelay,
     global: Arc<Estimator>,
-    keyed: RwLock<HashMap<Box<str>, Arc<Estimator>>>,
+    keyed: Mutex<HashMap<Box<str>, Arc<Estimator>>>,
 }
 
 impl fmt::Debug for Estimators {
@@ -427,12 +387,13 @@ impl DelaySource {
             HedgeDelay::Adaptive(a) => DelaySource::Adaptive(Estimators {
                 config: a.clone(),
                 global: Arc::new(Estimator::new(a.clone(), Arc::from("global"))),
-                keyed: RwLock::default(),
+                keyed: Mutex::default(),
             }),
         }
     }
 
-    /// The estimator a request records into (`None` for a fixed delay).
+    /// The estimator a request records into (`None` for a fixed delay): its key's, or the
+    /// global one for a request without a key or once every keyed slot is taken.
     pub(crate) fn estimator(&self, parts: &Parts) -> Option<Arc<Estimator>> {
         let DelaySource::Adaptive(e) = self else {
             return None;
@@ -440,23 +401,15 @@ impl DelaySource {
         let Some(key) = e.config.key.key(parts) else {
             return Some(e.global.clone());
         };
-        if let Some(est) = e
-            .keyed
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key.as_ref())
-        {
+        let mut keyed = e.keyed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(est) = keyed.get(key.as_ref()) {
             return Some(est.clone());
         }
-        let mut map = e.keyed.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(est) = map.get(key.as_ref()) {
-            return Some(est.clone());
-        }
-        if map.len() >= e.config.max_keys {
+        if keyed.len() >= e.config.max_keys {
             return Some(e.global.clone());
         }
         let est = Arc::new(Estimator::new(e.config.clone(), Arc::from(key.as_ref())));
-        map.insert(Box::from(key.as_ref()), est.clone());
+        keyed.insert(Box::from(key.as_ref()), est.clone());
         Some(est)
     }
 

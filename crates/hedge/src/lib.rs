@@ -134,15 +134,25 @@
 //!
 //! `tracing` debug events mark each attempt sent, failed, cancelled and committed.
 
+// Where things are: `layer` (the configuration), `service` (eligibility, and `call` starting a
+// race), `future` (the response future), `race` (one request's race: sending attempts, the
+// hedge timer, commit, the every-attempt-failed answer), `inflight` (one attempt read up to its
+// first token), `verdict` (what a head, a frame, trailers or the end say; which failure ranks
+// highest), `template` (the request head each attempt is copied from), `body` (the client's
+// body: replay, then live), `delay`, `budget`, `attempt` and `replicas`.
 mod attempt;
 mod body;
 mod budget;
 mod delay;
 pub mod error;
 pub mod future;
+mod inflight;
 mod layer;
+mod race;
 mod replicas;
 mod service;
+mod template;
+mod verdict;
 
 pub use attempt::{ATTEMPT_HEADER, Attempt, ReplicaId};
 pub use body::HedgeBody;

@@ -14,8 +14,9 @@ use tower_service::Service;
 use crate::body::HedgeBody;
 use crate::budget::Bucket;
 use crate::delay::DelaySource;
-use crate::future::{Race, ResponseFuture};
+use crate::future::ResponseFuture;
 use crate::layer::FirstTokenHedgeLayer;
+use crate::race::Race;
 
 /// State shared by the clones of one `FirstTokenHedge`.
 pub(crate) struct Shared {

@@ -1,0 +1,490 @@
+//! The race of one eligible request: buffer the body, send attempts, poll them, commit the
+//! first to produce a token or return the most informative failure.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderValue, Request, Response};
+use http_body::Body;
+use tailguard_core::replay::Buffering;
+use tailguard_core::{BoxError, EndReason, EndReport, HedgeOutcome, ReplayBody, UpstreamError};
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use crate::attempt::Attempt;
+use crate::body::{Forward, HedgeBody};
+use crate::delay::Estimator;
+use crate::error::RequestBodyError;
+use crate::inflight::{Failure, InFlight, Step, Streaming};
+use crate::service::Shared;
+use crate::template::Template;
+
+/// What caused an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trigger {
+    Primary,
+    Delay,
+    Failure,
+}
+
+impl Trigger {
+    fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Primary => "primary",
+            Trigger::Delay => "delay",
+            Trigger::Failure => "failure",
+        }
+    }
+}
+
+/// A deadline that does not come (about 30 years).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// The most informative failure so far: its attempt index, the failure, the attempt's own end
+/// report.
+type Kept<RB, E> = (u8, Failure<RB, E>, Option<EndReport>);
+
+enum Phase<F, B> {
+    Buffering(Buffering<B>),
+    /// The body is over the replay cap: one attempt, passed through as it is.
+    Single(Pin<Box<F>>),
+    Racing,
+    Done,
+}
+
+type Output<RB> = Result<Response<HedgeBody<RB>>, BoxError>;
+
+/// The race of one eligible request.
+pub(crate) struct Race<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    B: Body,
+    RB: Body,
+{
+    shared: Arc<Shared>,
+    service: S,
+    /// Whether `service` is ready for a call (it is for the first: `call` took the ready one).
+    ready: bool,
+    phase: Phase<S::Future, B>,
+    head: Template,
+    outer_report: Option<EndReport>,
+    body: Option<ReplayBody<B>>,
+    record: Attempt,
+    estimator: Option<Arc<Estimator>>,
+    delay: Option<Duration>,
+    /// When the next delay-triggered attempt is due.
+    hedge_at: Option<Instant>,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The attempts in flight, in the order they were sent.
+    attempts: Vec<InFlight<S::Future, RB>>,
+    sent: u8,
+    pending_send: Option<Trigger>,
+    best: Option<Kept<RB, S::Error>>,
+    budget_exhausted: bool,
+}
+
+impl<S, B, RB> fmt::Debug for Race<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    B: Body,
+    RB: Body,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Race")
+            .field("sent", &self.sent)
+            .field("in_flight", &self.attempts.len())
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, RB> Race<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+    RB: Body,
+{
+    pub(crate) fn new(shared: Arc<Shared>, service: S, parts: Parts, body: B) -> Self {
+        shared.budget.deposit();
+        let estimator = shared.delay.estimator(&parts);
+        let cap = shared.config.replay_cap;
+        let outer_report = parts.extensions.get::<EndReport>().cloned();
+        Race {
+            outer_report,
+            shared,
+            service,
+            ready: true,
+            phase: Phase::Buffering(ReplayBody::buffer(body, cap)),
+            head: Template::new(parts),
+            body: None,
+            record: Attempt::primary(),
+            estimator,
+            delay: None,
+            hedge_at: None,
+            timer: None,
+            attempts: Vec::new(),
+            sent: 0,
+            pending_send: None,
+            best: None,
+            budget_exhausted: false,
+        }
+    }
+
+    /// The request of attempt `index`: a copy of the client's head, with the attempt header,
+    /// the [`Attempt`] and the attempt's own end report.
+    fn request(
+        &self,
+        index: u8,
+        body: ReplayBody<B>,
+        report: Option<&EndReport>,
+    ) -> Request<ReplayBody<B>> {
+        let mut req = self.head.request(body);
+        if let Some(h) = &self.shared.config.attempt_header {
+            req.headers_mut()
+                .insert(h.clone(), HeaderValue::from(u16::from(index)));
+        }
+        req.extensions_mut().insert(self.record.with_number(index));
+        if let Some(r) = report {
+            req.extensions_mut().insert(r.clone());
+        }
+        req
+    }
+
+    fn outcome(&self, winner: u8) -> HedgeOutcome {
+        HedgeOutcome::new(self.sent, winner, self.delay)
+            .with_budget_exhausted(self.budget_exhausted)
+    }
+
+    /// Sends attempt number `self.sent` on the (ready) service.
+    fn send(&mut self, trigger: Trigger, now: Instant) {
+        let Some(body) = self.body.as_ref().and_then(ReplayBody::try_clone) else {
+            return;
+        };
+        let index = self.sent;
+        let report = self.outer_report.as_ref().map(|_| EndReport::new());
+        let req = self.request(index, body, report.as_ref());
+        let fut = self.service.call(req);
+        self.ready = false;
+        self.attempts.push(InFlight::new(index, now, report, fut));
+        self.sent += 1;
+        if index > 0 {
+            metrics::counter!("tailguard_hedge_sent_total", "trigger" => trigger.as_str())
+                .increment(1);
+        }
+        tracing::debug!(
+            attempt = index,
+            trigger = trigger.as_str(),
+            delay_ms = self.delay.map(|d| d.as_millis() as u64),
+            "tailguard-hedge: attempt sent"
+        );
+        // The next delay-triggered attempt goes out `delay` after this one. The timer itself
+        // is armed lazily, only if the race is still undecided when it would go to sleep.
+        self.hedge_at = match self.delay {
+            Some(d) if self.sent < self.shared.config.max_attempts => {
+                // A delay too large to add is as good as none.
+                Some(now.checked_add(d).unwrap_or_else(|| now + FAR_FUTURE))
+            }
+            _ => None,
+        };
+    }
+
+    /// Polls the hedge timer (arming it first if needed); `true` when it fired.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(at) = self.hedge_at else {
+            return false;
+        };
+        let timer = match &mut self.timer {
+            Some(t) => {
+                if t.deadline() != at {
+                    t.as_mut().reset(at);
+                }
+                t
+            }
+            None => self.timer.insert(Box::pin(tokio::time::sleep_until(at))),
+        };
+        if timer.as_mut().poll(cx).is_ready() {
+            self.hedge_at = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Decides to send another attempt, if none is waiting to go out, attempts remain and the
+    /// budget allows.
+    fn want(&mut self, trigger: Trigger) {
+        if self.pending_send.is_some() || self.sent >= self.shared.config.max_attempts {
+            return;
+        }
+        if !self.shared.budget.withdraw(Instant::now()) {
+            self.budget_exhausted = true;
+            metrics::counter!("tailguard_hedge_budget_exhausted_total").increment(1);
+            tracing::debug!(
+                trigger = trigger.as_str(),
+                "tailguard-hedge: budget exhausted, no attempt sent"
+            );
+            return;
+        }
+        if trigger == Trigger::Delay
+            && let Some(d) = self.delay
+        {
+            metrics::histogram!("tailguard_hedge_delay_used_seconds").record(d.as_secs_f64());
+        }
+        self.pending_send = Some(trigger);
+    }
+
+    /// Keeps `failure` of attempt `index` if it is the most informative so far, and calls for
+    /// the next attempt.
+    fn fail(&mut self, index: u8, failure: Failure<RB, S::Error>, report: Option<EndReport>) {
+        let fault = failure.fault();
+        tracing::debug!(
+            attempt = index,
+            failure = fault.kind.as_str(),
+            "tailguard-hedge: attempt failed before its first token"
+        );
+        if self
+            .best
+            .as_ref()
+            .is_none_or(|(_, kept, _)| fault.replaces(kept.fault()))
+        {
+            self.best = Some((index, failure, report));
+        }
+        self.want(Trigger::Failure);
+    }
+
+    /// Drops every attempt still in flight, recording how long each had waited.
+    fn cancel_all(&mut self, now: Instant) {
+        for attempt in self.attempts.drain(..) {
+            let waited = now.saturating_duration_since(attempt.sent_at);
+            if let Some(e) = &self.estimator {
+                e.record(waited, true, now);
+            }
+            tracing::debug!(
+                attempt = attempt.index,
+                waited_ms = waited.as_millis() as u64,
+                "tailguard-hedge: attempt cancelled"
+            );
+        }
+        self.timer = None;
+        self.hedge_at = None;
+        self.pending_send = None;
+    }
+
+    fn forward(&self, report: Option<EndReport>) -> Option<Forward> {
+        Some(Forward {
+            inner: report?,
+            outer: self.outer_report.clone()?,
+        })
+    }
+
+    fn commit(
+        &mut self,
+        attempt: InFlight<S::Future, RB>,
+        stream: Streaming<RB>,
+        token: bool,
+    ) -> Response<HedgeBody<RB>> {
+        let (index, sent_at) = (attempt.index, attempt.sent_at);
+        let now = Instant::now();
+        self.cancel_all(now);
+        self.phase = Phase::Done;
+        self.best = None;
+        if token {
+            if let Some(e) = &self.estimator {
+                e.record(now.saturating_duration_since(sent_at), false, now);
+            }
+            if index > 0 {
+                metrics::counter!("tailguard_hedge_won_total").increment(1);
+            }
+        }
+        tracing::debug!(
+            attempt = index,
+            attempts = self.sent,
+            first_token = token,
+            "tailguard-hedge: attempt committed"
+        );
+        let forward = self.forward(attempt.report);
+        let mut res = stream.into_response(None, forward);
+        res.extensions_mut().insert(self.outcome(index));
+        res
+    }
+
+    /// Every attempt failed: the most informative failure, as it is or as an error.
+    fn finalize(&mut self) -> Output<RB> {
+        self.phase = Phase::Done;
+        self.timer = None;
+        self.hedge_at = None;
+        metrics::counter!("tailguard_hedge_all_failed_total").increment(1);
+        let Some((index, failure, report)) = self.best.take() else {
+            return Err("tailguard-hedge: no attempt completed".into());
+        };
+        let kind = failure.fault().kind;
+        // An inner layer's own reason for that attempt first, then ours.
+        let forward = self.forward(report);
+        if let Some(f) = &forward {
+            f.apply();
+        }
+        if let Some(outer) = &self.outer_report {
+            outer.report(EndReason::UpstreamError(kind));
+        }
+        tracing::debug!(
+            attempt = index,
+            attempts = self.sent,
+            failure = kind.as_str(),
+            "tailguard-hedge: every attempt failed"
+        );
+        if self.shared.config.failures_as_errors {
+            let best = match failure {
+                Failure::Response { stream, .. } => {
+                    format!("the best answer was {}", stream.status())
+                }
+                Failure::Service(e) => format!("the last error: {}", e.into()),
+            };
+            let message = format!("{} attempts failed before a first token; {best}", self.sent);
+            return Err(UpstreamError::new(kind, message).into());
+        }
+        match failure {
+            Failure::Response { stream, error, .. } => {
+                let mut res = stream.into_response(error, forward);
+                res.extensions_mut().insert(self.outcome(index));
+                Ok(res)
+            }
+            Failure::Service(e) => Err(e.into()),
+        }
+    }
+
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB>> {
+        loop {
+            match &mut self.phase {
+                Phase::Buffering(buffering) => {
+                    let body = match ready!(Pin::new(buffering).poll(cx)) {
+                        Ok(body) => body,
+                        Err(e) => {
+                            self.phase = Phase::Done;
+                            return Poll::Ready(Err(RequestBodyError::new(e.into()).into()));
+                        }
+                    };
+                    self.start(body);
+                }
+                Phase::Single(fut) => {
+                    let res = ready!(fut.as_mut().poll(cx));
+                    self.phase = Phase::Done;
+                    return Poll::Ready(match res {
+                        Ok(res) => {
+                            let mut res = res.map(HedgeBody::direct);
+                            res.extensions_mut().insert(HedgeOutcome::new(1, 0, None));
+                            Ok(res)
+                        }
+                        Err(e) => Err(e.into()),
+                    });
+                }
+                Phase::Racing => return self.poll_race(cx),
+                Phase::Done => return Poll::Pending,
+            }
+        }
+    }
+
+    /// The request body is buffered: send the primary.
+    fn start(&mut self, body: ReplayBody<B>) {
+        if body.is_replayable() {
+            self.body = Some(body);
+            self.phase = Phase::Racing;
+            let now = Instant::now();
+            self.delay = self.shared.delay.delay(self.estimator.as_deref(), now);
+            self.send(Trigger::Primary, now);
+        } else {
+            tracing::debug!("tailguard-hedge: request body over the replay cap");
+            let req = self.request(0, body, None);
+            self.sent = 1;
+            self.phase = Phase::Single(Box::pin(self.service.call(req)));
+        }
+    }
+
+    fn poll_race(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB>> {
+        loop {
+            let mut progressed = self.poll_send(cx);
+            let mut i = 0;
+            while i < self.attempts.len() {
+                match self.attempts[i].poll(cx, &self.shared.config) {
+                    Step::Pending => i += 1,
+                    Step::Commit(stream, token) => {
+                        let attempt = self.attempts.remove(i);
+                        return Poll::Ready(Ok(self.commit(attempt, stream, token)));
+                    }
+                    Step::Failed(failure) => {
+                        let attempt = self.attempts.remove(i);
+                        self.fail(attempt.index, failure, attempt.report);
+                        progressed = true;
+                    }
+                }
+            }
+            if self.poll_timer(cx) {
+                self.want(Trigger::Delay);
+                progressed = true;
+            }
+            if self.attempts.is_empty() && self.pending_send.is_none() {
+                return Poll::Ready(self.finalize());
+            }
+            if !progressed {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Sends the attempt waiting to go out once the service is ready; `true` when something
+    /// happened (sent, or the service failed, which counts as a failed attempt).
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(trigger) = self.pending_send else {
+            return false;
+        };
+        if !self.ready {
+            match self.service.poll_ready(cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Ok(())) => self.ready = true,
+                Poll::Ready(Err(e)) => {
+                    self.pending_send = None;
+                    let index = self.sent;
+                    self.sent += 1;
+                    self.fail(index, Failure::Service(e), None);
+                    return true;
+                }
+            }
+        }
+        self.pending_send = None;
+        self.send(trigger, Instant::now());
+        true
+    }
+}
+
+impl<S, B, RB> Drop for Race<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    B: Body,
+    RB: Body,
+{
+    fn drop(&mut self) {
+        // The client went away during the race: every attempt in flight is cancelled (dropped
+        // with this struct) and recorded as a censored sample.
+        if self.attempts.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for attempt in &self.attempts {
+            let waited = now.saturating_duration_since(attempt.sent_at);
+            if let Some(e) = &self.estimator {
+                e.record(waited, true, now);
+            }
+            tracing::debug!(
+                attempt = attempt.index,
+                waited_ms = waited.as_millis() as u64,
+                "tailguard-hedge: attempt cancelled, response dropped"
+            );
+        }
+    }
+}
