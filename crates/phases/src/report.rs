@@ -154,7 +154,7 @@ pub struct PhaseReport {
 /// The bounded `end_reason` label of a reason: [`EndReason::as_str`], except that upstream
 /// errors carry their class (`upstream_error_4xx`, `upstream_error_5xx`,
 /// `upstream_error_transport`, `upstream_error_in_band`, `upstream_error_protocol`,
-/// `upstream_error_other_status`).
+/// `upstream_error_truncated`, `upstream_error_other_status`).
 pub fn end_reason_label(reason: &EndReason) -> &'static str {
     match reason {
         EndReason::UpstreamError(f) => match f {
@@ -164,6 +164,7 @@ pub fn end_reason_label(reason: &EndReason) -> &'static str {
             UpstreamFailure::Transport => "upstream_error_transport",
             UpstreamFailure::InBand => "upstream_error_in_band",
             UpstreamFailure::Protocol => "upstream_error_protocol",
+            UpstreamFailure::Truncated => "upstream_error_truncated",
             _ => "upstream_error",
         },
         other => other.as_str(),
@@ -204,6 +205,7 @@ mod tests {
             EndReason::UpstreamError(UpstreamFailure::Transport),
             EndReason::UpstreamError(UpstreamFailure::InBand),
             EndReason::UpstreamError(UpstreamFailure::Protocol),
+            EndReason::UpstreamError(UpstreamFailure::Truncated),
         ];
         for r in reasons {
             let label = end_reason_label(&r);
