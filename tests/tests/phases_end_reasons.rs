@@ -4,6 +4,11 @@
 //! Stack order: recorder → `SseIdleTimeout` → `BoundedAdmission` → client. Admission cannot sit
 //! outside the timeout layer: its rendered refusals need `Data: From<Bytes>`, which the
 //! timeout's `Chunk<D>` data does not implement.
+//!
+//! The last test needs an upstream that holds its body open after `data: [DONE]`, which the mock
+//! cannot script (it always ends the body after `[DONE]`), so it uses a small hyper server of
+//! its own, and a hyper server in front of the recorder for a client that closes the
+//! connection.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -448,4 +453,167 @@ async fn priority_label_from_priority_class() {
     seen.sort();
     assert_eq!(seen, ["batch", "interactive", "standard"]);
     server.shutdown().await;
+}
+
+/// An upstream body that sends `frames` (each after its delay) and then stays open without
+/// ending, as a uvicorn-based server can after `data: [DONE]`; `dropped` is notified when hyper
+/// drops it (the connection closed).
+struct HeldOpen {
+    frames: std::collections::VecDeque<(Duration, &'static str)>,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    dropped: Arc<tokio::sync::Notify>,
+}
+
+impl http_body::Body for HeldOpen {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let Some(&(delay, text)) = self.frames.front() else {
+            return std::task::Poll::Pending; // held open: no end of body, ever
+        };
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
+        std::task::ready!(sleep.as_mut().poll(cx));
+        self.sleep = None;
+        self.frames.pop_front();
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+            text.as_bytes(),
+        )))))
+    }
+}
+
+impl Drop for HeldOpen {
+    fn drop(&mut self) {
+        self.dropped.notify_one();
+    }
+}
+
+/// Serves every connection on `listener` over HTTP/1.1 with `handle`.
+fn serve<F, Fut, B>(listener: tokio::net::TcpListener, handle: F)
+where
+    F: Fn(Request<hyper::body::Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let svc = hyper::service::service_fn(handle);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+}
+
+/// The openai SDK closes the connection as soon as it has read `[DONE]`; the upstream's end of
+/// body has not arrived yet. Client → hyper server → recorder → idle timeout → hyper client →
+/// an upstream that holds the body open after `[DONE]`: the stream is `completed`, timed to the
+/// `[DONE]` frame, and the upstream request is released.
+#[tokio::test(start_paused = true)]
+async fn client_closing_right_after_done_is_completed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let dropped = Arc::new(tokio::sync::Notify::new());
+    let released = dropped.clone();
+    serve(upstream, move |_req| {
+        let body = HeldOpen {
+            frames: [
+                (
+                    ms(0),
+                    "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+                ),
+                (
+                    ms(10),
+                    "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+                ),
+                (
+                    ms(10),
+                    "data: {\"choices\":[{\"delta\":{\"content\":\"!\"}}]}\n\n",
+                ),
+                (ms(10), "data: [DONE]\n\n"),
+            ]
+            .into(),
+            sleep: None,
+            dropped: dropped.clone(),
+        };
+        let res = http::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(body)
+            .unwrap();
+        async move { Ok(res) }
+    });
+
+    let (layer, reports, snap) = recorder();
+    let reported = Arc::new(tokio::sync::Notify::new());
+    let on_report = reported.clone();
+    let layer = layer.with_sink(move |_: &PhaseReport| on_report.notify_one());
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new().with_idle_timeout(ms(600_000)))
+        .service(client());
+    let gateway = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gateway_addr = gateway.local_addr().unwrap();
+    serve(gateway, move |req: Request<hyper::body::Incoming>| {
+        let svc = svc.clone();
+        async move {
+            let (mut parts, body) = req.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            parts.uri = format!("http://{upstream_addr}{}", parts.uri)
+                .parse()
+                .unwrap();
+            let res = svc
+                .oneshot(Request::from_parts(parts, Full::new(body)))
+                .await;
+            Ok(res.unwrap_or_else(|e| panic!("gateway: {e}")))
+        }
+    });
+
+    let mut conn = tokio::net::TcpStream::connect(gateway_addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{CHAT}",
+        CHAT.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: [DONE]") {
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the gateway closed before [DONE]");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(conn); // the client has its answer and goes
+
+    // Far inside the idle timeout: the report comes from the client's close, not an expiry.
+    let wait = ms(10_000);
+    tokio::time::timeout(wait, reported.notified())
+        .await
+        .expect("a report");
+    let r = reports.one();
+    assert_eq!(r.end_reason, EndReason::Completed);
+    assert!(!r.end_reason_reported);
+    assert!(r.done_seen);
+    assert_eq!(r.time_to_first_token, Some(ms(10)));
+    assert_eq!(r.output_events, 2);
+    assert_eq!(r.total, ms(30), "until the [DONE] frame");
+    assert_eq!(end_reasons(&snap), ["completed"]);
+    tokio::time::timeout(wait, released.notified())
+        .await
+        .expect("the upstream request is released");
 }

@@ -15,8 +15,10 @@ pin_project! {
     ///
     /// The report is finalised exactly once: when the inner body ends (`None`, trailers, or
     /// `is_end_stream()` turning true after a frame), when it yields an error, or when this body
-    /// is dropped before any of those (a client disconnect). Per data frame it scans the frame
-    /// with the [`StreamTracker`](tailguard_core::StreamTracker), without allocating or locking.
+    /// is dropped before any of those: a client disconnect, or `completed` if the frame with the
+    /// stream's terminal event (`[DONE]`, `message_stop`) was already handed on. Per data frame
+    /// it scans the frame with the [`StreamTracker`](tailguard_core::StreamTracker), without
+    /// allocating or locking.
     pub struct LatencyPhaseRecorderBody<B> {
         #[pin]
         inner: B,

@@ -83,7 +83,10 @@
 //!   previous such frame; events completing in the same frame are one arrival (see
 //!   [`GapStats`]);
 //! * **time per output token**: `(total - TTFT) / (output events - 1)`, only with more than one;
-//! * **total**: until the body ended, failed, or was dropped;
+//! * **total**: until the frame carrying the stream's terminal event (`data: [DONE]`,
+//!   `message_stop`, NDJSON `"done": true`) was handed on, when the stream had one (the client
+//!   had its whole answer then, whatever the connection did afterwards); else until the body
+//!   ended, failed, or was dropped;
 //! * **output events**: token events (every gRPC message is one); **usage** when the stream
 //!   reports it.
 //!
@@ -100,6 +103,16 @@
 //! ended; `upstream_error_in_band` if the stream carried an error event or a non-zero
 //! `grpc-status` trailer), `upstream_error_transport` (the body or the service failed), or
 //! `client_disconnect` (the body, or the response future, was dropped before the end).
+//!
+//! Once the frame carrying the stream's terminal event (`data: [DONE]`, `message_stop`,
+//! NDJSON `"done": true`) has been handed on, the client has its whole answer: a later drop of
+//! the body is `completed` (or `upstream_error_in_band` if the stream carried an error event),
+//! not `client_disconnect`. Clients such as the openai SDK close the connection as soon as they
+//! read `[DONE]`, often before the upstream's end of body arrives. For the same reason a
+//! `client_disconnect` an inner layer reported after that frame is overruled; any other
+//! reported reason still wins (an inner timeout layer that ends a finished stream quietly
+//! reports nothing). A gRPC stream ends with its trailers, so it is `completed` when they are
+//! handed on with `grpc-status` 0.
 //!
 //! ## Labels
 //!

@@ -24,7 +24,8 @@ pub(crate) enum Observed {
     End,
     /// The body yielded an error.
     BodyError,
-    /// The body or the response future was dropped before the end.
+    /// The body or the response future was dropped before the end (after the terminal event
+    /// was delivered this counts as [`End`](Observed::End)).
     Dropped,
     /// The inner service failed before headers.
     ServiceError,
@@ -51,7 +52,9 @@ pub(crate) struct Recording {
     gap_hists: Vec<metrics::Histogram>,
     output_events: u64,
     events: u64,
-    done_seen: bool,
+    /// When the frame completing the stream's terminal event (`[DONE]`, `message_stop`) was
+    /// handed to the caller.
+    done_at: Option<Instant>,
     in_band_error: bool,
 }
 
@@ -92,7 +95,7 @@ impl Recording {
             gap_hists: Vec::new(),
             output_events: 0,
             events: 0,
-            done_seen: false,
+            done_at: None,
             in_band_error: false,
         })
     }
@@ -183,7 +186,9 @@ impl Recording {
 
     fn apply(&mut self, obs: Observation) {
         self.events += u64::from(obs.events);
-        self.done_seen |= obs.done;
+        if obs.done && self.done_at.is_none() {
+            self.done_at = Some(Instant::now());
+        }
         self.in_band_error |= obs.error;
         if obs.tokens != 0 {
             self.on_tokens(obs.tokens);
@@ -216,19 +221,12 @@ impl Recording {
             let obs = t.finish();
             self.apply(obs);
         }
-        let total = Instant::now().saturating_duration_since(self.start);
-        let own = match observed {
-            Observed::End if self.in_band_error => {
-                EndReason::UpstreamError(UpstreamFailure::InBand)
-            }
-            Observed::End => EndReason::Completed,
-            Observed::BodyError | Observed::ServiceError => {
-                EndReason::UpstreamError(UpstreamFailure::Transport)
-            }
-            Observed::Dropped => EndReason::ClientDisconnect,
-        };
-        let reported = self.end_report.get();
-        let end_reason = reported.or(self.head_reason).unwrap_or(own);
+        // The client had its whole answer when the terminal event reached it.
+        let total = self
+            .done_at
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(self.start);
+        let (end_reason, reported) = self.end_reason(observed);
         let time_per_output_token = match (self.ttft, self.output_events) {
             (Some(ttft), n) if n > 1 => Some(total.saturating_sub(ttft).div_f64((n - 1) as f64)),
             _ => None,
@@ -240,7 +238,7 @@ impl Recording {
             request_id: this.request_id,
             labels: this.labels,
             end_reason,
-            end_reason_reported: reported.is_some(),
+            end_reason_reported: reported,
             status: this.status,
             queue_wait: this.admission.as_ref().map(|a| a.queue_wait),
             time_to_headers: this.time_to_headers,
@@ -250,7 +248,7 @@ impl Recording {
             total,
             output_events: this.output_events,
             events: this.events,
-            done_seen: this.done_seen,
+            done_seen: this.done_at.is_some(),
             usage,
             admission: this.admission,
             hedge: this.hedge,
@@ -260,6 +258,36 @@ impl Recording {
         };
         for sink in &this.cfg.sinks.0 {
             sink.on_report(&report);
+        }
+    }
+
+    /// The end reason, and whether an inner layer reported it: the first inner report, then the
+    /// reason the head decided, then what the recorder saw. Once the terminal event was
+    /// delivered, a drop (the client closing after reading it) is an end, and so is an inner
+    /// layer's `ClientDisconnect`.
+    fn end_reason(&self, observed: Observed) -> (EndReason, bool) {
+        let delivered = self.done_at.is_some();
+        let observed = match observed {
+            Observed::Dropped if delivered => Observed::End,
+            other => other,
+        };
+        let own = match observed {
+            Observed::End if self.in_band_error => {
+                EndReason::UpstreamError(UpstreamFailure::InBand)
+            }
+            Observed::End => EndReason::Completed,
+            Observed::BodyError | Observed::ServiceError => {
+                EndReason::UpstreamError(UpstreamFailure::Transport)
+            }
+            Observed::Dropped => EndReason::ClientDisconnect,
+        };
+        let reported = self
+            .end_report
+            .get()
+            .filter(|r| !(delivered && *r == EndReason::ClientDisconnect));
+        match reported {
+            Some(r) => (r, true),
+            None => (self.head_reason.unwrap_or(own), false),
         }
     }
 }

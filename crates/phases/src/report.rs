@@ -114,6 +114,12 @@ pub struct PhaseReport {
     pub labels: PhaseLabels,
     /// How the request ended: the reason an inner layer reported through
     /// [`EndReport`](tailguard_core::EndReport) if any, else what the recorder observed.
+    ///
+    /// Once the frame carrying the stream's terminal event ([`done_seen`](PhaseReport::done_seen))
+    /// was handed on, the client had its whole answer: a drop of the body after it is
+    /// [`Completed`](EndReason::Completed) (or an in-band upstream error if the stream carried
+    /// one), never [`ClientDisconnect`](EndReason::ClientDisconnect), and an inner layer's
+    /// `ClientDisconnect` report is overruled the same way. Any other reported reason still wins.
     pub end_reason: EndReason,
     /// Whether [`end_reason`](PhaseReport::end_reason) was reported by an inner layer.
     pub end_reason_reported: bool,
@@ -129,13 +135,15 @@ pub struct PhaseReport {
     pub gaps: GapStats,
     /// `(total - time_to_first_token) / (output_events - 1)`, when `output_events > 1`.
     pub time_per_output_token: Option<Duration>,
-    /// Time until the request ended.
+    /// Time until the frame carrying the stream's terminal event was handed on, when
+    /// [`done_seen`](PhaseReport::done_seen); else time until the request ended.
     pub total: Duration,
     /// Output (token) events of a streamed response.
     pub output_events: u64,
     /// Events of every class (tokens, meta, keepalives, done, error).
     pub events: u64,
-    /// Whether the stream carried its own end marker (`[DONE]`, `message_stop`).
+    /// Whether the stream carried its own end marker (`[DONE]`, `message_stop`, NDJSON
+    /// `"done": true`) and the frame carrying it was handed on.
     pub done_seen: bool,
     /// Token usage the stream reported (`include_usage`, Anthropic `usage`).
     pub usage: Option<Usage>,

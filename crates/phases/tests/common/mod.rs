@@ -21,6 +21,8 @@ pub enum Step {
     Data(&'static str),
     Trailers(HeaderMap),
     Error,
+    /// Pending forever (an upstream that holds the body open): never yields, never ends.
+    Pending,
 }
 
 pub fn ms(n: u64) -> Duration {
@@ -82,6 +84,10 @@ impl Body for Scripted {
                 }
                 Some(Step::Trailers(t)) => return Poll::Ready(Some(Ok(Frame::trailers(t)))),
                 Some(Step::Error) => return Poll::Ready(Some(Err(ScriptError))),
+                Some(Step::Pending) => {
+                    self.steps.push_front(Step::Pending);
+                    return Poll::Pending;
+                }
             }
         }
     }
