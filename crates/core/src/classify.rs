@@ -184,6 +184,21 @@ impl Dialect {
         }
     }
 
+    /// The classifier of this dialect ([`Dialect::Auto`] stands for its SSE choice,
+    /// [`Dialect::LlmSse`]).
+    pub(crate) fn classifier(&self) -> &dyn Classify {
+        match self {
+            Dialect::Auto | Dialect::LlmSse => &LlmSseClassifier,
+            Dialect::OpenAi => &OpenAiClassifier,
+            Dialect::Anthropic => &AnthropicClassifier,
+            Dialect::AnySse => &AnySseClassifier,
+            Dialect::AnyByte => &AnyByteClassifier,
+            Dialect::Grpc => &GrpcClassifier,
+            Dialect::Ndjson => &NdjsonClassifier,
+            Dialect::Custom { classifier, .. } => classifier.as_ref(),
+        }
+    }
+
     /// The framing of this dialect (`None` for [`Dialect::Auto`], which depends on the response).
     pub fn framing(&self) -> Option<Framing> {
         match self {
