@@ -4,7 +4,9 @@
 //! Each level is parsed on its own from the raw text of the level above (`&RawValue`) and only
 //! when it is a JSON object, as a `serde_json::Value` would be looked into: a member of an
 //! unexpected type says nothing, it does not make the whole document undecidable. A document
-//! that serde_json does not parse at all (not UTF-8, malformed, cut short) decides nothing.
+//! that serde_json does not parse at all (not UTF-8, malformed, cut short) decides nothing, and
+//! neither does an object in which a member its type reads is given twice (serde's derived
+//! types refuse it).
 
 use std::borrow::Cow;
 
