@@ -5,7 +5,7 @@ use bytes::{Buf, Bytes};
 /// A data chunk that is either the inner body's own data or bytes a layer produced itself
 /// (a replayed request frame, a rendered in-band error event).
 ///
-/// Lets a body wrapper keep `B::Data` untouched on the hot path and still emit bytes of its own.
+/// Lets a body wrapper pass `B::Data` through untouched and still emit bytes of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Chunk<D> {
     /// Data from the inner body, passed through untouched.
@@ -22,7 +22,6 @@ impl<D> From<Bytes> for Chunk<D> {
 }
 
 impl<D: Buf> Buf for Chunk<D> {
-    #[inline]
     fn remaining(&self) -> usize {
         match self {
             Chunk::Inner(d) => d.remaining(),
@@ -30,7 +29,6 @@ impl<D: Buf> Buf for Chunk<D> {
         }
     }
 
-    #[inline]
     fn chunk(&self) -> &[u8] {
         match self {
             Chunk::Inner(d) => d.chunk(),
@@ -38,7 +36,6 @@ impl<D: Buf> Buf for Chunk<D> {
         }
     }
 
-    #[inline]
     fn advance(&mut self, cnt: usize) {
         match self {
             Chunk::Inner(d) => d.advance(cnt),

@@ -381,15 +381,27 @@ impl fmt::Display for EndReason {
 
 /// The channel through which an inner layer tells an outer layer why a stream ended.
 ///
-/// An outer layer that wants to know (the recorder) creates an `EndReport` and inserts it into
-/// the request extensions before calling inward. Any inner layer that ends a stream for a reason
-/// of its own (a timeout, a rejection, an upstream failure it turned into an in-band error)
-/// clones it out of the request extensions in `call` and [`report`](EndReport::report)s the
-/// reason when it ends the stream, *before* it yields the final frame, so the outer layer finds
-/// it when it sees the end. The first report wins: the innermost cause is kept.
+/// The rules every tailguard layer follows (the layers' own docs refer here):
 ///
-/// Cloning is one reference-count increment; without an outer reader there is no report at all,
-/// so layers pay nothing when no recorder is installed.
+/// * **Who creates it.** The outer layer that wants to know, `LatencyPhaseRecorder`, creates an
+///   `EndReport` and inserts it into the request extensions before calling inward. Without one
+///   in the request extensions nothing is reported.
+/// * **Who writes it.** A layer that ends a stream (or a request) for a reason of its own clones
+///   the report out of the request extensions in `call` and [`report`](EndReport::report)s that
+///   reason: `SseIdleTimeout` the timeout that fired ([`EndReason::HeadTimeout`],
+///   [`EndReason::FirstTokenTimeout`], [`EndReason::IdleTimeout`], [`EndReason::Deadline`]),
+///   `BoundedAdmission` [`EndReason::Rejected`] for a request it refuses, `FirstTokenHedge`
+///   [`EndReason::UpstreamError`] when every attempt failed before its first token. The hedge
+///   gives each attempt it races a report of its own and forwards the winner's reason to the
+///   outer one, so the end of a dropped loser is never reported. The outer reader decides the
+///   rest itself ([`EndReason::Completed`], [`EndReason::ClientDisconnect`]) when nothing was
+///   reported.
+/// * **When.** Before the layer yields the final frame, the error or the refusal, so the outer
+///   layer finds the reason when it sees the end.
+/// * **The first report wins.** [`report`](EndReport::report) keeps the first reason and
+///   ignores later ones: the innermost cause is kept.
+///
+/// Clones share one report.
 #[derive(Clone, Debug, Default)]
 pub struct EndReport(Arc<OnceLock<EndReason>>);
 

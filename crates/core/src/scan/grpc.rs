@@ -3,7 +3,7 @@
 use bytes::Buf;
 
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, feed_chunks};
+use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, capture, feed_chunks};
 
 /// Incremental scanner for gRPC bodies: each message is a 1-byte compressed flag, a 4-byte
 /// big-endian length and the message bytes.
@@ -79,7 +79,6 @@ impl GrpcScanner {
     }
 
     /// Bytes fed since the last message boundary.
-    #[inline]
     pub fn pending_bytes(&self) -> usize {
         self.pending
     }
@@ -153,10 +152,7 @@ impl GrpcScanner {
                 self.in_message = true;
             } else {
                 let take = (self.message_len - self.message_read).min(chunk.len());
-                let room = self.capture.saturating_sub(self.data.len());
-                if room > 0 {
-                    self.data.extend_from_slice(&chunk[..room.min(take)]);
-                }
+                capture(&mut self.data, self.capture, &chunk[..take]);
                 self.message_read += take;
                 self.pending += take;
                 chunk = &chunk[take..];

@@ -4,10 +4,9 @@
 //! It never holds on to the frame and never buffers whole lines: what it needs across frames
 //! (where it is in a line, the captured prefix of the event's data, the event name) lives in
 //! small buffers it owns and reuses, so once warm it does not allocate per frame, and fed one
-//! byte per frame it stays linear. The common case, a whole one-line `data:` event inside one
-//! frame, is reported straight from the frame without a copy. One line, event or message larger
-//! than the cap ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`],
-//! never unbounded buffering; the bytes are counted whether they are captured or not.
+//! byte per frame it stays linear. One line, event or message larger than the cap
+//! ([`DEFAULT_MAX_EVENT_BYTES`] unless set) is a [`ScanError`], never unbounded buffering; the
+//! bytes are counted whether they are captured or not.
 //!
 //! *Capture*: how much of each event's data the scanner copies out for the classifier. Before
 //! the first token a classifier needs the whole JSON; after it, a short prefix tells `[DONE]`
@@ -53,7 +52,6 @@ impl<'a> Captured<'a> {
 
     /// The same data captured with a limit of `limit` bytes: at most that prefix, the same
     /// full length.
-    #[inline]
     pub fn limited(self, limit: usize) -> Captured<'a> {
         Captured {
             bytes: &self.bytes[..self.bytes.len().min(limit)],
@@ -97,19 +95,35 @@ pub enum Event<'a> {
     },
 }
 
+impl<'a> Event<'a> {
+    /// The same event with its data (or comment text) captured with a limit of `limit` bytes.
+    pub(crate) fn limited(self, limit: usize) -> Event<'a> {
+        match self {
+            Event::Comment { text } => Event::Comment {
+                text: text.limited(limit),
+            },
+            Event::Sse { name, data } => Event::Sse {
+                name,
+                data: data.limited(limit),
+            },
+            Event::Grpc { compressed, data } => Event::Grpc {
+                compressed,
+                data: data.limited(limit),
+            },
+            Event::Line { data } => Event::Line {
+                data: data.limited(limit),
+            },
+            Event::Bytes { len } => Event::Bytes { len },
+        }
+    }
+}
+
 /// Calls `feed` with each contiguous chunk of `buf`, without consuming `buf`.
 ///
 /// Uses [`Buf::chunks_vectored`] with room for 64 chunks. Every data type that hyper, axum,
 /// tonic and `bytes` produce is one or two chunks; a buffer made of more than 64 discontiguous
 /// chunks is seen through its first 64 only.
 pub fn for_each_chunk<B: Buf + ?Sized>(buf: &B, mut feed: impl FnMut(&[u8])) {
-    let first = buf.chunk();
-    if first.len() == buf.remaining() {
-        if !first.is_empty() {
-            feed(first);
-        }
-        return;
-    }
     let mut slices = [std::io::IoSlice::new(&[]); 64];
     let n = buf.chunks_vectored(&mut slices);
     for s in &slices[..n] {
@@ -120,7 +134,6 @@ pub fn for_each_chunk<B: Buf + ?Sized>(buf: &B, mut feed: impl FnMut(&[u8])) {
 }
 
 /// Feeds each chunk of `buf` to `feed` until one fails (the `feed_buf` of every scanner).
-#[inline]
 pub(crate) fn feed_chunks<B: Buf + ?Sized>(
     buf: &B,
     mut feed: impl FnMut(&[u8]) -> Result<(), ScanError>,
@@ -132,4 +145,11 @@ pub(crate) fn feed_chunks<B: Buf + ?Sized>(
         }
     });
     result
+}
+
+/// Appends to `buf` as much of `bytes` as keeps it within `limit` bytes (the capture of every
+/// scanner).
+fn capture(buf: &mut Vec<u8>, limit: usize, bytes: &[u8]) {
+    let room = limit.saturating_sub(buf.len());
+    buf.extend_from_slice(&bytes[..room.min(bytes.len())]);
 }

@@ -4,7 +4,7 @@ use bytes::Buf;
 use memchr::memchr;
 
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, feed_chunks};
+use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, capture, feed_chunks};
 
 /// Incremental scanner for NDJSON / JSON Lines bodies: each non-blank line (LF or CRLF ended)
 /// is an [`Event::Line`], without its line end. A last line without a line end is reported by
@@ -71,7 +71,6 @@ impl NdjsonScanner {
     }
 
     /// Bytes fed since the last line end.
-    #[inline]
     pub fn pending_bytes(&self) -> usize {
         self.pending
     }
@@ -142,10 +141,7 @@ impl NdjsonScanner {
             if !self.non_blank {
                 self.non_blank = seg.iter().any(|b| !b.is_ascii_whitespace());
             }
-            let room = self.capture.saturating_sub(self.data.len());
-            if room > 0 {
-                self.data.extend_from_slice(&seg[..room.min(seg.len())]);
-            }
+            capture(&mut self.data, self.capture, seg);
         }
         Ok(())
     }

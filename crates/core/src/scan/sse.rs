@@ -4,7 +4,7 @@ use bytes::Buf;
 use memchr::{memchr, memchr2};
 
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, feed_chunks};
+use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, capture, feed_chunks};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
@@ -47,9 +47,9 @@ enum Line {
 /// and a blank line that dispatches an [`Event::Sse`] only when the event had a `data` field. At
 /// the end of the body an incomplete event is discarded.
 ///
-/// Lines are never buffered: each frame is cut into line segments with `memchr`, and only what
-/// must survive a frame boundary is kept (the field being read, the captured data, the event
-/// name), in buffers that are reused, so a warm scanner does not allocate per frame.
+/// Lines are never buffered: each frame is cut into line segments with `memchr`, and only the
+/// field being read, the captured data and the event name are kept, in buffers that are reused,
+/// so a warm scanner does not allocate per frame.
 ///
 /// ```
 /// use tailguard_core::scan::{Event, SseScanner};
@@ -89,8 +89,6 @@ pub struct SseScanner {
     comment: Vec<u8>,
     comment_len: usize,
     error: Option<ScanError>,
-    /// [`at_boundary`](SseScanner::at_boundary), as of the end of the last `feed`.
-    boundary: bool,
 }
 
 impl Default for SseScanner {
@@ -121,7 +119,6 @@ impl SseScanner {
             comment: Vec::new(),
             comment_len: 0,
             error: None,
-            boundary: false,
         }
     }
 
@@ -141,7 +138,6 @@ impl SseScanner {
 
     /// Bytes fed since the last event boundary: the part of the stream that belongs to an
     /// event (or a line) not complete yet.
-    #[inline]
     pub fn pending_bytes(&self) -> usize {
         self.pending
     }
@@ -159,12 +155,6 @@ impl SseScanner {
         }
         let result = self.feed_inner(chunk, &mut on_event);
         self.error = result.err();
-        self.boundary = self.bom_done
-            && !self.after_cr
-            && self.line == Line::Start
-            && !self.in_event
-            && self.pending == 0
-            && self.error.is_none();
         result
     }
 
@@ -229,25 +219,7 @@ impl SseScanner {
                     continue;
                 }
             }
-            if self.line == Line::Start
-                && !self.in_event
-                && self.pending == 0
-                && let Some((used, value)) = self.whole_data_event(chunk)
-            {
-                on_event(Event::Sse {
-                    name: b"",
-                    data: self.captured(value),
-                });
-                chunk = &chunk[used..];
-                continue;
-            }
-            // A line end right here (the blank line that ends an event, most often): no need
-            // to search for it.
-            let found = match chunk[0] {
-                b'\n' | b'\r' => Some(0),
-                _ => memchr2(b'\n', b'\r', chunk),
-            };
-            match found {
+            match memchr2(b'\n', b'\r', chunk) {
                 Some(i) => {
                     // The line end itself does not count against the cap.
                     self.pending += i;
@@ -267,67 +239,6 @@ impl SseScanner {
             }
         }
         Ok(())
-    }
-
-    /// The fast path for the common case: a whole `data: ...` event (one data line, then a blank
-    /// line, LF or CRLF ended) at the start of `chunk`, to be dispatched straight from the frame
-    /// without copying. Returns the bytes it spans and its data, or `None` to leave the chunk to
-    /// the general path (which gives the same result byte for byte, including cap errors). The
-    /// caller checks that the scanner is at an event boundary.
-    #[inline(always)]
-    fn whole_data_event<'c>(&self, chunk: &'c [u8]) -> Option<(usize, &'c [u8])> {
-        if !chunk.starts_with(b"data:") {
-            return None;
-        }
-        let i = memchr2(b'\n', b'\r', chunk)?;
-        let rest = &chunk[i..];
-        // The event's size as the general path counts it: the data line and its line end.
-        let (used, size) = if rest.starts_with(b"\n\n") {
-            (i + 2, i + 1)
-        } else if rest.starts_with(b"\r\n\r\n") {
-            (i + 4, i + 2)
-        } else {
-            return None;
-        };
-        if size > self.max {
-            return None;
-        }
-        let mut value = &chunk[5..i];
-        if let [b' ', tail @ ..] = value {
-            value = tail;
-        }
-        Some((used, value))
-    }
-
-    /// `value` as captured: its first `capture` bytes and its length.
-    #[inline(always)]
-    fn captured<'c>(&self, value: &'c [u8]) -> Captured<'c> {
-        Captured {
-            bytes: &value[..value.len().min(self.capture)],
-            len: value.len(),
-        }
-    }
-
-    /// Whether the scanner stands at an event boundary with nothing carried over: the next byte
-    /// starts a line of a new event. Then [`next_data_event`](SseScanner::next_data_event) may
-    /// take whole data events off the front of a chunk.
-    ///
-    /// Kept up to date by [`feed`](SseScanner::feed); taking whole data events off the front of
-    /// a chunk leaves it as it is.
-    #[inline(always)]
-    pub(crate) fn at_boundary(&self) -> bool {
-        self.boundary
-    }
-
-    /// The whole one-line `data:` event at the front of `rest`, if there is one: the bytes it
-    /// spans and its data, as captured. For a scanner [`at_boundary`](SseScanner::at_boundary),
-    /// this is exactly what [`feed`](SseScanner::feed) would report for those bytes, and feeding
-    /// them would leave the scanner as it is (at the boundary), so a caller may take such events
-    /// one after the other without feeding them, and feed the rest of the chunk.
-    #[inline(always)]
-    pub(crate) fn next_data_event<'c>(&self, rest: &'c [u8]) -> Option<(usize, Captured<'c>)> {
-        let (used, value) = self.whole_data_event(rest)?;
-        Some((used, self.captured(value)))
     }
 
     /// Adds `n` bytes to the current line and checks both caps.
@@ -352,13 +263,7 @@ impl SseScanner {
         while let Some(&first) = seg.first() {
             match self.line {
                 Line::Start => {
-                    if seg.starts_with(b"data:") {
-                        // The common case, without the field-name machinery.
-                        self.in_event = true;
-                        self.begin_field(Field::Data);
-                        self.line = Line::AfterColon(Field::Data);
-                        seg = &seg[5..];
-                    } else if first == b':' {
+                    if first == b':' {
                         self.line = Line::Value(Field::Comment);
                         self.comment.clear();
                         self.comment_len = 0;
@@ -435,25 +340,16 @@ impl SseScanner {
 
     fn push_data(&mut self, bytes: &[u8]) {
         self.data_len += bytes.len();
-        let room = self.capture.saturating_sub(self.data.len());
-        if room > 0 {
-            self.data.extend_from_slice(&bytes[..room.min(bytes.len())]);
-        }
+        capture(&mut self.data, self.capture, bytes);
     }
 
     fn value(&mut self, field: Field, bytes: &[u8]) {
         match field {
             Field::Data => self.push_data(bytes),
-            Field::Event => {
-                let room = MAX_EVENT_NAME_BYTES.saturating_sub(self.event_name.len());
-                self.event_name
-                    .extend_from_slice(&bytes[..room.min(bytes.len())]);
-            }
+            Field::Event => capture(&mut self.event_name, MAX_EVENT_NAME_BYTES, bytes),
             Field::Comment => {
                 self.comment_len += bytes.len();
-                let room = self.capture.saturating_sub(self.comment.len());
-                self.comment
-                    .extend_from_slice(&bytes[..room.min(bytes.len())]);
+                capture(&mut self.comment, self.capture, bytes);
             }
             Field::Id | Field::Retry | Field::Ignore => {}
         }
