@@ -1,5 +1,6 @@
 //! The shared state of one admission gate: capacity accounting and the admission decisions,
-//! over the wait queue ([`crate::queue`]) and the drain rate ([`crate::drain`]).
+//! over the wait queue ([`crate::queue`]) and the hold times behind `Retry-After`
+//! ([`crate::drain`]).
 //!
 //! All of it lives behind one `std::sync::Mutex` with short critical sections. Waiters are
 //! woken through a `tokio::sync::oneshot` whose value is sent *while the lock is held*, so a
@@ -16,7 +17,7 @@ use tailguard_core::{OverloadReason, Priority};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::drain::Drain;
+use crate::drain::{self, Holds};
 use crate::layer::Config;
 use crate::queue::Queue;
 
@@ -36,6 +37,7 @@ pub(crate) struct Permit {
     shared: Arc<Shared>,
     class: usize,
     units: u32,
+    admitted: Instant,
 }
 
 impl Permit {
@@ -55,7 +57,7 @@ impl fmt::Debug for Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.shared.release(self.class, self.units);
+        self.shared.release(self.class, self.units, self.admitted);
     }
 }
 
@@ -116,27 +118,32 @@ struct State {
     in_use: u32,
     in_flight: usize,
     queue: Queue,
-    drain: Drain,
+    /// The hold times of all classes' permits together.
+    holds: Holds,
 }
 
 impl State {
-    /// Counts an admission of `units` in `class`.
-    fn admit(&mut self, class: usize, units: u32) {
+    /// Counts an admission of `units` in `class` at `now`.
+    fn admit(&mut self, class: usize, units: u32, now: Instant) {
         self.in_use += units;
         self.in_flight += 1;
+        self.holds.admit(now, units);
         let c = &mut self.queue.classes[class];
         c.in_use += units;
         c.in_flight += 1;
+        c.holds.admit(now, units);
         c.metrics.in_flight.increment(1.0);
     }
 
-    /// Counts the release of an admission of `units` in `class`.
-    fn release(&mut self, class: usize, units: u32) {
+    /// Counts the release at `now` of an admission of `units` in `class` made at `admitted`.
+    fn release(&mut self, class: usize, units: u32, admitted: Instant, now: Instant) {
         self.in_use -= units;
         self.in_flight -= 1;
+        self.holds.release(now, admitted, units);
         let c = &mut self.queue.classes[class];
         c.in_use -= units;
         c.in_flight -= 1;
+        c.holds.release(now, admitted, units);
         c.metrics.in_flight.decrement(1.0);
     }
 }
@@ -168,7 +175,7 @@ impl Shared {
             in_use: 0,
             in_flight: 0,
             queue: Queue::new(),
-            drain: Drain::new(Instant::now()),
+            holds: Holds::new(Instant::now()),
         };
         Arc::new(Shared {
             cfg,
@@ -202,11 +209,12 @@ impl Shared {
         units <= self.cfg.capacity.saturating_sub(st.in_use)
     }
 
-    fn permit(self: &Arc<Self>, class: usize, units: u32) -> Permit {
+    fn permit(self: &Arc<Self>, class: usize, units: u32, admitted: Instant) -> Permit {
         Permit {
             shared: self.clone(),
             class,
             units,
+            admitted,
         }
     }
 
@@ -219,16 +227,16 @@ impl Shared {
         units: u32,
     ) -> Acquire {
         self.locked(|st, deferred| {
+            let now = Instant::now();
             let priority = priority.unwrap_or(&self.cfg.default_priority);
-            let class = st.queue.class(priority, share, &self.cfg);
+            let class = st.queue.class(priority, share, &self.cfg, now);
             if st.queue.len() == 0 && self.fits(st, units) {
-                st.admit(class, units);
+                st.admit(class, units, now);
                 let m = &st.queue.classes[class].metrics;
                 m.admitted_immediate.increment(1);
                 m.queue_wait.record(0.0);
-                return Acquire::Admitted(self.permit(class, units));
+                return Acquire::Admitted(self.permit(class, units, now));
             }
-            let now = Instant::now();
             if self.cfg.queue_len == 0 {
                 let r = self.refuse(st, class, OverloadReason::QueueFull, now, units);
                 return Acquire::Rejected(r);
@@ -283,8 +291,8 @@ impl Shared {
         })
     }
 
-    /// A refusal of a request of `units` in `class` (counted in its metrics), with the
-    /// `Retry-After` for the queue's backlog plus those units.
+    /// A refusal of a request of `units` in `class` (counted in its metrics), with its
+    /// `Retry-After`.
     fn refuse(
         &self,
         st: &State,
@@ -296,13 +304,13 @@ impl Shared {
         st.queue.classes[class].metrics.rejected(reason);
         Rejection {
             reason,
-            retry_after: self.retry_after(st, now, units),
+            retry_after: self.retry_after(st, class, now, units),
         }
     }
 
-    fn retry_after(&self, st: &State, now: Instant, units: u32) -> Duration {
-        let backlog = st.queue.units() + u64::from(units);
-        st.drain.retry_after(now, backlog, self.cfg.queue_timeout)
+    /// The `Retry-After` of a refused request of `units` in `class` ([`drain::retry_after`]).
+    fn retry_after(&self, st: &State, class: usize, now: Instant, units: u32) -> Duration {
+        drain::retry_after(&st.queue, &st.holds, self.cfg.capacity, class, units, now)
     }
 
     /// Admits waiters in the queue's order while the next one fits.
@@ -316,19 +324,19 @@ impl Shared {
             let m = &st.queue.classes[pick.class].metrics;
             m.admitted_queued.increment(1);
             m.queue_wait.record(waited.as_secs_f64());
-            st.admit(pick.class, w.units);
-            if let Err(g) = w.tx.send(Ok((self.permit(pick.class, w.units), waited))) {
+            st.admit(pick.class, w.units, now);
+            let permit = self.permit(pick.class, w.units, now);
+            if let Err(g) = w.tx.send(Ok((permit, waited))) {
                 deferred.push(g);
             }
         }
     }
 
     /// Gives back a permit's units and admits the waiters they make room for.
-    fn release(self: &Arc<Self>, class: usize, units: u32) {
+    fn release(self: &Arc<Self>, class: usize, units: u32, admitted: Instant) {
         self.locked(|st, deferred| {
-            st.release(class, units);
             let now = Instant::now();
-            st.drain.record(now, units);
+            st.release(class, units, admitted, now);
             self.dispatch(st, now, deferred);
         });
     }
@@ -347,7 +355,7 @@ impl Shared {
                 st.queue.classes[class].metrics.rejected(reason);
             }
             let now = Instant::now();
-            let retry_after = self.retry_after(st, now, w.units);
+            let retry_after = self.retry_after(st, class, now, w.units);
             // The removed waiter may have blocked the head of the line.
             self.dispatch(st, now, deferred);
             Some(Rejection {

@@ -174,6 +174,9 @@ impl<M> BoundedAdmissionLayer<M> {
     }
 
     /// Sets the queue deadline: the longest a request waits for capacity before a 503.
+    ///
+    /// The deadline bounds the wait; it plays no part in the `Retry-After` of a refusal, which
+    /// comes from the observed hold times (see the [crate docs](crate#retry-after)).
     pub fn with_queue_timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.queue_timeout = timeout)
     }
@@ -206,7 +209,8 @@ impl<M> BoundedAdmissionLayer<M> {
     }
 
     /// Sets the status of a refusal because the queue is full (or the request was evicted):
-    /// 429 by default; 503 is the usual alternative.
+    /// 429 by default; 503 is the usual alternative. Either way it carries a `Retry-After` from
+    /// the observed hold times (see the [crate docs](crate#retry-after)).
     pub fn with_queue_full_status(self, status: StatusCode) -> Self {
         self.with(|c| c.full_status = status)
     }
@@ -219,6 +223,10 @@ impl<M> BoundedAdmissionLayer<M> {
     /// Reserves `share` of the capacity for `priority` under contention. A
     /// [`ClassPolicy::reserved_share`](tailguard_core::ClassPolicy) in the request extensions
     /// takes precedence.
+    ///
+    /// A refusal of a class with a reserved share gets its own `Retry-After`: its waiters drain
+    /// through its reserved units at its own hold time; while it has waiters, its share is not
+    /// counted as capacity for the classes above it (see the [crate docs](crate#retry-after)).
     pub fn with_reserved_share(self, priority: Priority, share: f64) -> Self {
         self.with(|c| {
             c.reserved.retain(|(p, _)| p.level() != priority.level());

@@ -62,9 +62,8 @@
 //!   while the queue is standing.
 //! * **Refusals.** A full queue refuses at once with **429** (configurable to 503). Bodies are
 //!   OpenAI-style JSON (`{"error":{"message":..,"type":..,"param":null,"code":"queue_full"}}`);
-//!   `Retry-After` is estimated from the observed drain rate (the backlog in units divided by
-//!   the units released per second, decayed over 5 s; the queue deadline before anything was
-//!   released), in whole seconds, rounded up, never 0, at most 60. The error flavour
+//!   every refusal (`queue_full`, `queue_timeout`, `evicted`) carries a `Retry-After` derived
+//!   from the observed permit hold times (see [Retry-After](#retry-after)). The error flavour
 //!   ([`BoundedAdmissionLayer::with_error_flavour`]) returns
 //!   [`Overloaded`](tailguard_core::Overloaded) as a `BoxError` instead, for tonic stacks.
 //!   If the request carries an [`EndReport`](tailguard_core::EndReport), a refusal reports
@@ -93,6 +92,42 @@
 //!   before the first request.
 //!
 //! One layer value is one gate: clones of the layer and every service it builds share it.
+//!
+//! ## Retry-After
+//!
+//! `Retry-After` says how long until a refused request, sent again, can be admitted: by then
+//! the work queued ahead of it has been admitted, so a client that honours it finds room in the
+//! queue instead of coming straight back into a full one.
+//!
+//! * **Hold times.** A permit's hold time runs from admission until its body ends or is
+//!   dropped. Per class and for the whole gate, the gate keeps a decayed mean of ended holds
+//!   (per unit; a hold that ended 10 s ago weighs e⁻¹ of one that just ended, so a change in
+//!   the upstream's speed or in what clients ask shows within one or two answer lengths, while
+//!   a busy gate still averages over many holds). Permits still held count at their age so far,
+//!   a lower bound of their hold: they can raise the estimate, never lower it below the mean of
+//!   ended holds. So before anything was released — the first refusal of a burst — the figure
+//!   already says at least how long the slots have been held, and streams that got longer raise
+//!   it before they end. The estimate leans long when a few permits are held far longer than
+//!   the rest. A gate that has held nothing for long yet answers 1 s: it never claims more than
+//!   it has seen.
+//! * **Work ahead.** Ahead of a refused request of class `c` are the units queued in `c` and in
+//!   higher classes (lower classes are served after it and evicted for it), plus its own units.
+//!   They are admitted as the capacity left to `c` frees — the capacity less the reserved
+//!   shares of lower classes that have waiters, since those slots go back to their class — at
+//!   the gate-wide hold time, since whatever holds the shared capacity is what frees it:
+//!   `ahead × hold / capacity`.
+//! * **Reserved shares.** A class with a reserved share also drains its own waiters through its
+//!   reserved units, at its own hold time (the gate's while it has held nothing):
+//!   `(own queued + own units) × class hold / reserved units`. The sooner of the two figures
+//!   wins, since both paths admit it.
+//! * **Independent of past load.** The figure rests on how long slots are held, not on how
+//!   many were released lately: a full gate frees capacity at the capacity over the hold time
+//!   (Little's law) whatever the traffic before it filled, so the first refusal after a quiet
+//!   spell is as honest as one deep in an overload.
+//! * **Rounding.** Whole seconds, rounded up, at least 1, at most 60: a client told to wait more
+//!   than a minute is better served trying elsewhere, and a longer figure would extrapolate far
+//!   past the holds the gate has seen. The status does not depend on the estimate: 429 (or the
+//!   configured status) for `queue_full` and `evicted`, 503 for `queue_timeout`.
 
 mod body;
 mod cost;

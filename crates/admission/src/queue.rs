@@ -13,6 +13,7 @@ use tailguard_core::Priority;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::drain::Holds;
 use crate::gate::Grant;
 use crate::layer::Config;
 use crate::metrics::ClassMetrics;
@@ -61,15 +62,19 @@ pub(crate) struct Waiter {
     pub(crate) tx: oneshot::Sender<Grant>,
 }
 
-/// One priority class: what it holds, what it reserves, who of it waits.
+/// One priority class: what it holds and for how long, what it reserves, who of it waits.
 pub(crate) struct Class {
     pub(crate) priority: Priority,
     pub(crate) in_use: u32,
     pub(crate) in_flight: usize,
+    /// The hold times of the class's permits.
+    pub(crate) holds: Holds,
     /// Units reserved for the class under contention.
-    reserved: u32,
+    pub(crate) reserved: u32,
     /// Oldest first; `seq` increases front to back.
     pub(crate) waiters: VecDeque<Waiter>,
+    /// Units waiting in the class.
+    pub(crate) queued_units: u64,
     pub(crate) metrics: ClassMetrics,
 }
 
@@ -89,7 +94,6 @@ type OrderKey = (bool, u128, Reverse<u64>);
 pub(crate) struct Queue {
     pub(crate) classes: Vec<Class>,
     len: usize,
-    units: u64,
     /// When the queue last went from empty to non-empty (`None` while empty).
     nonempty_since: Option<Instant>,
     next_seq: u64,
@@ -100,7 +104,6 @@ impl Queue {
         Queue {
             classes: Vec::new(),
             len: 0,
-            units: 0,
             nonempty_since: None,
             next_seq: 0,
         }
@@ -111,14 +114,15 @@ impl Queue {
         self.len
     }
 
-    /// Units waiting.
-    pub(crate) fn units(&self) -> u64 {
-        self.units
-    }
-
-    /// The index of the class of `priority`, created on first sight. A reserved `share` carried
-    /// by the request replaces the class's reservation.
-    pub(crate) fn class(&mut self, priority: &Priority, share: Option<f64>, cfg: &Config) -> usize {
+    /// The index of the class of `priority`, created on first sight (at `now`). A reserved
+    /// `share` carried by the request replaces the class's reservation.
+    pub(crate) fn class(
+        &mut self,
+        priority: &Priority,
+        share: Option<f64>,
+        cfg: &Config,
+        now: Instant,
+    ) -> usize {
         let level = priority.level();
         let i = match self
             .classes
@@ -132,8 +136,10 @@ impl Queue {
                     priority: priority.clone(),
                     in_use: 0,
                     in_flight: 0,
+                    holds: Holds::new(now),
                     reserved: cfg.reserved_units(configured.map_or(0.0, |(_, s)| *s)),
                     waiters: VecDeque::new(),
+                    queued_units: 0,
                     metrics: ClassMetrics::new(priority.name()),
                 });
                 self.classes.len() - 1
@@ -176,9 +182,9 @@ impl Queue {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.len += 1;
-        self.units += u64::from(units);
         let (tx, rx) = oneshot::channel();
         let c = &mut self.classes[class];
+        c.queued_units += u64::from(units);
         c.waiters.push_back(Waiter {
             seq,
             units,
@@ -192,11 +198,12 @@ impl Queue {
     /// Bookkeeping after a waiter of `class` left the queue.
     fn left(&mut self, class: usize, w: Waiter) -> Waiter {
         self.len -= 1;
-        self.units -= u64::from(w.units);
         if self.len == 0 {
             self.nonempty_since = None;
         }
-        self.classes[class].metrics.queued.decrement(1.0);
+        let c = &mut self.classes[class];
+        c.queued_units -= u64::from(w.units);
+        c.metrics.queued.decrement(1.0);
         w
     }
 

@@ -135,6 +135,8 @@ async fn queue_full_is_an_immediate_429_with_retry_after() {
     let h = layer.handle();
     let svc = layer.layer(up);
     let _a = svc.clone().oneshot(request("a")).await.unwrap();
+    // a has held the only slot for 3 s when b queues and c arrives.
+    advance(Duration::from_secs(3)).await;
     let _b = spawn_call(&svc, request("b"));
     settle().await;
     assert_eq!(h.queued(), 1);
@@ -152,7 +154,8 @@ async fn queue_full_is_an_immediate_429_with_retry_after() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(retry >= 1);
+    // b and c each need a slot held at least 3 s so far: at least 6 s.
+    assert_eq!(retry, 6);
     let outcome = res.extensions().get::<AdmissionOutcome>().unwrap().clone();
     assert_eq!(outcome.rejected, Some(OverloadReason::QueueFull));
     assert!(res.body().is_rejection());
@@ -162,7 +165,7 @@ async fn queue_full_is_an_immediate_429_with_retry_after() {
     assert_eq!(v["error"]["param"], serde_json::Value::Null);
     assert_eq!(
         v["error"]["message"],
-        "overloaded: the wait queue is full (retry after 2s)"
+        "overloaded: the wait queue is full (retry after 6s)"
     );
     assert_eq!(report.get(), Some(EndReason::Rejected));
     assert_eq!((h.in_flight(), h.queued()), (1, 1));
@@ -425,7 +428,7 @@ async fn a_big_request_is_not_starved_by_small_ones() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_follows_the_drain_rate() {
+async fn retry_after_follows_the_hold_times() {
     async fn retry_after_with_streams_of(len: Duration) -> u64 {
         let (up, mut ctl) = upstream();
         let layer = BoundedAdmissionLayer::new(1)
@@ -451,10 +454,10 @@ async fn retry_after_follows_the_drain_rate() {
             .parse()
             .unwrap()
     }
-    // Backlog of 2 units (b and c); about one release per 2 s: a few seconds.
+    // 2 units (b and c) through the one slot, each stream holding it 2 s: a few seconds.
     let slow = retry_after_with_streams_of(Duration::from_secs(2)).await;
     assert!((3..=6).contains(&slow), "slow drain: {slow}");
-    // Ten times faster drain: the floor of 1 s.
+    // Streams ten times shorter: the floor of 1 s.
     let fast = retry_after_with_streams_of(Duration::from_millis(200)).await;
     assert_eq!(fast, 1);
 }
