@@ -85,7 +85,11 @@ impl<B> ReplayBody<B> {
     /// A replayable body made of `data` (and no trailers).
     pub fn from_bytes(data: Bytes) -> Self {
         let len = data.len();
-        let frames = if data.is_empty() { Vec::new() } else { vec![data] };
+        let frames = if data.is_empty() {
+            Vec::new()
+        } else {
+            vec![data]
+        };
         replay(frames, None, len)
     }
 
