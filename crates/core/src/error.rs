@@ -49,12 +49,7 @@ impl Phase {
 
 impl fmt::Display for Phase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Phase::Head => "head",
-            Phase::FirstToken => "first token",
-            Phase::Idle => "idle",
-            Phase::Total => "total",
-        })
+        f.write_str(&self.as_str().replace('_', " "))
     }
 }
 

@@ -163,15 +163,18 @@ impl RenderError for Overloaded {
 
 /// The OpenAI error object: `{"error":{"message":..,"type":..,"param":null,"code":..}}`.
 pub fn openai_json(info: &ErrorInfo) -> Bytes {
-    let v = serde_json::json!({
+    Bytes::from(openai_error(info).to_string())
+}
+
+fn openai_error(info: &ErrorInfo) -> serde_json::Value {
+    serde_json::json!({
         "error": {
             "message": info.message,
             "type": info.kind,
             "param": null,
             "code": info.code,
         }
-    });
-    Bytes::from(v.to_string())
+    })
 }
 
 /// An HTTP error response: `info.status`, `content-type: application/json`, the OpenAI error
@@ -198,31 +201,19 @@ pub fn error_response<T>(info: &ErrorInfo, body: impl FnOnce(Bytes) -> T) -> Res
 ///
 /// The bytes begin at an event boundary and end with the blank line that dispatches the event.
 pub fn in_band(wire: Wire, info: &ErrorInfo) -> Option<Bytes> {
-    match wire {
-        Wire::OpenAiSse | Wire::Sse => {
-            let json = openai_json(info);
-            let mut out = Vec::with_capacity(json.len() + 32);
-            out.extend_from_slice(b"data: ");
-            out.extend_from_slice(&json);
-            out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
-            Some(Bytes::from(out))
-        }
+    let text = match wire {
+        Wire::OpenAiSse | Wire::Sse => format!("data: {}\n\ndata: [DONE]\n\n", openai_error(info)),
         Wire::AnthropicSse => {
             let v = serde_json::json!({
                 "type": "error",
                 "error": { "type": info.anthropic_kind, "message": info.message },
             });
-            Some(Bytes::from(format!("event: error\ndata: {v}\n\n")))
+            format!("event: error\ndata: {v}\n\n")
         }
-        Wire::Ndjson => {
-            let json = openai_json(info);
-            let mut out = Vec::with_capacity(json.len() + 1);
-            out.extend_from_slice(&json);
-            out.push(b'\n');
-            Some(Bytes::from(out))
-        }
-        Wire::Grpc | Wire::Opaque => None,
-    }
+        Wire::Ndjson => format!("{}\n", openai_error(info)),
+        Wire::Grpc | Wire::Opaque => return None,
+    };
+    Some(Bytes::from(text))
 }
 
 /// gRPC trailers: `grpc-status` and a percent-encoded `grpc-message`.

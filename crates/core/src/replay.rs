@@ -51,9 +51,6 @@ pin_project! {
 pin_project! {
     #[project = InnerProj]
     enum Inner<B> {
-        // The common case: one data frame (or none) and no trailers. Replaying it is a `Bytes`
-        // refcount bump; `done` is set once the frame is sent (and from the start when empty).
-        Single { data: Bytes, done: bool },
         Replay { buf: Arc<Buffered>, next: usize, trailers_sent: bool },
         Prefixed { prefix: VecDeque<Bytes>, #[pin] rest: B },
         Passthrough { #[pin] body: B },
@@ -63,11 +60,6 @@ pin_project! {
 impl<B> fmt::Debug for ReplayBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Inner::Single { data, done } => f
-                .debug_struct("ReplayBody::Replay")
-                .field("len", &data.len())
-                .field("next_frame", &usize::from(*done && !data.is_empty()))
-                .finish(),
             Inner::Replay { buf, next, .. } => f
                 .debug_struct("ReplayBody::Replay")
                 .field("len", &buf.len)
@@ -92,12 +84,13 @@ impl<B> ReplayBody<B> {
 
     /// A replayable body made of `data` (and no trailers).
     pub fn from_bytes(data: Bytes) -> Self {
-        ReplayBody {
-            inner: Inner::Single {
-                done: data.is_empty(),
-                data,
-            },
-        }
+        let len = data.len();
+        let frames = if data.is_empty() {
+            Vec::new()
+        } else {
+            vec![data]
+        };
+        replay(frames, None, len)
     }
 
     /// Reads `body` up to `cap` bytes. The future resolves to a replayable body when the whole
@@ -110,7 +103,6 @@ impl<B> ReplayBody<B> {
         Buffering {
             body: Some(body),
             cap,
-            first: None,
             frames: Vec::new(),
             len: 0,
         }
@@ -118,13 +110,12 @@ impl<B> ReplayBody<B> {
 
     /// Whether [`try_clone`](ReplayBody::try_clone) succeeds.
     pub fn is_replayable(&self) -> bool {
-        matches!(self.inner, Inner::Single { .. } | Inner::Replay { .. })
+        matches!(self.inner, Inner::Replay { .. })
     }
 
     /// The buffered length in bytes, for a replayable body.
     pub fn replay_len(&self) -> Option<usize> {
         match &self.inner {
-            Inner::Single { data, .. } => Some(data.len()),
             Inner::Replay { buf, .. } => Some(buf.len),
             _ => None,
         }
@@ -133,7 +124,6 @@ impl<B> ReplayBody<B> {
     /// A fresh copy that replays the body from its start, when the body is replayable.
     pub fn try_clone(&self) -> Option<Self> {
         match &self.inner {
-            Inner::Single { data, .. } => Some(ReplayBody::from_bytes(data.clone())),
             Inner::Replay { buf, .. } => Some(ReplayBody {
                 inner: Inner::Replay {
                     buf: buf.clone(),
@@ -158,13 +148,6 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().inner.project() {
-            InnerProj::Single { data, done } => {
-                if *done {
-                    return Poll::Ready(None);
-                }
-                *done = true;
-                Poll::Ready(Some(Ok(Frame::data(Chunk::Local(data.clone())))))
-            }
             InnerProj::Replay {
                 buf,
                 next,
@@ -194,7 +177,6 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Inner::Single { done, .. } => *done,
             Inner::Replay {
                 buf,
                 next,
@@ -207,9 +189,6 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Inner::Single { data, done } => {
-                SizeHint::with_exact(if *done { 0 } else { data.len() as u64 })
-            }
             Inner::Replay { buf, next, .. } => {
                 let left: usize = buf.frames[(*next).min(buf.frames.len())..]
                     .iter()
@@ -240,9 +219,6 @@ fn map_inner<D, E>(f: Option<Result<Frame<D>, E>>) -> Poll<Option<Result<Frame<C
 pub struct Buffering<B> {
     body: Option<B>,
     cap: usize,
-    // The first data frame; `frames` takes it (and every later one) at the second data frame, so
-    // a one-frame body allocates nothing here. Invariant: `first.is_none() || frames.is_empty()`.
-    first: Option<Bytes>,
     frames: Vec<Bytes>,
     len: usize,
 }
@@ -270,7 +246,7 @@ where
                 return Poll::Pending;
             };
             let hinted = body.size_hint().lower().saturating_add(this.len as u64);
-            if this.first.is_none() && this.frames.is_empty() && hinted > this.cap as u64 {
+            if this.frames.is_empty() && hinted > this.cap as u64 {
                 let body = this.body.take().expect("checked above");
                 return Poll::Ready(Ok(ReplayBody::passthrough(body)));
             }
@@ -290,20 +266,11 @@ where
                             continue;
                         }
                         let data = data.copy_to_bytes(n);
-                        if let Some(first) = this.first.take() {
-                            this.frames.push(first);
-                            this.frames.push(data);
-                        } else if this.frames.is_empty() {
-                            this.first = Some(data);
-                        } else {
-                            this.frames.push(data);
-                        }
+                        this.frames.push(data);
                         this.len += n;
                         if this.len > this.cap {
                             let rest = this.body.take().expect("body present");
-                            let mut prefix: VecDeque<Bytes> =
-                                std::mem::take(&mut this.frames).into();
-                            prefix.extend(this.first.take());
+                            let prefix = std::mem::take(&mut this.frames).into();
                             return Poll::Ready(Ok(ReplayBody {
                                 inner: Inner::Prefixed { prefix, rest },
                             }));
@@ -322,13 +289,7 @@ where
 impl<B> Buffering<B> {
     fn finish(&mut self, trailers: Option<HeaderMap>) -> ReplayBody<B> {
         self.body = None;
-        let first = self.first.take();
-        if trailers.is_none() && self.frames.is_empty() {
-            return ReplayBody::from_bytes(first.unwrap_or_default());
-        }
-        let mut frames = std::mem::take(&mut self.frames);
-        frames.extend(first);
-        replay(frames, trailers, self.len)
+        replay(std::mem::take(&mut self.frames), trailers, self.len)
     }
 }
 

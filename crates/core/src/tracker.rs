@@ -5,7 +5,7 @@ use http::HeaderMap;
 
 use crate::classify::{Class, Dialect, Framing, Wire, anthropic_event};
 use crate::error::ScanError;
-use crate::scan::{Captured, Event, GrpcScanner, NdjsonScanner, SseScanner};
+use crate::scan::{Captured, Event, Framer, Grpc, Limits, Ndjson, Scanner, Sse};
 
 /// Token usage reported by the stream itself (`include_usage` chunks, Anthropic `usage`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,81 +60,53 @@ impl Observation {
 /// tracker reports it once and scans nothing more.
 #[derive(Debug)]
 pub struct StreamTracker {
-    scanner: Scanner,
+    /// `None` for an opaque body, whose every non-empty frame is one [`Event::Bytes`].
+    scanner: Option<Scanner<AnyFraming>>,
     state: State,
 }
 
+/// The framing of a tracked body, chosen per response.
 #[derive(Debug)]
-enum Scanner {
-    Sse(SseScanner),
-    Grpc(GrpcScanner),
-    Ndjson(NdjsonScanner),
-    Bytes,
+enum AnyFraming {
+    Sse(Sse),
+    Grpc(Grpc),
+    Ndjson(Ndjson),
 }
 
-impl Scanner {
-    fn new(framing: Framing) -> Self {
-        match framing {
-            Framing::Sse => Scanner::Sse(SseScanner::new()),
-            Framing::Grpc => Scanner::Grpc(GrpcScanner::new()),
-            Framing::Ndjson => Scanner::Ndjson(NdjsonScanner::new()),
-            Framing::Bytes => Scanner::Bytes,
-        }
-    }
-
-    fn with_max_event_bytes(self, max: usize) -> Self {
+impl Framer for AnyFraming {
+    fn limits(&self) -> &Limits {
         match self {
-            Scanner::Sse(s) => Scanner::Sse(s.with_max_event_bytes(max)),
-            Scanner::Grpc(s) => Scanner::Grpc(s.with_max_event_bytes(max)),
-            Scanner::Ndjson(s) => Scanner::Ndjson(s.with_max_event_bytes(max)),
-            Scanner::Bytes => Scanner::Bytes,
+            AnyFraming::Sse(f) => f.limits(),
+            AnyFraming::Grpc(f) => f.limits(),
+            AnyFraming::Ndjson(f) => f.limits(),
         }
     }
 
-    fn set_capture(&mut self, limit: usize) {
+    fn limits_mut(&mut self) -> &mut Limits {
         match self {
-            Scanner::Sse(s) => s.set_capture(limit),
-            Scanner::Grpc(s) => s.set_capture(limit),
-            Scanner::Ndjson(s) => s.set_capture(limit),
-            Scanner::Bytes => {}
+            AnyFraming::Sse(f) => f.limits_mut(),
+            AnyFraming::Grpc(f) => f.limits_mut(),
+            AnyFraming::Ndjson(f) => f.limits_mut(),
         }
     }
 
-    fn pending_bytes(&self) -> usize {
-        match self {
-            Scanner::Sse(s) => s.pending_bytes(),
-            Scanner::Grpc(s) => s.pending_bytes(),
-            Scanner::Ndjson(s) => s.pending_bytes(),
-            Scanner::Bytes => 0,
-        }
-    }
-
-    /// Feeds `data`; an opaque body's non-empty frame is one [`Event::Bytes`].
-    fn feed_buf<D: Buf + ?Sized>(
+    fn feed(
         &mut self,
-        data: &D,
-        mut on_event: impl FnMut(Event<'_>),
+        chunk: &[u8],
+        on_event: &mut impl FnMut(Event<'_>),
     ) -> Result<(), ScanError> {
         match self {
-            Scanner::Sse(s) => s.feed_buf(data, on_event),
-            Scanner::Grpc(s) => s.feed_buf(data, on_event),
-            Scanner::Ndjson(s) => s.feed_buf(data, on_event),
-            Scanner::Bytes => {
-                let len = data.remaining();
-                if len > 0 {
-                    on_event(Event::Bytes { len });
-                }
-                Ok(())
-            }
+            AnyFraming::Sse(f) => f.feed(chunk, on_event),
+            AnyFraming::Grpc(f) => f.feed(chunk, on_event),
+            AnyFraming::Ndjson(f) => f.feed(chunk, on_event),
         }
     }
 
-    fn finish(&mut self, on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
+    fn finish(&mut self, on_event: &mut impl FnMut(Event<'_>)) {
         match self {
-            Scanner::Sse(s) => s.finish(on_event),
-            Scanner::Grpc(s) => s.finish(on_event),
-            Scanner::Ndjson(s) => s.finish(on_event),
-            Scanner::Bytes => Ok(()),
+            AnyFraming::Sse(f) => f.finish(on_event),
+            AnyFraming::Grpc(f) => f.finish(on_event),
+            AnyFraming::Ndjson(f) => f.finish(on_event),
         }
     }
 }
@@ -176,7 +148,13 @@ impl StreamTracker {
             (_, Framing::Bytes) => Wire::Opaque,
         };
         StreamTracker {
-            scanner: Scanner::new(framing),
+            scanner: match framing {
+                Framing::Sse => Some(AnyFraming::Sse(Sse::default())),
+                Framing::Grpc => Some(AnyFraming::Grpc(Grpc::default())),
+                Framing::Ndjson => Some(AnyFraming::Ndjson(Ndjson::default())),
+                Framing::Bytes => None,
+            }
+            .map(Scanner::with_framing),
             state: State {
                 detect_anthropic: matches!(dialect, Dialect::Auto | Dialect::LlmSse),
                 dialect,
@@ -194,7 +172,7 @@ impl StreamTracker {
     /// Sets the cap on one line/event/message (default
     /// [`DEFAULT_MAX_EVENT_BYTES`](crate::scan::DEFAULT_MAX_EVENT_BYTES)).
     pub fn with_max_event_bytes(mut self, max: usize) -> Self {
-        self.scanner = self.scanner.with_max_event_bytes(max);
+        self.scanner = self.scanner.map(|s| s.with_max_event_bytes(max));
         self
     }
 
@@ -208,7 +186,16 @@ impl StreamTracker {
 
     /// Scans one data frame.
     pub fn observe<D: Buf + ?Sized>(&mut self, data: &D) -> Observation {
-        self.scan(|scanner, on_event| scanner.feed_buf(data, on_event))
+        self.scan(|scanner, on_event| match scanner {
+            Some(s) => s.feed_buf(data, on_event),
+            None => {
+                let len = data.remaining();
+                if len > 0 {
+                    on_event(Event::Bytes { len });
+                }
+                Ok(())
+            }
+        })
     }
 
     /// Looks at the trailers (a gRPC `grpc-status` other than 0 is an error).
@@ -222,13 +209,16 @@ impl StreamTracker {
 
     /// Ends the body: flushes what the framing allows (an NDJSON last line with no line end).
     pub fn finish(&mut self) -> Observation {
-        self.scan(|scanner, on_event| scanner.finish(on_event))
+        self.scan(|scanner, on_event| scanner.as_mut().map_or(Ok(()), |s| s.finish(on_event)))
     }
 
     /// Runs `scan` on the scanner, classifying and counting every event it reports.
     fn scan(
         &mut self,
-        scan: impl FnOnce(&mut Scanner, &mut dyn FnMut(Event<'_>)) -> Result<(), ScanError>,
+        scan: impl FnOnce(
+            &mut Option<Scanner<AnyFraming>>,
+            &mut dyn FnMut(Event<'_>),
+        ) -> Result<(), ScanError>,
     ) -> Observation {
         let mut obs = Observation::default();
         if self.state.failed {
@@ -266,7 +256,9 @@ impl StreamTracker {
         } else {
             state.class_limit
         };
-        self.scanner.set_capture(capture);
+        if let Some(s) = &mut self.scanner {
+            s.set_capture(capture);
+        }
     }
 
     /// Whether a token was seen.
@@ -288,7 +280,7 @@ impl StreamTracker {
     /// not complete yet. A layer that ends a stream early holds these back so that the client
     /// never sees half an event.
     pub fn pending_bytes(&self) -> usize {
-        self.scanner.pending_bytes()
+        self.scanner.as_ref().map_or(0, Scanner::pending_bytes)
     }
 
     /// The wire dialect of the stream as far as seen (e.g. Anthropic once an Anthropic event

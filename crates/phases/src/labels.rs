@@ -81,53 +81,34 @@ impl fmt::Debug for Upstream {
 /// A user function that names the route of a request (e.g. from axum's `MatchedPath`).
 pub(crate) type RouteFn = Arc<dyn Fn(&Parts) -> Option<Route> + Send + Sync>;
 
-/// Maps request paths to configured route labels: a path matches a configured route when it is
-/// equal to it or continues it after a `/`; the longest match wins.
+/// Configured route or model labels, longest first, so the first match is the longest.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct RouteTable {
-    /// Longest first, so the first match is the longest.
-    routes: Vec<Arc<str>>,
-}
+pub(crate) struct LabelTable(Vec<Arc<str>>);
 
-impl RouteTable {
-    pub(crate) fn new(routes: impl IntoIterator<Item = Arc<str>>) -> Self {
-        let mut routes: Vec<_> = routes.into_iter().collect();
-        routes.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        routes.dedup();
-        RouteTable { routes }
+impl LabelTable {
+    pub(crate) fn new(labels: impl IntoIterator<Item = Arc<str>>) -> Self {
+        let mut labels: Vec<_> = labels.into_iter().collect();
+        labels.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        labels.dedup();
+        LabelTable(labels)
     }
 
+    /// The route of `path`: a configured route that `path` equals or continues after a `/`.
     pub(crate) fn find(&self, path: &str) -> Option<&Arc<str>> {
-        self.routes.iter().find(|route| {
+        self.0.iter().find(|route| {
             // A configured trailing `/` matches with or without it.
             let prefix = route.trim_end_matches('/');
             path.strip_prefix(prefix)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
         })
     }
-}
 
-/// Normalises client-supplied model names against a configured list.
-///
-/// A model matches a configured name when it is equal to it (ASCII case-insensitively) or
-/// continues it after `-`, `:`, `@` or `.` (so `gpt-4o` covers `gpt-4o-2024-08-06`; configure
-/// `gpt-4o-mini` too if it must be told apart: the longest match wins). Anything else is
-/// [`OTHER`], so a client cannot create label values.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ModelTable {
-    models: Vec<Arc<str>>,
-}
-
-impl ModelTable {
-    pub(crate) fn new(models: impl IntoIterator<Item = Arc<str>>) -> Self {
-        let mut models: Vec<_> = models.into_iter().collect();
-        models.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        models.dedup();
-        ModelTable { models }
-    }
-
+    /// The configured name of a client-supplied model: one that `model` equals (ASCII
+    /// case-insensitively) or continues after `-`, `:`, `@` or `.` (so `gpt-4o` covers
+    /// `gpt-4o-2024-08-06`; configure `gpt-4o-mini` too if it must be told apart). Anything else
+    /// is `None` (the label [`OTHER`]), so a client cannot create label values.
     pub(crate) fn normalise(&self, model: &str) -> Option<&Arc<str>> {
-        self.models.iter().find(|m| {
+        self.0.iter().find(|m| {
             let m = m.as_bytes();
             let s = model.as_bytes();
             s.len() >= m.len()
@@ -143,7 +124,7 @@ mod tests {
 
     #[test]
     fn routes_match_on_segment_boundaries_longest_first() {
-        let t = RouteTable::new(["/v1".into(), "/v1/chat/completions".into()]);
+        let t = LabelTable::new(["/v1".into(), "/v1/chat/completions".into()]);
         assert_eq!(
             &**t.find("/v1/chat/completions").unwrap(),
             "/v1/chat/completions"
@@ -156,7 +137,7 @@ mod tests {
         assert!(t.find("/v10").is_none());
         assert!(t.find("/").is_none());
         // A configured trailing slash matches with or without it; the label keeps it.
-        let t = RouteTable::new(["/v2/".into(), "/".into()]);
+        let t = LabelTable::new(["/v2/".into(), "/".into()]);
         assert_eq!(&**t.find("/v2").unwrap(), "/v2/");
         assert_eq!(&**t.find("/v2/x").unwrap(), "/v2/");
         assert_eq!(&**t.find("/v2/").unwrap(), "/v2/");
@@ -166,7 +147,7 @@ mod tests {
 
     #[test]
     fn models_normalise_to_the_configured_list() {
-        let t = ModelTable::new(["gpt-4o".into(), "gpt-4o-mini".into(), "llama3".into()]);
+        let t = LabelTable::new(["gpt-4o".into(), "gpt-4o-mini".into(), "llama3".into()]);
         assert_eq!(&**t.normalise("gpt-4o").unwrap(), "gpt-4o");
         assert_eq!(&**t.normalise("GPT-4o-2024-08-06").unwrap(), "gpt-4o");
         assert_eq!(&**t.normalise("gpt-4o-mini-2024").unwrap(), "gpt-4o-mini");

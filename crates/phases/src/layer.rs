@@ -8,7 +8,7 @@ use http::request::Parts;
 use tailguard_core::Dialect;
 use tower_layer::Layer;
 
-use crate::labels::{ModelTable, OTHER, Route, RouteFn, RouteTable, UNKNOWN};
+use crate::labels::{LabelTable, OTHER, Route, RouteFn, UNKNOWN};
 use crate::metrics_sink::MetricsSink;
 use crate::request_id::X_REQUEST_ID;
 use crate::service::LatencyPhaseRecorder;
@@ -45,9 +45,9 @@ pub(crate) struct Config {
     pub(crate) dialect: Dialect,
     pub(crate) usage: bool,
     pub(crate) sinks: Sinks,
-    pub(crate) routes: RouteTable,
+    pub(crate) routes: LabelTable,
     pub(crate) route_fn: Option<RouteFn>,
-    pub(crate) models: ModelTable,
+    pub(crate) models: LabelTable,
     pub(crate) upstream: Arc<str>,
     pub(crate) request_id_header: Option<HeaderName>,
     pub(crate) span: bool,
@@ -89,9 +89,9 @@ impl LatencyPhaseRecorderLayer {
                     Arc::new(MetricsSink::new()),
                     Arc::new(TracingSink::new()),
                 ]),
-                routes: RouteTable::default(),
+                routes: LabelTable::default(),
                 route_fn: None,
-                models: ModelTable::default(),
+                models: LabelTable::default(),
                 upstream: Arc::from("default"),
                 request_id_header: Some(HeaderName::from_static(X_REQUEST_ID)),
                 span: true,
@@ -143,7 +143,7 @@ impl LatencyPhaseRecorderLayer {
         I: IntoIterator<Item = R>,
         R: Into<Arc<str>>,
     {
-        self.cfg().routes = RouteTable::new(routes.into_iter().map(Into::into));
+        self.cfg().routes = LabelTable::new(routes.into_iter().map(Into::into));
         self
     }
 
@@ -178,7 +178,7 @@ impl LatencyPhaseRecorderLayer {
         I: IntoIterator<Item = M>,
         M: Into<Arc<str>>,
     {
-        self.cfg().models = ModelTable::new(models.into_iter().map(Into::into));
+        self.cfg().models = LabelTable::new(models.into_iter().map(Into::into));
         self
     }
 

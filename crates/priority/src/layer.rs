@@ -1,12 +1,11 @@
 //! [`PriorityClassLayer`]: how requests are classified.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use http::Method;
 use http::header::HeaderName;
 use http::request::Parts;
-use metrics::Counter;
 use tailguard_core::{ClassPolicy, Priority};
 use tower_layer::Layer;
 
@@ -40,15 +39,6 @@ impl Source {
             Source::Route => "route",
             Source::Header => "header",
             Source::Default => "default",
-        }
-    }
-
-    fn index(self) -> usize {
-        match self {
-            Source::Classifier => 0,
-            Source::Route => 1,
-            Source::Header => 2,
-            Source::Default => 3,
         }
     }
 }
@@ -110,7 +100,6 @@ pub(crate) struct Classifier {
     allow: Vec<(String, Priority)>,
     ceiling: Option<Arc<ClassifyFn>>,
     default: Priority,
-    counters: Arc<OnceLock<Vec<[Counter; 4]>>>,
 }
 
 impl fmt::Debug for Classifier {
@@ -171,38 +160,6 @@ impl Classifier {
         }
         self.resolve(self.default.clone(), Source::Default)
     }
-
-    pub(crate) fn count(&self, c: &Classification) {
-        let counters = self.counters.get_or_init(|| {
-            self.table
-                .classes()
-                .map(|p| {
-                    [
-                        Source::Classifier,
-                        Source::Route,
-                        Source::Header,
-                        Source::Default,
-                    ]
-                    .map(|s| {
-                        metrics::counter!(
-                            "tailguard_priority_classified_total",
-                            "priority" => p.name().to_owned(),
-                            "source" => s.as_str()
-                        )
-                    })
-                })
-                .collect()
-        });
-        match self.table.classes().position(|p| *p == c.priority) {
-            Some(i) => counters[i][c.source.index()].increment(1),
-            None => metrics::counter!(
-                "tailguard_priority_classified_total",
-                "priority" => c.priority.name().to_owned(),
-                "source" => c.source.as_str()
-            )
-            .increment(1),
-        }
-    }
 }
 
 /// Classifies each request into one of an ordered set of named classes and inserts the
@@ -249,15 +206,12 @@ impl PriorityClassLayer {
                 allow,
                 ceiling: None,
                 default: Priority::standard(),
-                counters: Arc::default(),
             }),
         }
     }
 
     fn with(mut self, f: impl FnOnce(&mut Classifier)) -> Self {
-        let c = Arc::make_mut(&mut self.cls);
-        f(c);
-        c.counters = Arc::default();
+        f(Arc::make_mut(&mut self.cls));
         self
     }
 

@@ -60,8 +60,8 @@
 //! ## Metrics
 //!
 //! `tailguard_priority_classified_total` (counter; labels `priority`, the class name, and
-//! `source`: `classifier`|`route`|`header`|`default`). Handles are registered on the first
-//! request, so install the recorder before it.
+//! `source`: `classifier`|`route`|`header`|`default`), counted into the recorder in use when
+//! the request is classified.
 
 pub mod future;
 mod layer;

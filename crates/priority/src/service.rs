@@ -67,7 +67,12 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
         let c = self.cls.classify(&parts);
-        self.cls.count(&c);
+        metrics::counter!(
+            "tailguard_priority_classified_total",
+            "priority" => c.priority.name().to_owned(),
+            "source" => c.source.as_str()
+        )
+        .increment(1);
         parts.extensions.insert(c.priority.clone());
         parts.extensions.insert(c.policy);
         ResponseFuture::new(

@@ -1,15 +1,9 @@
 //! gRPC length-prefixed message framing.
 
-use bytes::Buf;
-
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, capture, feed_chunks};
+use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture};
 
-/// Incremental scanner for gRPC bodies: each message is a 1-byte compressed flag, a 4-byte
-/// big-endian length and the message bytes.
-///
-/// A message longer than the cap is an error as soon as its header arrives; the message itself
-/// is never buffered (only its captured prefix is copied out).
+/// Scanner of gRPC bodies (see [`Grpc`]).
 ///
 /// ```
 /// use tailguard_core::scan::{Event, GrpcScanner};
@@ -27,10 +21,17 @@ use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, capture, feed_chunks
 /// }
 /// assert_eq!(lens, [2, 0]);
 /// ```
-#[derive(Debug)]
-pub struct GrpcScanner {
-    max: usize,
-    capture: usize,
+pub type GrpcScanner = Scanner<Grpc>;
+
+/// gRPC framing: each message is a 1-byte compressed flag, a 4-byte big-endian length and the
+/// message bytes.
+///
+/// A message longer than the cap is an error as soon as its header arrives; the message itself
+/// is never buffered (only its captured prefix is copied out). At the end of the body a partial
+/// message is discarded (a truncated stream).
+#[derive(Debug, Default)]
+pub struct Grpc {
+    limits: Limits,
     header: [u8; 5],
     header_len: usize,
     in_message: bool,
@@ -38,87 +39,18 @@ pub struct GrpcScanner {
     message_len: usize,
     message_read: usize,
     data: Vec<u8>,
-    pending: usize,
-    error: Option<ScanError>,
 }
 
-impl Default for GrpcScanner {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl GrpcScanner {
-    /// A scanner with the default cap ([`DEFAULT_MAX_EVENT_BYTES`]) that captures whole messages.
-    pub fn new() -> Self {
-        GrpcScanner {
-            max: DEFAULT_MAX_EVENT_BYTES,
-            capture: usize::MAX,
-            header: [0; 5],
-            header_len: 0,
-            in_message: false,
-            compressed: false,
-            message_len: 0,
-            message_read: 0,
-            data: Vec::new(),
-            pending: 0,
-            error: None,
-        }
+impl Framer for Grpc {
+    fn limits(&self) -> &Limits {
+        &self.limits
     }
 
-    /// Sets the cap on one message.
-    pub fn with_max_event_bytes(mut self, max: usize) -> Self {
-        self.max = max;
-        self
+    fn limits_mut(&mut self) -> &mut Limits {
+        &mut self.limits
     }
 
-    /// Copies at most `limit` bytes of each message out of the stream; [`Captured::len`] still
-    /// reports the full length. Default: everything (bounded by the cap).
-    pub fn set_capture(&mut self, limit: usize) {
-        self.capture = limit;
-    }
-
-    /// Bytes fed since the last message boundary.
-    pub fn pending_bytes(&self) -> usize {
-        self.pending
-    }
-
-    /// Feeds one contiguous chunk; calls `on_event` for each complete message.
-    ///
-    /// After an error the scanner is spent: every later call returns the same error.
-    pub fn feed(
-        &mut self,
-        chunk: &[u8],
-        mut on_event: impl FnMut(Event<'_>),
-    ) -> Result<(), ScanError> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
-        let result = self.feed_inner(chunk, &mut on_event);
-        self.error = result.err();
-        result
-    }
-
-    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`](crate::scan::for_each_chunk).
-    pub fn feed_buf<B: Buf + ?Sized>(
-        &mut self,
-        buf: &B,
-        mut on_event: impl FnMut(Event<'_>),
-    ) -> Result<(), ScanError> {
-        feed_chunks(buf, |chunk| self.feed(chunk, &mut on_event))
-    }
-
-    /// Ends the body. A partial message is discarded (a truncated stream); returns the error the
-    /// scanner met, if any.
-    pub fn finish(&mut self, on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
-        let _ = on_event;
-        match self.error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    fn feed_inner(
+    fn feed(
         &mut self,
         mut chunk: &[u8],
         on_event: &mut impl FnMut(Event<'_>),
@@ -129,7 +61,7 @@ impl GrpcScanner {
                 self.header[self.header_len..self.header_len + take]
                     .copy_from_slice(&chunk[..take]);
                 self.header_len += take;
-                self.pending += take;
+                self.limits.pending += take;
                 chunk = &chunk[take..];
                 if self.header_len < 5 {
                     break;
@@ -143,8 +75,8 @@ impl GrpcScanner {
                     self.header[4],
                 ]);
                 let len = usize::try_from(len).unwrap_or(usize::MAX);
-                if len > self.max {
-                    return Err(ScanError::too_long("grpc message", self.max));
+                if len > self.limits.max {
+                    return Err(ScanError::too_long("grpc message", self.limits.max));
                 }
                 self.message_len = len;
                 self.message_read = 0;
@@ -152,14 +84,14 @@ impl GrpcScanner {
                 self.in_message = true;
             } else {
                 let take = (self.message_len - self.message_read).min(chunk.len());
-                capture(&mut self.data, self.capture, &chunk[..take]);
+                capture(&mut self.data, self.limits.capture, &chunk[..take]);
                 self.message_read += take;
-                self.pending += take;
+                self.limits.pending += take;
                 chunk = &chunk[take..];
             }
             if self.in_message && self.message_read == self.message_len {
                 self.in_message = false;
-                self.pending = 0;
+                self.limits.pending = 0;
                 on_event(Event::Grpc {
                     compressed: self.compressed,
                     data: Captured {

@@ -21,9 +21,9 @@ mod grpc;
 mod ndjson;
 mod sse;
 
-pub use grpc::GrpcScanner;
-pub use ndjson::NdjsonScanner;
-pub use sse::{MAX_EVENT_NAME_BYTES, SseScanner};
+pub use grpc::{Grpc, GrpcScanner};
+pub use ndjson::{Ndjson, NdjsonScanner};
+pub use sse::{MAX_EVENT_NAME_BYTES, Sse, SseScanner};
 
 use bytes::Buf;
 
@@ -133,19 +133,138 @@ pub fn for_each_chunk<B: Buf + ?Sized>(buf: &B, mut feed: impl FnMut(&[u8])) {
     }
 }
 
-/// Feeds each chunk of `buf` to `feed` until one fails (the `feed_buf` of every scanner).
-pub(crate) fn feed_chunks<B: Buf + ?Sized>(
-    buf: &B,
-    mut feed: impl FnMut(&[u8]) -> Result<(), ScanError>,
-) -> Result<(), ScanError> {
-    let mut result = Ok(());
-    for_each_chunk(buf, |chunk| {
-        if result.is_ok() {
-            result = feed(chunk);
-        }
-    });
-    result
+/// An incremental scanner of one framing: [`SseScanner`], [`GrpcScanner`] or
+/// [`NdjsonScanner`].
+///
+/// The framing ([`Sse`], [`Grpc`], [`Ndjson`]) decides where events begin and end; the scanner
+/// around it keeps the caps and the error. After an error the scanner is spent: every later
+/// call returns the same error.
+#[derive(Debug, Default)]
+pub struct Scanner<F> {
+    framing: F,
+    error: Option<ScanError>,
 }
+
+impl<F: Framer> Scanner<F> {
+    /// A scanner with the default cap ([`DEFAULT_MAX_EVENT_BYTES`]) that captures whole events.
+    pub fn new() -> Self
+    where
+        F: Default,
+    {
+        Scanner::with_framing(F::default())
+    }
+
+    pub(crate) fn with_framing(framing: F) -> Self {
+        Scanner {
+            framing,
+            error: None,
+        }
+    }
+
+    /// Sets the cap on one event (an SSE line or event, a gRPC message, an NDJSON line).
+    pub fn with_max_event_bytes(mut self, max: usize) -> Self {
+        self.framing.limits_mut().max = max;
+        self
+    }
+
+    /// Copies at most `limit` bytes of each event's data (and of each SSE comment) out of the
+    /// stream; [`Captured::len`] still reports the full length. Default: everything (bounded by
+    /// the cap). Takes effect for data not yet seen.
+    pub fn set_capture(&mut self, limit: usize) {
+        self.framing.limits_mut().capture = limit;
+    }
+
+    /// Bytes fed since the last event boundary: the part of the stream that belongs to an
+    /// event (or a line) not complete yet.
+    pub fn pending_bytes(&self) -> usize {
+        self.framing.limits().pending
+    }
+
+    /// Feeds one contiguous chunk; calls `on_event` for each complete event.
+    pub fn feed(
+        &mut self,
+        chunk: &[u8],
+        mut on_event: impl FnMut(Event<'_>),
+    ) -> Result<(), ScanError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let result = self.framing.feed(chunk, &mut on_event);
+        self.error = result.err();
+        result
+    }
+
+    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`].
+    pub fn feed_buf<B: Buf + ?Sized>(
+        &mut self,
+        buf: &B,
+        mut on_event: impl FnMut(Event<'_>),
+    ) -> Result<(), ScanError> {
+        let mut result = Ok(());
+        for_each_chunk(buf, |chunk| {
+            if result.is_ok() {
+                result = self.feed(chunk, &mut on_event);
+            }
+        });
+        result
+    }
+
+    /// Ends the body: reports what the framing allows (an NDJSON last line without a line end;
+    /// an incomplete SSE event or gRPC message is discarded). Returns the error the scanner met,
+    /// if any.
+    pub fn finish(&mut self, mut on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        self.framing.finish(&mut on_event);
+        Ok(())
+    }
+}
+
+mod framer {
+    use super::{DEFAULT_MAX_EVENT_BYTES, Event, ScanError};
+
+    /// The rules of one framing, as a [`Scanner`](super::Scanner) drives them.
+    pub trait Framer {
+        /// The caps and the pending count.
+        fn limits(&self) -> &Limits;
+        /// The caps and the pending count, mutably.
+        fn limits_mut(&mut self) -> &mut Limits;
+        /// Reads one chunk.
+        fn feed(
+            &mut self,
+            chunk: &[u8],
+            on_event: &mut impl FnMut(Event<'_>),
+        ) -> Result<(), ScanError>;
+        /// Ends the body.
+        fn finish(&mut self, on_event: &mut impl FnMut(Event<'_>)) {
+            let _ = on_event;
+        }
+    }
+
+    /// What every framing keeps besides its own state.
+    #[derive(Debug)]
+    pub struct Limits {
+        /// The cap on one event.
+        pub max: usize,
+        /// How much of each event's data is copied out.
+        pub capture: usize,
+        /// Bytes fed since the last event boundary.
+        pub pending: usize,
+    }
+
+    impl Default for Limits {
+        fn default() -> Self {
+            Limits {
+                max: DEFAULT_MAX_EVENT_BYTES,
+                capture: usize::MAX,
+                pending: 0,
+            }
+        }
+    }
+}
+
+pub(crate) use framer::{Framer, Limits};
 
 /// Appends to `buf` as much of `bytes` as keeps it within `limit` bytes (the capture of every
 /// scanner).

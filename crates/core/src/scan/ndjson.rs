@@ -1,14 +1,11 @@
 //! Newline-delimited JSON framing.
 
-use bytes::Buf;
 use memchr::memchr;
 
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, capture, feed_chunks};
+use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture};
 
-/// Incremental scanner for NDJSON / JSON Lines bodies: each non-blank line (LF or CRLF ended)
-/// is an [`Event::Line`], without its line end. A last line without a line end is reported by
-/// [`finish`](NdjsonScanner::finish).
+/// Scanner of NDJSON / JSON Lines bodies (see [`Ndjson`]).
 ///
 /// ```
 /// use tailguard_core::scan::{Event, NdjsonScanner};
@@ -25,91 +22,33 @@ use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, capture, feed_chunks
 /// scanner.finish(&mut push).unwrap();
 /// assert_eq!(lines, [b"{\"a\":1}".to_vec(), b"{\"b\":2}".to_vec()]);
 /// ```
-#[derive(Debug)]
-pub struct NdjsonScanner {
-    max: usize,
-    capture: usize,
+pub type NdjsonScanner = Scanner<Ndjson>;
+
+/// NDJSON framing: each non-blank line (LF or CRLF ended) is an [`Event::Line`], without its
+/// line end. A last line without a line end is reported by [`finish`](Scanner::finish).
+#[derive(Debug, Default)]
+pub struct Ndjson {
+    limits: Limits,
     line_len: usize,
     non_blank: bool,
     last_cr: bool,
     data: Vec<u8>,
-    pending: usize,
-    error: Option<ScanError>,
 }
 
-impl Default for NdjsonScanner {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl NdjsonScanner {
-    /// A scanner with the default cap ([`DEFAULT_MAX_EVENT_BYTES`]) that captures whole lines.
-    pub fn new() -> Self {
-        NdjsonScanner {
-            max: DEFAULT_MAX_EVENT_BYTES,
-            capture: usize::MAX,
-            line_len: 0,
-            non_blank: false,
-            last_cr: false,
-            data: Vec::new(),
-            pending: 0,
-            error: None,
-        }
+impl Framer for Ndjson {
+    fn limits(&self) -> &Limits {
+        &self.limits
     }
 
-    /// Sets the cap on one line.
-    pub fn with_max_event_bytes(mut self, max: usize) -> Self {
-        self.max = max;
-        self
+    fn limits_mut(&mut self) -> &mut Limits {
+        &mut self.limits
     }
 
-    /// Copies at most `limit` bytes of each line out of the stream; [`Captured::len`] still
-    /// reports the full length. Default: everything (bounded by the cap).
-    pub fn set_capture(&mut self, limit: usize) {
-        self.capture = limit;
+    fn finish(&mut self, on_event: &mut impl FnMut(Event<'_>)) {
+        self.line_end(on_event);
     }
 
-    /// Bytes fed since the last line end.
-    pub fn pending_bytes(&self) -> usize {
-        self.pending
-    }
-
-    /// Feeds one contiguous chunk; calls `on_event` for each complete non-blank line.
-    ///
-    /// After an error the scanner is spent: every later call returns the same error.
-    pub fn feed(
-        &mut self,
-        chunk: &[u8],
-        mut on_event: impl FnMut(Event<'_>),
-    ) -> Result<(), ScanError> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
-        let result = self.feed_inner(chunk, &mut on_event);
-        self.error = result.err();
-        result
-    }
-
-    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`](crate::scan::for_each_chunk).
-    pub fn feed_buf<B: Buf + ?Sized>(
-        &mut self,
-        buf: &B,
-        mut on_event: impl FnMut(Event<'_>),
-    ) -> Result<(), ScanError> {
-        feed_chunks(buf, |chunk| self.feed(chunk, &mut on_event))
-    }
-
-    /// Ends the body: a last non-blank line without a line end is reported.
-    pub fn finish(&mut self, mut on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
-        self.line_end(&mut on_event);
-        Ok(())
-    }
-
-    fn feed_inner(
+    fn feed(
         &mut self,
         mut chunk: &[u8],
         on_event: &mut impl FnMut(Event<'_>),
@@ -129,19 +68,21 @@ impl NdjsonScanner {
         }
         Ok(())
     }
+}
 
+impl Ndjson {
     fn segment(&mut self, seg: &[u8]) -> Result<(), ScanError> {
-        self.pending += seg.len();
+        self.limits.pending += seg.len();
         self.line_len += seg.len();
-        if self.line_len > self.max {
-            return Err(ScanError::too_long("ndjson line", self.max));
+        if self.line_len > self.limits.max {
+            return Err(ScanError::too_long("ndjson line", self.limits.max));
         }
         if let Some(&last) = seg.last() {
             self.last_cr = last == b'\r';
             if !self.non_blank {
                 self.non_blank = seg.iter().any(|b| !b.is_ascii_whitespace());
             }
-            capture(&mut self.data, self.capture, seg);
+            capture(&mut self.data, self.limits.capture, seg);
         }
         Ok(())
     }
@@ -161,7 +102,7 @@ impl NdjsonScanner {
         self.non_blank = false;
         self.last_cr = false;
         self.data.clear();
-        self.pending = 0;
+        self.limits.pending = 0;
     }
 }
 

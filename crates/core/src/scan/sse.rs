@@ -1,10 +1,9 @@
 //! Server-sent events, per the WHATWG event-stream interpretation rules.
 
-use bytes::Buf;
 use memchr::{memchr, memchr2};
 
 use crate::error::ScanError;
-use crate::scan::{Captured, DEFAULT_MAX_EVENT_BYTES, Event, capture, feed_chunks};
+use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
@@ -25,9 +24,10 @@ enum Field {
     Comment,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Line {
     /// Nothing of the current line seen yet.
+    #[default]
     Start,
     /// Inside a field name (no colon yet).
     Name,
@@ -37,19 +37,7 @@ enum Line {
     Value(Field),
 }
 
-/// Incremental scanner for `text/event-stream` bodies.
-///
-/// Follows the WHATWG event-stream interpretation: LF, CR and CRLF line ends (a CR at the end of
-/// one frame and the LF at the start of the next make one line end), a byte-order mark at the
-/// start (even split across frames), `:` comments (reported as [`Event::Comment`]), the
-/// `data`/`event`/`id`/`retry` fields (one space after the colon dropped, a line without a colon
-/// is a field name with an empty value, unknown fields ignored), `data` lines joined with `\n`,
-/// and a blank line that dispatches an [`Event::Sse`] only when the event had a `data` field. At
-/// the end of the body an incomplete event is discarded.
-///
-/// Lines are never buffered: each frame is cut into line segments with `memchr`, and only the
-/// field being read, the captured data and the event name are kept, in buffers that are reused,
-/// so a warm scanner does not allocate per frame.
+/// Scanner of `text/event-stream` bodies (see [`Sse`]).
 ///
 /// ```
 /// use tailguard_core::scan::{Event, SseScanner};
@@ -69,16 +57,31 @@ enum Line {
 /// assert_eq!(events[1].0, b"comment");
 /// assert_eq!(scanner.pending_bytes(), 0);
 /// ```
-#[derive(Debug)]
-pub struct SseScanner {
-    max: usize,
-    capture: usize,
+pub type SseScanner = Scanner<Sse>;
+
+/// Server-sent events framing.
+///
+/// Follows the WHATWG event-stream interpretation: LF, CR and CRLF line ends (a CR at the end of
+/// one frame and the LF at the start of the next make one line end), a byte-order mark at the
+/// start (even split across frames), `:` comments (reported as [`Event::Comment`]), the
+/// `data`/`event`/`id`/`retry` fields (one space after the colon dropped, a line without a colon
+/// is a field name with an empty value, unknown fields ignored), `data` lines joined with `\n`,
+/// and a blank line that dispatches an [`Event::Sse`] only when the event had a `data` field. At
+/// the end of the body an incomplete event is discarded. The cap
+/// ([`with_max_event_bytes`](Scanner::with_max_event_bytes)) bounds one line and one event (its
+/// raw bytes, with every line end but the last one; comments inside the event included).
+///
+/// Lines are never buffered: each frame is cut into line segments with `memchr`, and only the
+/// field being read, the captured data and the event name are kept, in buffers that are reused,
+/// so a warm scanner does not allocate per frame.
+#[derive(Debug, Default)]
+pub struct Sse {
+    limits: Limits,
     bom_matched: u8,
     bom_done: bool,
     line: Line,
     after_cr: bool,
     line_len: usize,
-    pending: usize,
     in_event: bool,
     name: [u8; MAX_FIELD_NAME],
     name_len: usize,
@@ -88,96 +91,18 @@ pub struct SseScanner {
     event_name: Vec<u8>,
     comment: Vec<u8>,
     comment_len: usize,
-    error: Option<ScanError>,
 }
 
-impl Default for SseScanner {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl SseScanner {
-    /// A scanner with the default cap ([`DEFAULT_MAX_EVENT_BYTES`]) that captures whole events.
-    pub fn new() -> Self {
-        SseScanner {
-            max: DEFAULT_MAX_EVENT_BYTES,
-            capture: usize::MAX,
-            bom_matched: 0,
-            bom_done: false,
-            line: Line::Start,
-            after_cr: false,
-            line_len: 0,
-            pending: 0,
-            in_event: false,
-            name: [0; MAX_FIELD_NAME],
-            name_len: 0,
-            has_data: false,
-            data: Vec::new(),
-            data_len: 0,
-            event_name: Vec::new(),
-            comment: Vec::new(),
-            comment_len: 0,
-            error: None,
-        }
+impl Framer for Sse {
+    fn limits(&self) -> &Limits {
+        &self.limits
     }
 
-    /// Sets the cap on one line and on one event (its raw bytes, with every line end but the
-    /// last one; comments inside the event included).
-    pub fn with_max_event_bytes(mut self, max: usize) -> Self {
-        self.max = max;
-        self
+    fn limits_mut(&mut self) -> &mut Limits {
+        &mut self.limits
     }
 
-    /// Copies at most `limit` bytes of each event's data (and of each comment) out of the
-    /// stream; [`Captured::len`] still reports the full length. Default: everything (bounded by
-    /// the cap). Takes effect for data not yet seen.
-    pub fn set_capture(&mut self, limit: usize) {
-        self.capture = limit;
-    }
-
-    /// Bytes fed since the last event boundary: the part of the stream that belongs to an
-    /// event (or a line) not complete yet.
-    pub fn pending_bytes(&self) -> usize {
-        self.pending
-    }
-
-    /// Feeds one contiguous chunk; calls `on_event` for each complete event.
-    ///
-    /// After an error the scanner is spent: every later call returns the same error.
-    pub fn feed(
-        &mut self,
-        chunk: &[u8],
-        mut on_event: impl FnMut(Event<'_>),
-    ) -> Result<(), ScanError> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
-        let result = self.feed_inner(chunk, &mut on_event);
-        self.error = result.err();
-        result
-    }
-
-    /// Feeds every chunk of `buf` (without consuming it), see [`for_each_chunk`](crate::scan::for_each_chunk).
-    pub fn feed_buf<B: Buf + ?Sized>(
-        &mut self,
-        buf: &B,
-        mut on_event: impl FnMut(Event<'_>),
-    ) -> Result<(), ScanError> {
-        feed_chunks(buf, |chunk| self.feed(chunk, &mut on_event))
-    }
-
-    /// Ends the body. An incomplete event is discarded (per WHATWG); returns the error the
-    /// scanner met, if any.
-    pub fn finish(&mut self, on_event: impl FnMut(Event<'_>)) -> Result<(), ScanError> {
-        let _ = on_event;
-        match self.error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    fn feed_inner(
+    fn feed(
         &mut self,
         mut chunk: &[u8],
         on_event: &mut impl FnMut(Event<'_>),
@@ -186,7 +111,7 @@ impl SseScanner {
             while let Some((&b, rest)) = chunk.split_first() {
                 if b == BOM[usize::from(self.bom_matched)] {
                     self.bom_matched += 1;
-                    self.pending += 1;
+                    self.limits.pending += 1;
                     chunk = rest;
                     if usize::from(self.bom_matched) == BOM.len() {
                         self.bom_done = true;
@@ -213,7 +138,7 @@ impl SseScanner {
                 self.after_cr = false;
                 if chunk[0] == b'\n' {
                     if self.in_event {
-                        self.pending += 1;
+                        self.limits.pending += 1;
                     }
                     chunk = &chunk[1..];
                     continue;
@@ -222,16 +147,16 @@ impl SseScanner {
             match memchr2(b'\n', b'\r', chunk) {
                 Some(i) => {
                     // The line end itself does not count against the cap.
-                    self.pending += i;
+                    self.limits.pending += i;
                     self.check_line(i)?;
-                    self.pending += 1;
+                    self.limits.pending += 1;
                     self.segment(&chunk[..i]);
                     self.after_cr = chunk[i] == b'\r';
                     self.line_end(on_event);
                     chunk = &chunk[i + 1..];
                 }
                 None => {
-                    self.pending += chunk.len();
+                    self.limits.pending += chunk.len();
                     self.check_line(chunk.len())?;
                     self.segment(chunk);
                     break;
@@ -240,20 +165,22 @@ impl SseScanner {
         }
         Ok(())
     }
+}
 
+impl Sse {
     /// Adds `n` bytes to the current line and checks both caps.
     fn check_line(&mut self, n: usize) -> Result<(), ScanError> {
         self.line_len += n;
         // `pending` (the event so far) is never less than `line_len`, so the event cap is
         // crossed first, or at the same byte when the line is the whole event: the kind of error
         // depends on the bytes only, never on how they were split into frames.
-        if self.pending > self.max || self.line_len > self.max {
-            let what = if self.line_len >= self.pending {
+        if self.limits.pending > self.limits.max || self.line_len > self.limits.max {
+            let what = if self.line_len >= self.limits.pending {
                 "sse line"
             } else {
                 "sse event"
             };
-            return Err(ScanError::too_long(what, self.max));
+            return Err(ScanError::too_long(what, self.limits.max));
         }
         Ok(())
     }
@@ -340,7 +267,7 @@ impl SseScanner {
 
     fn push_data(&mut self, bytes: &[u8]) {
         self.data_len += bytes.len();
-        capture(&mut self.data, self.capture, bytes);
+        capture(&mut self.data, self.limits.capture, bytes);
     }
 
     fn value(&mut self, field: Field, bytes: &[u8]) {
@@ -349,7 +276,7 @@ impl SseScanner {
             Field::Event => capture(&mut self.event_name, MAX_EVENT_NAME_BYTES, bytes),
             Field::Comment => {
                 self.comment_len += bytes.len();
-                capture(&mut self.comment, self.capture, bytes);
+                capture(&mut self.comment, self.limits.capture, bytes);
             }
             Field::Id | Field::Retry | Field::Ignore => {}
         }
@@ -374,7 +301,7 @@ impl SseScanner {
                 self.data_len = 0;
                 self.event_name.clear();
                 self.in_event = false;
-                self.pending = 0;
+                self.limits.pending = 0;
             }
             Line::Name => {
                 let field = self.field();
@@ -388,7 +315,7 @@ impl SseScanner {
                     },
                 });
                 if !self.in_event {
-                    self.pending = 0;
+                    self.limits.pending = 0;
                 }
             }
             Line::AfterColon(_) | Line::Value(_) => {}
@@ -656,7 +583,7 @@ mod tests {
         let mut got = Vec::new();
         for byte in input.chunks(1) {
             s.feed(byte, |e| push(&mut got, e)).unwrap();
-            assert!(s.data.capacity() <= 64 && s.comment.capacity() <= 64);
+            assert!(s.framing.data.capacity() <= 64 && s.framing.comment.capacity() <= 64);
         }
         assert_eq!(
             got,
