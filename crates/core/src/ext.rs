@@ -429,6 +429,54 @@ impl EndReport {
     }
 }
 
+/// The deadlines of one request: the one source of "time left" that every layer reads.
+///
+/// The layer that decides a request's limits (`SseIdleTimeout`, from its configuration, the
+/// request's class and its overrides) puts this into the request extensions before it calls the
+/// inner service; a layer inside it (the hedge) reads it to stay within what is left: a hedge
+/// delay never runs past the first-token deadline, and no backup is sent that could not win. A
+/// layer that learns of a tighter deadline (a client's own deadline, say) tightens it with
+/// [`Deadlines::tighten`], never loosens it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deadlines {
+    /// When the first token must have arrived.
+    pub first_token: Option<tokio::time::Instant>,
+    /// When the whole stream must have ended.
+    pub total: Option<tokio::time::Instant>,
+}
+
+impl Deadlines {
+    /// Time left until the first-token deadline (or the total one, if that is earlier) at `now`;
+    /// `None` when neither is set, zero once passed.
+    pub fn first_token_left(&self, now: tokio::time::Instant) -> Option<Duration> {
+        let at = match (self.first_token, self.total) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(at.saturating_duration_since(now))
+    }
+
+    /// Time left until the total deadline at `now`; `None` when it is not set.
+    pub fn total_left(&self, now: tokio::time::Instant) -> Option<Duration> {
+        Some(self.total?.saturating_duration_since(now))
+    }
+
+    /// Keeps the earlier of each pair of deadlines.
+    pub fn tighten(&mut self, other: Deadlines) {
+        fn min(
+            a: Option<tokio::time::Instant>,
+            b: Option<tokio::time::Instant>,
+        ) -> Option<tokio::time::Instant> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        self.first_token = min(self.first_token, other.first_token);
+        self.total = min(self.total, other.total);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -54,8 +54,8 @@ pub use error::{
     BoxError, OverloadReason, Overloaded, Phase, ScanError, TimeoutError, UpstreamError,
 };
 pub use ext::{
-    AdmissionOutcome, ClassPolicy, EndReason, EndReport, HedgeOutcome, Priority, RequestFacts,
-    UpstreamFailure,
+    AdmissionOutcome, ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, Priority,
+    RequestFacts, UpstreamFailure,
 };
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
