@@ -52,7 +52,7 @@ async fn permit_is_held_until_the_stream_ends_not_until_headers() {
     );
     // Streams make progress: still no admission.
     for (_, tx) in &arrived_now {
-        tx.send(Ok(Bytes::from_static(b"data: tok\n\n"))).unwrap();
+        tx.send(data("data: tok\n\n")).unwrap();
     }
     sleep(Duration::from_secs(10)).await;
     assert!(!c.is_finished());
@@ -114,7 +114,7 @@ async fn body_error_and_inner_error_release() {
     let svc = layer.layer(up);
     let res = svc.clone().oneshot(request("a")).await.unwrap();
     let (_, tx) = arrived(&mut ctl).pop().unwrap();
-    tx.send(Err(io::Error::other("reset"))).unwrap();
+    tx.send(Step::Error).unwrap();
     let mut body = res.into_body();
     assert!(body.frame().await.unwrap().is_err());
     assert_eq!(h.in_flight(), 0, "a body error releases");

@@ -20,7 +20,7 @@ fn spawn_call(
     tokio::spawn(svc.clone().oneshot(req))
 }
 
-fn names(ctl: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Frames)>) -> Vec<String> {
+fn names(ctl: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Feed)>) -> Vec<String> {
     arrived(ctl).into_iter().map(|x| x.0).collect()
 }
 

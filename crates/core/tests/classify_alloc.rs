@@ -11,6 +11,7 @@ use tailguard_core::classify::{
     AnthropicClassifier, Classify, LlmSseClassifier, NdjsonClassifier, OpenAiClassifier,
 };
 use tailguard_core::scan::{Captured, Event, SseScanner};
+use tailguard_test_support::fixture;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -49,11 +50,6 @@ fn classify(classifier: &dyn Classify, event: &Event<'_>) -> (Class, usize) {
 
 /// Every SSE data event of a fixture, as (event name, data).
 fn fixture_events(name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let path = format!(
-        "{}/../../testdata/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut events = Vec::new();
     let mut scanner = SseScanner::new();
     let mut push = |event: Event<'_>| {
@@ -62,7 +58,7 @@ fn fixture_events(name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
             events.push((name.to_vec(), data.bytes.to_vec()));
         }
     };
-    scanner.feed(&bytes, &mut push).unwrap();
+    scanner.feed(fixture(name), &mut push).unwrap();
     scanner.finish(&mut push).unwrap();
     events
 }
