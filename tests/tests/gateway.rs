@@ -30,7 +30,7 @@ fn test_config() -> Config {
 }
 
 fn post(gw: &Gateway, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    tailguard_test_support::post(format!("http://{}{path}", gw.addr()), body, headers)
+    tailguard_test_support::post(&format!("http://{}{path}", gw.addr()), body, headers)
 }
 
 async fn text(res: Response<hyper::body::Incoming>) -> String {

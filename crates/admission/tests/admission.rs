@@ -18,13 +18,6 @@ use tailguard_core::{
 use tokio::time::{Instant, advance, sleep};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
-fn spawn_call(
-    svc: &tailguard_admission::BoundedAdmission<Upstream>,
-    req: http::Request<()>,
-) -> tokio::task::JoinHandle<Result<Res, io::Error>> {
-    tokio::spawn(svc.clone().oneshot(req))
-}
-
 async fn json(res: Res) -> serde_json::Value {
     let bytes = res.into_body().collect().await.unwrap().to_bytes();
     serde_json::from_slice(&bytes).unwrap()

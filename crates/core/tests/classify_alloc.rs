@@ -11,7 +11,7 @@ use tailguard_core::classify::{
     AnthropicClassifier, Classify, LlmSseClassifier, NdjsonClassifier, OpenAiClassifier,
 };
 use tailguard_core::scan::{Captured, Event, SseScanner};
-use tailguard_test_support::fixture;
+use tailguard_test_support::FIXTURES;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -49,7 +49,7 @@ fn classify(classifier: &dyn Classify, event: &Event<'_>) -> (Class, usize) {
 }
 
 /// Every SSE data event of a fixture, as (event name, data).
-fn fixture_events(name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+fn fixture_events(bytes: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut events = Vec::new();
     let mut scanner = SseScanner::new();
     let mut push = |event: Event<'_>| {
@@ -58,7 +58,7 @@ fn fixture_events(name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
             events.push((name.to_vec(), data.bytes.to_vec()));
         }
     };
-    scanner.feed(fixture(name), &mut push).unwrap();
+    scanner.feed(bytes, &mut push).unwrap();
     scanner.finish(&mut push).unwrap();
     events
 }
@@ -222,17 +222,8 @@ fn pre_first_token_classification_allocates_nothing() {
     // Every event of the captured SSE fixtures, classified as if no token had been seen yet.
     let mut checked = 0;
     let mut escaped = 0;
-    for fixture in [
-        "llamacpp-chat-stream-usage.sse",
-        "llamacpp-chat-stream.sse",
-        "llamacpp-completions-stream.sse",
-        "llmock-anthropic-messages-stream.sse",
-        "llmock-openai-chat-stream-malformed.sse",
-        "llmock-openai-chat-stream-truncated.sse",
-        "llmock-openai-chat-stream-usage.sse",
-        "llmock-openai-tool-call-stream.sse",
-    ] {
-        for (name, data) in fixture_events(fixture) {
+    for (fixture, bytes) in FIXTURES.iter().filter(|(name, _)| name.ends_with(".sse")) {
+        for (name, data) in fixture_events(bytes) {
             let ((), n) = allocations(|| {
                 std::hint::black_box(LlmSseClassifier.classify(&sse(&name, &data), false));
                 std::hint::black_box(OpenAiClassifier.classify(&sse(&name, &data), false));

@@ -70,7 +70,7 @@ fn run(content_type: &str, frames: &[&[u8]], usage: bool) -> Summary {
 /// Runs whole, every 2-way split, and byte by byte; all must agree. Returns the summary.
 fn all_splits(name: &str, content_type: &str, usage: bool) -> Summary {
     let bytes = fixture(name);
-    let whole = run(content_type, &[&bytes], usage);
+    let whole = run(content_type, &[bytes], usage);
     for at in 0..=bytes.len() {
         let (a, b) = bytes.split_at(at);
         assert_eq!(

@@ -15,7 +15,7 @@ use tower::{Layer, ServiceExt};
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 async fn no_allocation_per_frame_after_the_first_token() {
-    let mut items = vec![data(ROLE), Step::Wait(ms(600)), data(&token("a"))];
+    let mut items = vec![data(ROLE), Step::Wait(ms(600)), data(token("a"))];
     for i in 0..1000 {
         items.push(Step::Data(Bytes::from(token(&format!("t{i}")))));
     }

@@ -17,12 +17,6 @@ use tailguard_hedge::{
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
-fn layer() -> FirstTokenHedgeLayer {
-    FirstTokenHedgeLayer::new()
-        .with_delay(ms(500))
-        .with_budget(HedgeBudget::unlimited())
-}
-
 fn outcome<B>(res: &http::Response<B>) -> Option<HedgeOutcome> {
     res.extensions().get::<HedgeOutcome>().cloned()
 }

@@ -33,7 +33,7 @@ fn post(server: &MockServer, path: &str, body: &str, script: Option<&str>) -> Re
         .map(|s| (tailguard_mock::SCRIPT_HEADER, s))
         .into_iter()
         .collect();
-    let mut req = common::post(format!("{}{path}", server.url()), body, &headers);
+    let mut req = common::post(&format!("{}{path}", server.url()), body, &headers);
     let model = if path.contains("messages") {
         "claude-3-5-sonnet-20241022"
     } else {

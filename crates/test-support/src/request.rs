@@ -12,8 +12,8 @@ pub const CHAT: &str =
 pub const MESSAGES: &str = r#"{"model":"claude-3-5-sonnet","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
 
 /// A JSON `POST` of `body` to `uri`, with `headers`.
-pub fn post(uri: impl AsRef<str>, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::post(uri.as_ref()).header("content-type", "application/json");
+pub fn post(uri: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut b = Request::post(uri).header("content-type", "application/json");
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
@@ -23,7 +23,7 @@ pub fn post(uri: impl AsRef<str>, body: &str, headers: &[(&str, &str)]) -> Reque
 
 /// A [`CHAT`] request to `{base}/v1/chat/completions`, with `headers`.
 pub fn chat(base: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    post(format!("{base}/v1/chat/completions"), CHAT, headers)
+    post(&format!("{base}/v1/chat/completions"), CHAT, headers)
 }
 
 /// Response headers with this `content-type` only.

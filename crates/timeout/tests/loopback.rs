@@ -210,7 +210,7 @@ async fn anthropic_stream_behind_pings_ends_with_an_error_event() {
     let svc = SseIdleTimeoutLayer::new()
         .with_idle_timeout(ms(1550))
         .layer(client());
-    let req = post(format!("{}/v1/messages", server.url()), MESSAGES, &[]);
+    let req = post(&format!("{}/v1/messages", server.url()), MESSAGES, &[]);
     let out = call(svc, req).await;
     assert_eq!(out.elapsed, ms(100 + 1550));
     let events = out.events();

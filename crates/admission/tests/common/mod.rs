@@ -5,10 +5,10 @@ use std::io;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tailguard_admission::AdmissionBody;
+use tailguard_admission::{AdmissionBody, BoundedAdmission};
 pub use tailguard_test_support::*;
 use tokio::sync::mpsc;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 /// An upstream whose every response streams what the test sends on the announced feed.
 /// Header `x-id` names the request; `x-empty` answers with an empty body; `x-fail` errors.
@@ -70,3 +70,11 @@ pub fn arrived(ctl: &mut mpsc::UnboundedReceiver<(String, Feed)>) -> Vec<(String
 }
 
 pub type Res = Response<AdmissionBody<ScriptBody>>;
+
+/// Calls `svc` in a task of its own (a request that may queue).
+pub fn spawn_call(
+    svc: &BoundedAdmission<Upstream>,
+    req: Request<()>,
+) -> tokio::task::JoinHandle<Result<Res, io::Error>> {
+    tokio::spawn(svc.clone().oneshot(req))
+}

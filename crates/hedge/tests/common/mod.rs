@@ -13,7 +13,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tailguard_core::{EndReason, EndReport, ReplayBody};
-use tailguard_hedge::Attempt;
+use tailguard_hedge::{Attempt, FirstTokenHedgeLayer, HedgeBudget};
 pub use tailguard_test_support::*;
 use tokio::time::Instant;
 use tower::Service;
@@ -231,6 +231,13 @@ where
             Ok(plan.response(body))
         })
     }
+}
+
+/// The hedge the race tests use: a 500 ms delay, no budget limit.
+pub fn layer() -> FirstTokenHedgeLayer {
+    FirstTokenHedgeLayer::new()
+        .with_delay(ms(500))
+        .with_budget(HedgeBudget::unlimited())
 }
 
 pub fn chat_request() -> Request<Full<Bytes>> {
