@@ -6,7 +6,6 @@ use bytes::Bytes;
 use common::*;
 use proptest::prelude::*;
 use tailguard_core::HedgeOutcome;
-use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
 use tower::{Layer, ServiceExt};
 
 fn stream() -> Vec<u8> {
@@ -42,9 +41,7 @@ proptest! {
         let backup = Plan::items(items);
         let (outcome, got) = paused_runtime().block_on(async {
             let up = Upstream::new(vec![Plan::sse(ms(60_000)), backup]);
-            let res = FirstTokenHedgeLayer::new()
-                .with_delay(ms(500))
-                .with_budget(HedgeBudget::unlimited())
+            let res = layer()
                 .layer(up)
                 .oneshot(chat_request())
                 .await
