@@ -10,15 +10,12 @@
 //! its own, and a hyper server in front of the recorder for a client that closes the
 //! connection.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tailguard::admission::BoundedAdmissionLayer;
 use tailguard::core::{EndReason, ReplayBody, UpstreamFailure};
@@ -26,75 +23,39 @@ use tailguard::hedge::FirstTokenHedgeLayer;
 use tailguard::phases::{LatencyPhaseRecorderLayer, MetricsSink, PhaseReport};
 use tailguard::timeout::SseIdleTimeoutLayer;
 use tailguard_mock::{MockServer, SCRIPT_HEADER, Script};
+use tailguard_test_support::{CHAT, HttpClient, Recorded, client, client_of, ms, snapshot};
 use tower::{ServiceBuilder, ServiceExt};
 
-const CHAT: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-#[derive(Clone, Default)]
-struct Reports(Arc<Mutex<Vec<PhaseReport>>>);
-
-impl Reports {
-    fn all(&self) -> Vec<PhaseReport> {
-        self.0.lock().unwrap().clone()
-    }
-    fn one(&self) -> PhaseReport {
-        let all = self.all();
-        assert_eq!(all.len(), 1, "exactly one report");
-        all.into_iter().next().unwrap()
-    }
-}
-
-fn recorder() -> (LatencyPhaseRecorderLayer, Reports, Snapshotter) {
+fn recorder() -> (
+    LatencyPhaseRecorderLayer,
+    Recorded<PhaseReport>,
+    Snapshotter,
+) {
     let rec = DebuggingRecorder::new();
     let snap = rec.snapshotter();
-    let reports = Reports::default();
+    let reports = Recorded::default();
     let r = reports.clone();
     let layer = LatencyPhaseRecorderLayer::new()
         .without_sinks()
         .with_sink(MetricsSink::new().with_recorder(rec))
-        .with_sink(move |rep: &PhaseReport| r.0.lock().unwrap().push(rep.clone()))
+        .with_sink(move |rep: &PhaseReport| r.push(rep.clone()))
         .with_routes(["/v1/chat/completions"])
         .with_models(["gpt-4o"]);
     (layer, reports, snap)
 }
 
-fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
 fn chat(server: &MockServer, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::post(format!("{}/v1/chat/completions", server.url()))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::new(Bytes::from_static(CHAT.as_bytes())))
-        .unwrap()
+    tailguard_test_support::chat(&server.url(), headers)
 }
 
+/// One `end_reason` label per request counted in `tailguard_requests_total`, sorted.
 fn end_reasons(snap: &Snapshotter) -> Vec<String> {
-    let mut v: Vec<String> = snap
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == "tailguard_requests_total")
-        .flat_map(|(k, _, _, value)| {
-            let n = match value {
-                DebugValue::Counter(n) => n,
-                _ => 0,
-            };
-            let label = k
-                .key()
-                .labels()
-                .find(|l| l.key() == "end_reason")
-                .map(|l| l.value().to_owned())
-                .unwrap();
-            std::iter::repeat_n(label, n as usize)
+    let mut v: Vec<String> = snapshot(snap)
+        .iter()
+        .filter(|s| s.name == "tailguard_requests_total")
+        .flat_map(|s| {
+            let label = s.label("end_reason").unwrap().to_owned();
+            std::iter::repeat_n(label, s.counter() as usize)
         })
         .collect();
     v.sort();
@@ -291,8 +252,7 @@ async fn hedge_outcome_from_first_token_hedge() {
         .await
         .unwrap();
     let (layer, reports, snap) = recorder();
-    let upstream: Client<HttpConnector, ReplayBody<Full<Bytes>>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let upstream: HttpClient<ReplayBody<Full<Bytes>>> = client_of();
     let svc = ServiceBuilder::new()
         .layer(layer)
         .layer(

@@ -2,22 +2,8 @@
 //! per frame, gives the same events and classes; and the classes are the right ones.
 
 use bytes::Bytes;
-use http::HeaderMap;
 use tailguard_core::{Dialect, StreamTracker, Wire};
-
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!(
-        "{}/../../testdata/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn headers(content_type: &str) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert("content-type", content_type.parse().unwrap());
-    h
-}
+use tailguard_test_support::{content_type, fixture};
 
 /// What a whole stream amounted to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +22,11 @@ struct Summary {
 }
 
 fn run(content_type: &str, frames: &[&[u8]], usage: bool) -> Summary {
-    let mut tracker = StreamTracker::new(&Dialect::Auto, &headers(content_type)).with_usage(usage);
+    let mut tracker = StreamTracker::new(
+        &Dialect::Auto,
+        &tailguard_test_support::content_type(content_type),
+    )
+    .with_usage(usage);
     let mut s = Summary {
         events: 0,
         tokens: 0,
@@ -80,7 +70,7 @@ fn run(content_type: &str, frames: &[&[u8]], usage: bool) -> Summary {
 /// Runs whole, every 2-way split, and byte by byte; all must agree. Returns the summary.
 fn all_splits(name: &str, content_type: &str, usage: bool) -> Summary {
     let bytes = fixture(name);
-    let whole = run(content_type, &[&bytes], usage);
+    let whole = run(content_type, &[bytes], usage);
     for at in 0..=bytes.len() {
         let (a, b) = bytes.split_at(at);
         assert_eq!(
@@ -141,7 +131,7 @@ fn non_streamed_json_first_byte_is_the_token() {
         assert_eq!(s.wire, Wire::Opaque);
         assert_eq!(s.pending_at_end, 0);
     }
-    let mut tracker = StreamTracker::new(&Dialect::Auto, &headers("application/json"));
+    let mut tracker = StreamTracker::new(&Dialect::Auto, &content_type("application/json"));
     assert!(
         !tracker.observe(&Bytes::new()).first_token,
         "an empty frame is not a token"
@@ -203,12 +193,12 @@ fn llmock_truncated_stream_has_no_done() {
 #[test]
 fn malformed_first_event_is_meta() {
     let bytes = fixture("llmock-openai-chat-stream-malformed.sse");
-    let text = String::from_utf8(bytes).unwrap();
+    let text = std::str::from_utf8(bytes).unwrap();
     let bad = text
         .split("\n\n")
         .find(|e| e.starts_with("data: {") && serde_json_fails(&e[6..]))
         .expect("a malformed event");
-    let mut tracker = StreamTracker::new(&Dialect::Auto, &headers(SSE));
+    let mut tracker = StreamTracker::new(&Dialect::Auto, &content_type(SSE));
     let obs = tracker.observe(&Bytes::from(format!("{bad}\n\n")));
     assert_eq!((obs.events, obs.meta, obs.tokens), (1, 1, 0));
     assert!(!tracker.first_token_seen());

@@ -5,47 +5,26 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{Request, Response, StatusCode};
-use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tailguard_core::{HedgeOutcome, ReplayBody};
 use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
 use tailguard_mock::{MockServer, Outcome, Script};
+use tailguard_test_support::{
+    CHAT, HttpClient, MESSAGES, client as plain_client, client_of, ms, post, read_all,
+};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
-type HedgeClient = Client<HttpConnector, ReplayBody<Full<Bytes>>>;
-
-const CHAT: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi there"}]}"#;
-const MESSAGES: &str = r#"{"model":"claude","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+type HedgeClient = HttpClient<ReplayBody<Full<Bytes>>>;
 
 fn client() -> HedgeClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-fn plain_client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
+    client_of()
 }
 
 fn layer() -> FirstTokenHedgeLayer {
     FirstTokenHedgeLayer::new()
         .with_delay(ms(500))
         .with_budget(HedgeBudget::unlimited())
-}
-
-fn post(uri: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::post(uri).header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::new(Bytes::from(body.to_owned()))).unwrap()
 }
 
 /// A replica: the shared client with requests sent to `base`.
@@ -64,25 +43,6 @@ fn replica(
         *r.uri_mut() = format!("{base}{}", r.uri().path()).parse().unwrap();
         r
     })
-}
-
-async fn read_all<B>(body: B) -> (Vec<u8>, bool)
-where
-    B: Body<Data = Bytes>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut out = Vec::new();
-    while let Some(f) = body.frame().await {
-        match f {
-            Ok(f) => {
-                if let Ok(d) = f.into_data() {
-                    out.extend_from_slice(&d);
-                }
-            }
-            Err(_) => return (out, true),
-        }
-    }
-    (out, false)
 }
 
 /// The bytes a direct call (no hedge) to `server` returns.

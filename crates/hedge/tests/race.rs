@@ -17,12 +17,6 @@ use tailguard_hedge::{
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
-fn layer() -> FirstTokenHedgeLayer {
-    FirstTokenHedgeLayer::new()
-        .with_delay(ms(500))
-        .with_budget(HedgeBudget::unlimited())
-}
-
 fn outcome<B>(res: &http::Response<B>) -> Option<HedgeOutcome> {
     res.extensions().get::<HedgeOutcome>().cloned()
 }
@@ -33,14 +27,14 @@ fn split_stream(ttft: Duration) -> Plan {
     let tok = token("Hi");
     Plan::items(vec![
         data(": warming up\n\n"),
-        Item::Data(Bytes::copy_from_slice(&role[..17])),
-        Item::Data(Bytes::copy_from_slice(&role[17..])),
-        Item::Wait(ttft),
-        Item::Data(Bytes::copy_from_slice(&tok.as_bytes()[..20])),
-        Item::Wait(ms(5)),
-        Item::Data(Bytes::copy_from_slice(&tok.as_bytes()[20..])),
-        Item::Wait(ms(10)),
-        Item::Data(Bytes::from(token(" there"))),
+        Step::Data(Bytes::copy_from_slice(&role[..17])),
+        Step::Data(Bytes::copy_from_slice(&role[17..])),
+        Step::Wait(ttft),
+        Step::Data(Bytes::copy_from_slice(&tok.as_bytes()[..20])),
+        Step::Wait(ms(5)),
+        Step::Data(Bytes::copy_from_slice(&tok.as_bytes()[20..])),
+        Step::Wait(ms(10)),
+        Step::Data(Bytes::from(token(" there"))),
         data(DONE),
     ])
 }
@@ -177,7 +171,7 @@ async fn transport_error_triggers_the_backup_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn reset_before_the_first_token_triggers_the_backup_at_once() {
-    let p = Plan::items(vec![data(ROLE), Item::Wait(ms(80)), Item::Error]);
+    let p = Plan::items(vec![data(ROLE), Step::Wait(ms(80)), Step::Error]);
     failover_at(p, ms(80)).await;
 }
 
@@ -185,7 +179,7 @@ async fn reset_before_the_first_token_triggers_the_backup_at_once() {
 async fn in_band_error_triggers_the_backup_at_once() {
     let p = Plan::items(vec![
         data(ROLE),
-        Item::Wait(ms(60)),
+        Step::Wait(ms(60)),
         data("data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n"),
         data(DONE),
     ]);
@@ -194,7 +188,7 @@ async fn in_band_error_triggers_the_backup_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn stream_without_a_token_triggers_the_backup_at_once() {
-    let p = Plan::items(vec![data(ROLE), Item::Wait(ms(70)), data(DONE)]);
+    let p = Plan::items(vec![data(ROLE), Step::Wait(ms(70)), data(DONE)]);
     failover_at(p, ms(70)).await;
 }
 
@@ -245,7 +239,7 @@ async fn an_in_band_error_outranks_a_status_and_is_replayed_whole() {
     let in_band = Plan::items(vec![
         data(ROLE),
         data("data: {\"error\":{\"message\":\"model overloaded\"}}\n\n"),
-        Item::Wait(ms(5)),
+        Step::Wait(ms(5)),
         data(DONE),
     ]);
     let up = Upstream::new(vec![in_band.clone(), Plan::status(502)]);
@@ -315,7 +309,7 @@ async fn every_attempt_failing_in_transport_returns_the_inner_error() {
 
 #[tokio::test(start_paused = true)]
 async fn a_body_error_before_the_token_is_kept_when_it_is_the_best_failure() {
-    let broken = Plan::items(vec![data(ROLE), Item::Error]);
+    let broken = Plan::items(vec![data(ROLE), Step::Error]);
     let up = Upstream::new(vec![broken, Plan::transport_error()]);
     let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
     let (got, _, err) = frames(res.into_body()).await;
@@ -581,11 +575,11 @@ async fn pre_token_overflow_fails_open() {
     let comment = format!(": {}\n\n", "k".repeat(96));
     let mut items = vec![data(ROLE)];
     for _ in 0..100 {
-        items.push(Item::Data(Bytes::from(comment.clone())));
-        items.push(Item::Wait(ms(1)));
+        items.push(Step::Data(Bytes::from(comment.clone())));
+        items.push(Step::Wait(ms(1)));
     }
-    items.push(Item::Wait(ms(5000)));
-    items.push(Item::Data(Bytes::from(token("late"))));
+    items.push(Step::Wait(ms(5000)));
+    items.push(Step::Data(Bytes::from(token("late"))));
     let plan = Plan::items(items);
     let up = Upstream::new(vec![plan.clone()]);
     let res = layer()
@@ -612,19 +606,14 @@ async fn grpc_trailers_only_unavailable_fails_over_and_messages_are_tokens() {
     };
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", "0".parse().unwrap());
-    let msg = |s: &str| {
-        let mut v = vec![0u8];
-        v.extend_from_slice(&(s.len() as u32).to_be_bytes());
-        v.extend_from_slice(s.as_bytes());
-        Item::Data(Bytes::from(v))
-    };
+    let msg = |s: &str| Step::Data(grpc_message(s.as_bytes()));
     let ok = Plan {
         headers: vec![("content-type", "application/grpc".into())],
         ..Plan::items(vec![
-            Item::Wait(ms(30)),
+            Step::Wait(ms(30)),
             msg("hello"),
             msg("world"),
-            Item::Trailers(trailers),
+            Step::Trailers(trailers),
         ])
     };
     let up = Upstream::new(vec![grpc_err, ok.clone()]);

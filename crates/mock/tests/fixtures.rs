@@ -10,11 +10,7 @@ use serde_json::Value;
 use tailguard_mock::{MockServer, Script};
 
 fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/../../testdata/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    String::from_utf8(tailguard_test_support::fixture(name).to_vec()).expect("utf-8")
 }
 
 /// (event name, data) of every SSE event.

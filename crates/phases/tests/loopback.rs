@@ -9,25 +9,17 @@ use bytes::Bytes;
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tailguard_core::{EndReason, RequestFacts, UpstreamFailure};
 use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
 use tailguard_mock::{MockServer, Script};
 use tailguard_phases::{LatencyPhaseRecorder, LatencyPhaseRecorderLayer};
 use tower::ServiceExt;
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-const CHAT: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
 const CHAT_USAGE: &str = r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
-const MESSAGES: &str = r#"{"model":"claude-3-5-sonnet","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
 
 fn recorder(layer: LatencyPhaseRecorderLayer) -> LatencyPhaseRecorder<HttpClient> {
     LatencyPhaseRecorder::new(
-        Client::builder(TokioExecutor::new()).build_http(),
+        client(),
         layer
             .with_routes(["/v1/chat/completions", "/v1/messages"])
             .with_models(["gpt-4o", "claude-3-5-sonnet"])
@@ -35,20 +27,13 @@ fn recorder(layer: LatencyPhaseRecorderLayer) -> LatencyPhaseRecorder<HttpClient
     )
 }
 
-fn post(
-    server: &MockServer,
-    path: &str,
-    body: &'static str,
-    script: Option<&str>,
-) -> Request<Full<Bytes>> {
-    let mut b =
-        Request::post(format!("{}{path}", server.url())).header("content-type", "application/json");
-    if let Some(s) = script {
-        b = b.header(tailguard_mock::SCRIPT_HEADER, s);
-    }
-    let mut req = b
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .unwrap();
+/// A streamed request to `path` on `server`, with a mock script and the request facts.
+fn post(server: &MockServer, path: &str, body: &str, script: Option<&str>) -> Request<Full<Bytes>> {
+    let headers: Vec<_> = script
+        .map(|s| (tailguard_mock::SCRIPT_HEADER, s))
+        .into_iter()
+        .collect();
+    let mut req = common::post(&format!("{}{path}", server.url()), body, &headers);
     let model = if path.contains("messages") {
         "claude-3-5-sonnet-20241022"
     } else {

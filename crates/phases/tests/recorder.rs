@@ -16,17 +16,6 @@ use tailguard_core::{
 use tailguard_phases::{MetricNames, MetricsSink, RequestId, Route, Upstream};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 
-fn sse(body: Scripted) -> Response<Scripted> {
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(body)
-        .unwrap()
-}
-
-async fn drain<B: Body>(body: B) -> Result<(), B::Error> {
-    body.collect().await.map(|_| ())
-}
-
 /// The headline scenario: exact TTFT, gaps, TPOT, total and counts, a role-only first chunk and
 /// keepalives not counted, two tokens in one frame counted as one arrival.
 #[tokio::test(start_paused = true)]
@@ -41,20 +30,20 @@ async fn exact_phases_of_a_scripted_stream() {
         )
         .service(service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(50)).await;
-            Ok::<_, Infallible>(sse(Scripted::new([
-                Step::Data(ROLE),
+            Ok::<_, Infallible>(sse(ScriptBody::new([
+                data(ROLE),
                 Step::Wait(ms(40)),
-                Step::Data(KEEPALIVE),
+                data(KEEPALIVE),
                 Step::Wait(ms(60)),
-                Step::Data(TOKEN), // t = 150 ms: first token
+                data(TOKEN), // t = 150 ms: first token
                 Step::Wait(ms(20)),
-                Step::Data(TOKEN), // gap 20 ms
+                data(TOKEN), // gap 20 ms
                 Step::Wait(ms(30)),
-                Step::Data(TWO_TOKENS), // gap 30 ms, two events
+                data(TWO_TOKENS), // gap 30 ms, two events
                 Step::Wait(ms(5)),
-                Step::Data(KEEPALIVE),
+                data(KEEPALIVE),
                 Step::Wait(ms(5)),
-                Step::Data(DONE), // t = 210 ms
+                data(DONE), // t = 210 ms
             ])))
         }));
     let mut req = Request::post("/v1/chat/completions/")
@@ -136,12 +125,12 @@ async fn role_only_first_chunk_is_not_the_first_token() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
+            Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(100)),
-                Step::Data(ROLE),
+                data(ROLE),
                 Step::Wait(ms(200)),
-                Step::Data(TOKEN),
-                Step::Data(DONE),
+                data(TOKEN),
+                data(DONE),
             ])))
         })
     });
@@ -216,13 +205,13 @@ async fn client_disconnect_mid_stream_is_reported_once() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
+            Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(10_000)),
-                Step::Data(DONE),
+                data(DONE),
             ])))
         })
     });
@@ -249,7 +238,7 @@ async fn response_future_dropped_before_headers_is_a_client_disconnect() {
     let mut svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(1000)).await;
-            Ok::<_, Infallible>(sse(Scripted::new([Step::Data(DONE)])))
+            Ok::<_, Infallible>(sse(ScriptBody::new([data(DONE)])))
         })
     });
     let fut = svc.ready().await.unwrap().call(Request::new(Empty::new()));
@@ -267,15 +256,15 @@ async fn service_error_and_body_error_are_transport_failures() {
     let svc = layer.clone().layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(5)).await;
-            Err::<Response<Scripted>, _>(ScriptError)
+            Err::<Response<ScriptBody>, _>(TransportError)
         })
     });
     assert!(svc.oneshot(Request::new(Empty::new())).await.is_err());
 
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
-                Step::Data(TOKEN),
+            Ok::<_, Infallible>(sse(ScriptBody::new([
+                data(TOKEN),
                 Step::Wait(ms(10)),
                 Step::Error,
             ])))
@@ -338,10 +327,10 @@ async fn in_band_error_event_and_grpc_trailers() {
     let (layer, reports, _snap) = layer();
     let svc = layer.clone().layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
-                Step::Data(TOKEN),
-                Step::Data(IN_BAND_ERROR),
-                Step::Data(DONE),
+            Ok::<_, Infallible>(sse(ScriptBody::new([
+                data(TOKEN),
+                data(IN_BAND_ERROR),
+                data(DONE),
             ])))
         })
     });
@@ -357,11 +346,11 @@ async fn in_band_error_event_and_grpc_trailers() {
             Ok::<_, Infallible>(
                 Response::builder()
                     .header("content-type", "application/grpc")
-                    .body(Scripted::new([
+                    .body(ScriptBody::new([
                         Step::Wait(ms(30)),
-                        Step::Data("\0\0\0\0\x02\x0a\0"),
+                        data("\0\0\0\0\x02\x0a\0"),
                         Step::Wait(ms(10)),
-                        Step::Data("\0\0\0\0\x02\x0a\0\0\0\0\0\x02\x0a\0"),
+                        data("\0\0\0\0\x02\x0a\0\0\0\0\0\x02\x0a\0"),
                         Step::Trailers(t),
                     ]))
                     .unwrap(),
@@ -393,12 +382,11 @@ async fn end_of_stream_after_a_frame_finalises_without_another_poll() {
     let (layer, reports, _snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
+            Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
-                Step::Data(DONE),
-            ])
-            .eager()))
+                data(TOKEN),
+                data(DONE),
+            ])))
         })
     });
     let res = svc.oneshot(Request::new(Empty::new())).await.unwrap();
@@ -444,7 +432,7 @@ async fn reasons_reported_by_inner_layers_win() {
                 .cloned()
                 .expect("EndReport");
             // The simulated inner layer ends the stream after an idle period.
-            let body = Scripted::new([Step::Data(TOKEN), Step::Wait(ms(500))]);
+            let body = ScriptBody::new([data(TOKEN), Step::Wait(ms(500))]);
             let body = ReportOnEnd {
                 inner: body,
                 report,
@@ -499,10 +487,10 @@ async fn admission_and_hedge_outcomes_from_response_extensions() {
     let svc = layer.clone().layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(250)).await;
-            let mut res = sse(Scripted::new([
+            let mut res = sse(ScriptBody::new([
                 Step::Wait(ms(50)),
-                Step::Data(TOKEN),
-                Step::Data(DONE),
+                data(TOKEN),
+                data(DONE),
             ]));
             res.extensions_mut()
                 .insert(AdmissionOutcome::admitted(ms(200), 1));
@@ -674,11 +662,11 @@ async fn usage_is_extracted_from_include_usage_chunks() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
-                Step::Data(ROLE),
-                Step::Data(TOKEN),
-                Step::Data(USAGE),
-                Step::Data(DONE),
+            Ok::<_, Infallible>(sse(ScriptBody::new([
+                data(ROLE),
+                data(TOKEN),
+                data(USAGE),
+                data(DONE),
             ])))
         })
     });
@@ -711,11 +699,11 @@ async fn otel_genai_names() {
         );
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
+            Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
+                data(TOKEN),
             ])))
         })
     });
@@ -747,7 +735,7 @@ async fn label_cardinality_is_bounded() {
         .with_routes(["/v1/chat/completions", "/v1/completions"])
         .layer_fn(|| {
             service_fn(|_req: Request<Empty<Bytes>>| async {
-                Ok::<_, Infallible>(sse(Scripted::new([Step::Data(TOKEN), Step::Data(DONE)])))
+                Ok::<_, Infallible>(sse(ScriptBody::new([data(TOKEN), data(DONE)])))
             })
         });
     let mut x: u64 = 0x9e37_79b9;

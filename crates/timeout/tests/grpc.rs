@@ -8,14 +8,11 @@ use http_body_util::BodyExt;
 use tailguard_core::{EndReason, EndReport};
 use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
 use tailguard_mock::{MockServer, Script};
+use tailguard_test_support::ms;
 use tailguard_timeout::SseIdleTimeoutLayer;
 use tokio::time::Instant;
 use tonic::Code;
 use tower::ServiceBuilder;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 /// A `GenerateClient` over a tonic `Channel` wrapped in `layer`. The body's `Chunk` data is
 /// turned into `Bytes` (zero-copy) for the client, which asks for `Bytes`.
