@@ -212,7 +212,7 @@ impl<S> ReplicaSet<S> {
                 .filter(|i| !tried.contains(&ReplicaId(*i as u64)))
             {
                 let k = key(&i);
-                if best.is_none_or(|(_, b)| k.0 < b.0 || (k.0 == b.0 && k.1 < b.1)) {
+                if best.is_none_or(|(_, b)| (k.0, k.1) < (b.0, b.1)) {
                     best = Some((i, k));
                 }
             }
