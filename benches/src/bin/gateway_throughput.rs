@@ -229,9 +229,13 @@ async fn front(
         "direct" => Ok((mock.url(), None, None)),
         "gateway_bare" => {
             let bare = ServiceBuilder::new()
-                .map_response(|res: Response<hyper::body::Incoming>| res.map(Body::new))
+                .map_response(
+                    |res: Response<tailguard::hedge::ReplicaBody<hyper::body::Incoming>>| {
+                        res.map(Body::new)
+                    },
+                )
                 .map_request(|req: Request<Full<Bytes>>| req.map(ReplayBody::passthrough))
-                .service(ReplicaSet::new(replicas()));
+                .service(ReplicaSet::round_robin(replicas()));
             let addr = serve_handler(BoxCloneSyncService::new(bare)).await?;
             Ok((format!("http://{addr}"), None, None))
         }

@@ -32,6 +32,7 @@ pub struct FirstTokenHedgeLayer {
     pub(crate) max_attempts: u8,
     pub(crate) delay: HedgeDelay,
     pub(crate) budget: HedgeBudget,
+    pub(crate) failover_budget: HedgeBudget,
     pub(crate) retryable: Arc<[StatusCode]>,
     pub(crate) retryable_grpc: Arc<[u16]>,
     pub(crate) replay_cap: usize,
@@ -57,7 +58,9 @@ impl FirstTokenHedgeLayer {
     /// * **2 attempts** (one backup): a second replica removes most of the tail; each further
     ///   attempt adds load for a smaller gain;
     /// * delay [`HedgeDelay::adaptive`] (p90 of recent TTFTs), see [`AdaptiveDelay`](crate::AdaptiveDelay);
-    /// * budget [`HedgeBudget::new`] (10% of requests, floor 1/s);
+    /// * budget [`HedgeBudget::new`] (10% of requests, floor 1/s) for delay-triggered hedges,
+    ///   and a separate failover budget [`HedgeBudget::failover`] (20% of requests, floor
+    ///   1/s) for attempts sent at once after a failure before the first token;
     /// * retryable statuses **429, 500, 502, 503, 504**: the statuses another replica may well
     ///   not return (overload, crash, bad gateway, timeout); other statuses are answers about
     ///   the request itself and are returned as they are;
@@ -82,6 +85,7 @@ impl FirstTokenHedgeLayer {
             max_attempts: 2,
             delay: HedgeDelay::default(),
             budget: HedgeBudget::default(),
+            failover_budget: HedgeBudget::failover(),
             retryable: Arc::new([
                 StatusCode::TOO_MANY_REQUESTS,
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -116,9 +120,17 @@ impl FirstTokenHedgeLayer {
         self
     }
 
-    /// Sets the budget.
+    /// Sets the budget of delay-triggered hedges.
     pub fn with_budget(mut self, budget: HedgeBudget) -> Self {
         self.budget = budget;
+        self
+    }
+
+    /// Sets the budget of failovers: attempts sent at once because an earlier attempt failed
+    /// before its first token (transport error, retryable status, in-band error, a stream that
+    /// ended with no token).
+    pub fn with_failover_budget(mut self, budget: HedgeBudget) -> Self {
+        self.failover_budget = budget;
         self
     }
 
@@ -199,8 +211,10 @@ impl FirstTokenHedgeLayer {
         self
     }
 
-    /// Builds the hedge over an explicit set of replicas: each attempt of a request goes to a
-    /// replica no earlier attempt went to (see [`ReplicaSet`]).
+    /// Builds the hedge over an explicit set of replicas with [`ReplicaSet::new`]'s defaults
+    /// (load-aware primaries, backups to the best untried replica, outlier ejection). For
+    /// other settings build the set yourself and [`layer`](Layer::layer) it, e.g.
+    /// `layer.layer(ReplicaSet::round_robin(replicas))`.
     pub fn layer_replicas<S>(
         &self,
         replicas: impl IntoIterator<Item = S>,
@@ -233,6 +247,7 @@ impl fmt::Debug for FirstTokenHedgeLayer {
             .field("max_attempts", &self.max_attempts)
             .field("delay", &self.delay)
             .field("budget", &self.budget)
+            .field("failover_budget", &self.failover_budget)
             .field("retryable", &self.retryable)
             .field("retryable_grpc", &self.retryable_grpc)
             .field("replay_cap", &self.replay_cap)

@@ -126,7 +126,11 @@
 //!
 //! * `tailguard_hedge_sent_total{trigger="delay"|"failure"}`: extra attempts sent;
 //! * `tailguard_hedge_won_total`: races won by a backup's first token;
-//! * `tailguard_hedge_budget_exhausted_total`: extra attempts refused by the budget;
+//! * `tailguard_hedge_budget_withdrawn_total{budget="hedge"|"failover"}` and
+//!   `tailguard_hedge_budget_exhausted_total{budget}`: extra attempts each budget allowed and
+//!   refused;
+//! * `tailguard_hedge_ejections_total{replica, reason="failures"|"slow"}`: [`ReplicaSet`]
+//!   outlier ejections;
 //! * `tailguard_hedge_all_failed_total`: requests whose every attempt failed;
 //! * `tailguard_hedge_delay_seconds{key}` (gauge): the adaptive delay in force, per estimate
 //!   key (bounded by [`AdaptiveDelay::with_max_keys`]), or `key="fixed"`;
@@ -144,13 +148,16 @@ mod attempt;
 mod body;
 mod budget;
 mod delay;
+mod eject;
 pub mod error;
 pub mod future;
 mod inflight;
 mod layer;
 mod race;
 mod replicas;
+mod score;
 mod service;
+mod slots;
 mod template;
 mod verdict;
 
@@ -158,6 +165,8 @@ pub use attempt::{ATTEMPT_HEADER, Attempt, ReplicaId};
 pub use body::HedgeBody;
 pub use budget::HedgeBudget;
 pub use delay::{AdaptiveDelay, DelayKey, HedgeDelay};
+pub use eject::Ejection;
 pub use layer::{FirstTokenHedgeLayer, MAX_ATTEMPTS, OPT_OUT_HEADER};
-pub use replicas::ReplicaSet;
+pub use replicas::{ReplicaSet, Routing};
 pub use service::FirstTokenHedge;
+pub use slots::ReplicaBody;

@@ -21,6 +21,7 @@ use crate::body::{Forward, HedgeBody};
 use crate::delay::Estimator;
 use crate::error::RequestBodyError;
 use crate::inflight::{Failure, InFlight, Step, Streaming};
+use crate::score::Settle;
 use crate::service::Shared;
 use crate::template::Template;
 
@@ -223,9 +224,10 @@ where
         if self.pending_send.is_some() || self.sent >= self.shared.config.max_attempts {
             return;
         }
-        if !self.shared.budget.withdraw(Instant::now()) {
+        // Failovers draw on a budget of their own (counted there).
+        let failover = trigger == Trigger::Failure;
+        if !self.shared.budget.withdraw(failover, Instant::now()) {
             self.budget_exhausted = true;
-            metrics::counter!("tailguard_hedge_budget_exhausted_total").increment(1);
             tracing::debug!(
                 trigger = trigger.as_str(),
                 "tailguard-hedge: budget exhausted, no attempt sent"
@@ -243,6 +245,7 @@ where
     /// Keeps `failure` of attempt `index` if it is the most informative so far, and calls for
     /// the next attempt.
     fn fail(&mut self, index: u8, failure: Failure<RB, S::Error>, report: Option<EndReport>) {
+        self.record.settle(index, Settle::Failed);
         let fault = failure.fault();
         tracing::debug!(
             attempt = index,
@@ -291,6 +294,13 @@ where
         token: bool,
     ) -> Response<HedgeBody<RB>> {
         let (index, sent_at) = (attempt.index, attempt.sent_at);
+        // Tells a `ReplicaSet` below how the attempt went (its score).
+        let how = if token {
+            Settle::Token
+        } else {
+            Settle::Answered
+        };
+        self.record.settle(index, how);
         let now = Instant::now();
         self.cancel_all(now);
         self.phase = Phase::Done;

@@ -12,7 +12,7 @@ use tailguard_core::{BoxError, ClassPolicy, Priority, ReplayBody};
 use tower_service::Service;
 
 use crate::body::HedgeBody;
-use crate::budget::Bucket;
+use crate::budget::Budgets;
 use crate::delay::DelaySource;
 use crate::future::ResponseFuture;
 use crate::layer::FirstTokenHedgeLayer;
@@ -22,7 +22,7 @@ use crate::race::Race;
 pub(crate) struct Shared {
     pub(crate) config: FirstTokenHedgeLayer,
     pub(crate) delay: DelaySource,
-    pub(crate) budget: Bucket,
+    pub(crate) budget: Budgets,
     rollout_seq: AtomicU64,
     rollout_threshold: u64,
 }
@@ -46,7 +46,7 @@ impl Shared {
         };
         Shared {
             delay: DelaySource::new(&config.delay),
-            budget: Bucket::new(&config.budget),
+            budget: Budgets::new(&config.budget, &config.failover_budget),
             rollout_seq: AtomicU64::new(0),
             rollout_threshold,
             config,

@@ -63,8 +63,23 @@ pub struct Args {
     /// Share of requests that may send an extra attempt [default: 0.1].
     #[arg(long, env = "TAILGUARD_HEDGE_BUDGET_RATIO", value_name = "RATIO")]
     pub hedge_budget_ratio: Option<f64>,
+    /// Share of requests that may fail over at once after a failure before the first token,
+    /// a budget separate from the hedge budget; 0 turns failover off [default: 0.2].
+    #[arg(long, env = "TAILGUARD_FAILOVER_BUDGET_RATIO", value_name = "RATIO")]
+    pub failover_budget_ratio: Option<f64>,
+    /// How primaries are routed: `least-wait` (p2c over expected first-token wait) or
+    /// `round-robin` (no load awareness, no ejection) [default: least-wait].
+    #[arg(long, env = "TAILGUARD_ROUTING", value_name = "POLICY")]
+    pub routing: Option<String>,
+    /// Outlier ejection of failing or very slow replicas: `on` or `off` [default: on].
+    #[arg(long, env = "TAILGUARD_OUTLIER_EJECTION", value_name = "ON_OFF")]
+    pub outlier_ejection: Option<String>,
+    /// Most concurrent attempts per replica (e.g. 1 for single-slot llama.cpp); admission's
+    /// capacity then defaults to the sum of the slots [default: no limit].
+    #[arg(long, env = "TAILGUARD_REPLICA_SLOTS", value_name = "N")]
+    pub replica_slots: Option<u32>,
 
-    /// Time allowed until response headers, or `off` [default: 10s].
+    /// Time allowed until response headers, or `off` [default: 30s, the first-token limit: the hedge holds headers until a first token].
     #[arg(long, env = "TAILGUARD_TIMEOUT_HEAD", value_name = "DURATION", value_parser = parse_timer)]
     pub timeout_head: Option<Timer>,
     /// Time allowed until the first token, or `off` [default: 30s].
@@ -223,6 +238,14 @@ pub struct HedgeFile {
     pub delay: Option<HedgeDelaySetting>,
     /// `budget_ratio`
     pub budget_ratio: Option<f64>,
+    /// `failover_budget_ratio`
+    pub failover_budget_ratio: Option<f64>,
+    /// `routing`
+    pub routing: Option<String>,
+    /// `outlier_ejection`
+    pub outlier_ejection: Option<bool>,
+    /// `replica_slots`
+    pub replica_slots: Option<u32>,
 }
 
 /// `[timeout]`
@@ -309,6 +332,14 @@ pub struct HedgeConfig {
     pub delay: HedgeDelaySetting,
     /// Share of requests that may send an extra attempt.
     pub budget_ratio: f64,
+    /// Share of requests that may fail over (a budget of its own).
+    pub failover_budget_ratio: f64,
+    /// Load-aware primaries (`false`: round robin).
+    pub least_wait: bool,
+    /// Outlier ejection.
+    pub outlier_ejection: bool,
+    /// Most concurrent attempts per replica (`None`: no limit).
+    pub replica_slots: Option<u32>,
 }
 
 /// `SseIdleTimeout` settings (`None`: the timer is off).
@@ -366,7 +397,11 @@ impl Default for Config {
     /// * max request body **4 MiB**: the hedge's replay cap, so every accepted body can be hedged;
     /// * hedge: **2 attempts**, **adaptive** delay (p90 of recent TTFTs), budget **10%**, the
     ///   layer's own defaults;
-    /// * timeouts: head **10 s** (headers come at once from streaming servers), first token
+    /// * hedge routing: load-aware primaries, outlier ejection, failover budget **20%**, no
+    ///   slot limit (the layers' own defaults);
+    /// * timeouts: head **30 s**, the first-token limit: the hedge holds the response head
+    ///   until a first token, and some servers send headers only when a slot frees, so a
+    ///   shorter head limit would end requests that are merely queued; first token
     ///   **30 s** (long prompts take time to prefill), idle **15 s** (a decoding server sends
     ///   tokens every few tens of ms, so 15 s of silence is a stall, not a slow token), total
     ///   **600 s** (long generations);
@@ -386,9 +421,13 @@ impl Default for Config {
                 max_attempts: 2,
                 delay: HedgeDelaySetting::Adaptive,
                 budget_ratio: 0.1,
+                failover_budget_ratio: 0.2,
+                least_wait: true,
+                outlier_ejection: true,
+                replica_slots: None,
             },
             timeout: TimeoutConfig {
-                head: Some(Duration::from_secs(10)),
+                head: Some(Duration::from_secs(30)),
                 first_token: Some(Duration::from_secs(30)),
                 idle: Some(Duration::from_secs(15)),
                 total: Some(Duration::from_secs(600)),
@@ -514,6 +553,40 @@ impl Config {
             file.hedge.budget_ratio,
             h.budget_ratio,
         );
+        h.failover_budget_ratio = pick(
+            args.failover_budget_ratio,
+            file.hedge.failover_budget_ratio,
+            h.failover_budget_ratio,
+        );
+        if !(0.0..=4.0).contains(&h.failover_budget_ratio) {
+            return err(format!(
+                "hedge.failover_budget_ratio (--failover-budget-ratio) must be between 0 and 4, not {}",
+                h.failover_budget_ratio
+            ));
+        }
+        match args.routing.clone().or(file.hedge.routing).as_deref() {
+            None | Some("least-wait") => h.least_wait = true,
+            Some("round-robin") => h.least_wait = false,
+            Some(other) => {
+                return err(format!(
+                    "hedge.routing (--routing) must be `least-wait` or `round-robin`, not `{other}`"
+                ));
+            }
+        }
+        h.outlier_ejection = match args.outlier_ejection.as_deref() {
+            None => file.hedge.outlier_ejection.unwrap_or(h.outlier_ejection),
+            Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return err(format!(
+                    "hedge.outlier_ejection (--outlier-ejection) must be `on` or `off`, not `{other}`"
+                ));
+            }
+        };
+        h.replica_slots = args.replica_slots.or(file.hedge.replica_slots);
+        if h.replica_slots == Some(0) {
+            return err("hedge.replica_slots (--replica-slots) must be at least 1");
+        }
         if !(1..=tailguard::hedge::MAX_ATTEMPTS).contains(&h.max_attempts) {
             return err(format!(
                 "hedge.max_attempts (--hedge-max-attempts) must be between 1 and {}, not {}",
@@ -630,6 +703,19 @@ impl Config {
             if c.models.is_empty() {
                 c.models.push(MOCK_MODEL.to_owned());
             }
+        }
+        // With slots, admission holds what the slots cannot take: its capacity defaults to
+        // their sum, so requests wait in admission's queue, not in an upstream's FIFO.
+        if let Some(slots) = c.hedge.replica_slots
+            && args.admission_capacity.is_none()
+            && file.admission.capacity.is_none()
+        {
+            let n = if c.upstreams.is_empty() {
+                c.mock.replicas
+            } else {
+                c.upstreams.len()
+            };
+            c.admission.capacity = slots.saturating_mul(n.max(1) as u32);
         }
         Ok(c)
     }

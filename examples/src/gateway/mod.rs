@@ -41,7 +41,9 @@ use hyper_util::rt::TokioExecutor;
 use tailguard::admission::BoundedAdmissionLayer;
 use tailguard::core::render::{ErrorInfo, error_response};
 use tailguard::core::{BoxError, ClassPolicy, HedgeOutcome, Priority, RequestFacts};
-use tailguard::hedge::{FirstTokenHedgeLayer, HedgeBudget, HedgeDelay};
+use tailguard::hedge::{
+    Ejection, FirstTokenHedgeLayer, HedgeBudget, HedgeDelay, ReplicaSet, Routing,
+};
 use tailguard::phases::LatencyPhaseRecorderLayer;
 use tailguard::priority::PriorityClassLayer;
 use tailguard::timeout::SseIdleTimeoutLayer;
@@ -121,9 +123,25 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
             HedgeDelaySetting::Adaptive => HedgeDelay::adaptive(),
             HedgeDelaySetting::Fixed(d) => HedgeDelay::fixed(d),
         })
-        .with_budget(HedgeBudget::new().with_ratio(h.budget_ratio));
-    // Each attempt of a request goes to a replica no earlier attempt went to.
-    let hedged = hedge.layer_replicas(replicas);
+        .with_budget(HedgeBudget::new().with_ratio(h.budget_ratio))
+        .with_failover_budget(HedgeBudget::failover().with_ratio(h.failover_budget_ratio));
+    // Each attempt of a request goes to a replica no earlier attempt went to; primaries to the
+    // replica with the shortest expected wait for a first token.
+    let routing = if h.least_wait {
+        Routing::LeastWait
+    } else {
+        Routing::RoundRobin
+    };
+    let ejection = if h.outlier_ejection {
+        Ejection::new()
+    } else {
+        Ejection::disabled()
+    };
+    let set = ReplicaSet::new(replicas)
+        .with_routing(routing)
+        .with_ejection(ejection)
+        .with_slots(h.replica_slots);
+    let hedged = tower::Layer::layer(&hedge, set);
 
     let stack = ServiceBuilder::new()
         .map_response(|res: Response<_>| res.map(Body::new))

@@ -23,10 +23,11 @@ use crate::upstream::{BoxError, Stack, Upstream, box_body};
 /// A way to send a request to the replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Strategy {
-    /// Round robin, one attempt.
+    /// Round robin (`ReplicaSet::round_robin`), one attempt.
     NoHedge,
     /// `tower::hedge` (p90 of latency to headers, 20 data points, 1 s period) over the
-    /// round robin.
+    /// round robin. The `FirstTokenHedge` strategies below use `layer_replicas`, whose
+    /// `ReplicaSet` is load-aware (issue 14).
     TowerHedge,
     /// `FirstTokenHedge` with a fixed delay.
     FixedDelay,
@@ -178,11 +179,11 @@ pub(crate) fn build(
         Strategy::NoHedge => BoxCloneService::new(
             ServiceBuilder::new()
                 .map_response(boxed_response)
-                .service(ReplicaSet::new(replicas)),
+                .service(ReplicaSet::round_robin(replicas)),
         ),
         Strategy::TowerHedge => {
             let hedge = Hedge::new(
-                ReplicaSet::new(replicas),
+                ReplicaSet::round_robin(replicas),
                 ClonePolicy,
                 20,
                 0.9,
