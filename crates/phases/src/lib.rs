@@ -123,6 +123,13 @@
 //! `other`), `upstream`, `priority`, `end_reason` ([`end_reason_label`]) and `streamed`. Request
 //! ids and raw client strings appear in traces and reports only.
 //!
+//! [`MetricNames::otel_genai`] switches to the OpenTelemetry GenAI client metrics
+//! (`gen_ai.client.operation.duration`, `gen_ai.client.operation.time_to_first_chunk`, ...,
+//! semantic conventions v1.41.0), which add `gen_ai.operation.name` (per route, see
+//! [`DEFAULT_OPERATIONS`]), `gen_ai.provider.name`
+//! ([`with_provider`](LatencyPhaseRecorderLayer::with_provider)) and `error.type`;
+//! [`MetricNames::otel_genai_server`] to the model-server ones.
+//!
 //! ## Request ids
 //!
 //! `x-request-id` is taken from the request when it is short printable ASCII, else generated
@@ -150,7 +157,7 @@ mod service;
 mod sink;
 
 pub use body::LatencyPhaseRecorderBody;
-pub use labels::{OTHER, Route, UNKNOWN, Upstream};
+pub use labels::{DEFAULT_OPERATIONS, OTHER, Route, UNKNOWN, Upstream};
 pub use layer::LatencyPhaseRecorderLayer;
 pub use metric_names::{MetricNames, buckets};
 pub use metrics_sink::{MAX_CACHED_LABEL_SETS, MetricsSink};

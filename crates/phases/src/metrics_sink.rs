@@ -6,6 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use metrics::{Histogram, Key, KeyName, Label, Level, Metadata, Recorder, Unit};
+use tailguard_core::EndReason;
 
 use crate::metric_names::MetricNames;
 use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
@@ -28,8 +29,8 @@ static METADATA: Metadata<'static> =
 ///
 /// # Caching
 ///
-/// Labels are bounded by design (configured routes and models, upstreams, priorities, end
-/// reasons, streamed or not), so the sink builds the metric [`Key`]s of each label set once, on
+/// Labels are bounded by design (configured routes and models, upstreams, operations and
+/// providers, priorities, end reasons, streamed or not), so the sink builds the metric [`Key`]s of each label set once, on
 /// its first use, and keeps them in a map shared by the sink's clones. At most
 /// [`MAX_CACHED_LABEL_SETS`] label sets are kept; should a misconfigured route function produce
 /// more, the keys of the extra ones are built per request, as without a cache, so memory stays
@@ -159,6 +160,8 @@ impl MetricsSink {
             route: labels.route.clone(),
             model: labels.model.clone(),
             upstream: labels.upstream.clone(),
+            operation: labels.operation.clone(),
+            provider: labels.provider.clone(),
             priority: Arc::from(labels.priority()),
             streamed: labels.streamed,
             end_reason,
@@ -284,6 +287,8 @@ struct LabelSet {
     route: Arc<str>,
     model: Arc<str>,
     upstream: Arc<str>,
+    operation: Arc<str>,
+    provider: Arc<str>,
     priority: Arc<str>,
     streamed: bool,
     /// `None` for the inter-token gaps, which are recorded before the end.
@@ -303,10 +308,23 @@ impl LabelSet {
                 if self.streamed { "true" } else { "false" },
             ),
         ];
+        if let Some(key) = n.operation_label {
+            labels.push(Label::new(key, self.operation.clone()));
+        }
+        if let Some(key) = n.provider_label {
+            labels.push(Label::new(key, self.provider.clone()));
+        }
         let Some(reason) = self.end_reason else {
             return Arc::new([Key::from_parts(n.inter_token_gap, labels)]);
         };
         labels.push(Label::new(n.end_reason_label, reason));
+        // Set only on a request that did not complete, as `error.type` is.
+        if let Some(key) = n
+            .error_type_label
+            .filter(|_| reason != EndReason::Completed.as_str())
+        {
+            labels.push(Label::new(key, reason));
+        }
         Metric::ALL
             .iter()
             .map(|m| {

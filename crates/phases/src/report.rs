@@ -21,6 +21,8 @@ pub struct PhaseLabels {
     pub(crate) route: Arc<str>,
     pub(crate) model: Arc<str>,
     pub(crate) upstream: Arc<str>,
+    pub(crate) operation: Arc<str>,
+    pub(crate) provider: Arc<str>,
     pub(crate) priority: Option<Priority>,
     pub(crate) streamed: bool,
 }
@@ -40,6 +42,19 @@ impl PhaseLabels {
     /// The upstream label.
     pub fn upstream(&self) -> &str {
         &self.upstream
+    }
+
+    /// The operation name of the route (OpenTelemetry `gen_ai.operation.name`): from
+    /// [`with_operations`](crate::LatencyPhaseRecorderLayer::with_operations) or
+    /// [`DEFAULT_OPERATIONS`](crate::DEFAULT_OPERATIONS), else the route label.
+    pub fn operation(&self) -> &str {
+        &self.operation
+    }
+
+    /// The provider label (OpenTelemetry `gen_ai.provider.name`), from
+    /// [`with_provider`](crate::LatencyPhaseRecorderLayer::with_provider).
+    pub fn provider(&self) -> &str {
+        &self.provider
     }
 
     /// The priority label: the [`Priority`] name, or `unknown` when the request had none.

@@ -687,14 +687,14 @@ async fn usage_is_extracted_from_include_usage_chunks() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn otel_genai_names() {
+async fn otel_genai_server_names() {
     let rec = metrics_util::debugging::DebuggingRecorder::new();
     let snap = rec.snapshotter();
     let layer = tailguard_phases::LatencyPhaseRecorderLayer::new()
         .without_sinks()
         .with_sink(
             MetricsSink::new()
-                .with_names(MetricNames::otel_genai())
+                .with_names(MetricNames::otel_genai_server())
                 .with_recorder(rec),
         );
     let svc = layer.layer_fn(|| {
