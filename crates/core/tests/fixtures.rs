@@ -162,6 +162,20 @@ fn llmock_tool_calls_are_tokens() {
 }
 
 #[test]
+fn llmock_responses_api_deltas_are_tokens_and_completed_is_done() {
+    let s = all_splits("llmock-openai-responses-stream.sse", SSE, false);
+    assert_eq!(s.wire, Wire::OpenAiSse);
+    // created, in_progress, output_item.added, content_part.added come first (meta).
+    assert_eq!(s.first_token_at, Some(0), "{s:?}");
+    // Ten `response.output_text.delta` events.
+    assert_eq!(s.tokens, 10);
+    // The four before, then output_text.done, content_part.done, output_item.done.
+    assert_eq!(s.meta, 7);
+    assert!(s.done && !s.error);
+    assert_eq!(s.events, s.tokens + s.meta + 1);
+}
+
+#[test]
 fn llmock_anthropic_ping_is_keepalive() {
     let s = all_splits("llmock-anthropic-messages-stream.sse", SSE, true);
     assert_eq!(s.wire, Wire::AnthropicSse);

@@ -20,6 +20,7 @@ fixtures!(
     "llmock-openai-chat-stream-truncated.sse",
     "llmock-openai-chat-stream-usage.sse",
     "llmock-openai-tool-call-stream.sse",
+    "llmock-openai-responses-stream.sse",
 );
 
 /// The bytes of fixture `name` (a file name in `testdata/fixtures`); panics on an unknown name.
