@@ -5,8 +5,12 @@
 //! server-streaming `Generate` service, and misbehaves on command: a [`Script`] sets the delay before headers, the time to
 //! first token (fixed or drawn from a seeded [`Latency`] distribution), the number of tokens
 //! and the gaps between them, stalls, keepalive comments, error statuses with `Retry-After`,
-//! connection resets, in-band error events, and head-of-line blocking (single-slot mode). A
-//! request can carry its own script in the [`SCRIPT_HEADER`] header. [`Stats`] count requests,
+//! connection resets (FIN or RST), in-band error events, broken streams (half an event, an
+//! endless line, garbage data lines, no terminal event) and head-of-line blocking
+//! (single-slot mode). A request can carry its own script in the [`SCRIPT_HEADER`] header.
+//! [`ReplicaOptions`] add what real servers do across requests: a response head that waits for
+//! the slot, llama.cpp-style interrupts, uvicorn's idle keep-alive close, and cancelled
+//! requests that still cost their prefill. [`Stats`] count requests,
 //! completions and client cancellations and log every request, so tests can assert "the losing
 //! hedge attempt was cancelled upstream".
 //!
@@ -67,27 +71,34 @@
 //!   [`wait_idle`](MockServer::wait_idle)).
 //! * [`Script`] and [`Latency`]: what a request does, in code or in the header syntax of
 //!   [`Script::apply`].
+//! * [`ReplicaOptions`]: replica-wide behaviours of real servers.
 //! * [`Stats`], [`RequestRecord`], [`Outcome`]: what the replica saw.
 //! * [`grpc`]: the `Generate` service's messages and a tonic client.
 //! * [`load`]: the open-loop load generator; [`sse`]: its minimal SSE reader.
 //! * The `tailguard-mock` binary: `serve` (N replicas from the command line), `load`, `bench`.
 
 mod body;
+mod faults;
 pub mod grpc;
+mod handle;
+mod latency;
 pub mod load;
+mod options;
+mod producer;
 mod rng;
 mod script;
 mod server;
 pub mod sse;
 mod stats;
+mod syntax;
 mod wire;
 
 pub use body::{MockBody, MockReset};
+pub use handle::{ATTEMPT_HEADER, ATTEMPT_SCRIPT_HEADER_PREFIX, MAX_REQUEST_BODY, SCRIPT_HEADER};
+pub use latency::{Latency, MAX_LATENCY};
+pub use options::{ReplicaOptions, UVICORN_KEEP_ALIVE};
 pub use rng::SplitMix64;
-pub use script::{
-    DEFAULT_SEED, DEFAULT_TOKENS, Latency, MAX_LATENCY, ParseError, Script, parse_duration,
-};
-pub use server::{
-    ATTEMPT_HEADER, ATTEMPT_SCRIPT_HEADER_PREFIX, MAX_REQUEST_BODY, MockServer, SCRIPT_HEADER,
-};
+pub use script::{DEFAULT_LINE_BYTES, DEFAULT_SEED, DEFAULT_TOKENS, Garbage, Script};
+pub use server::MockServer;
 pub use stats::{Outcome, RequestRecord, Stats};
+pub use syntax::{ParseError, parse_duration};

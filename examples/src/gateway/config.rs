@@ -6,297 +6,13 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
 use http::Uri;
-use serde::Deserialize;
 use tailguard::core::Priority;
 
-/// The gateway's command line (each flag can also come from the environment variable named in
-/// its help).
-#[derive(Parser, Debug, Default, Clone)]
-#[command(
-    name = "gateway",
-    about = "An OpenAI-compatible LLM gateway guarded by every tailguard layer",
-    long_about = "An OpenAI-compatible LLM gateway guarded by every tailguard layer.\n\n\
-        Precedence: flag, then environment variable, then the TOML file (--config), then the \
-        default. With no --upstream, embedded mock replicas are started (one of them congested)."
-)]
-pub struct Args {
-    /// TOML configuration file (see examples/gateway.toml).
-    #[arg(long, env = "TAILGUARD_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:8080; port 0 picks a free port].
-    #[arg(long, env = "TAILGUARD_LISTEN", value_name = "ADDR")]
-    pub listen: Option<SocketAddr>,
-    /// Upstream replica base URL, repeatable (env: comma-separated) [default: embedded mocks].
-    #[arg(
-        long = "upstream",
-        env = "TAILGUARD_UPSTREAMS",
-        value_name = "URL",
-        value_delimiter = ','
-    )]
-    pub upstreams: Vec<String>,
-    /// Model names served (bounded `model` metric label; listed by /v1/models), comma-separated.
-    #[arg(
-        long = "model",
-        env = "TAILGUARD_MODELS",
-        value_name = "NAME",
-        value_delimiter = ','
-    )]
-    pub models: Vec<String>,
-    /// How long in-flight streams may run on after Ctrl-C [default: 10s].
-    #[arg(long, env = "TAILGUARD_SHUTDOWN_GRACE", value_name = "DURATION", value_parser = parse_duration)]
-    pub shutdown_grace: Option<Duration>,
-    /// Largest request body accepted [default: 4194304].
-    #[arg(long, env = "TAILGUARD_MAX_REQUEST_BYTES", value_name = "BYTES")]
-    pub max_request_bytes: Option<usize>,
-
-    /// Attempts per request, the primary included; 1 disables hedging [default: 2].
-    #[arg(long, env = "TAILGUARD_HEDGE_MAX_ATTEMPTS", value_name = "N")]
-    pub hedge_max_attempts: Option<u8>,
-    /// Hedge delay: `adaptive` (p90 of recent TTFTs) or a duration such as `300ms` [default: adaptive].
-    #[arg(long, env = "TAILGUARD_HEDGE_DELAY", value_name = "DELAY", value_parser = parse_hedge_delay)]
-    pub hedge_delay: Option<HedgeDelaySetting>,
-    /// Share of requests that may send an extra attempt [default: 0.1].
-    #[arg(long, env = "TAILGUARD_HEDGE_BUDGET_RATIO", value_name = "RATIO")]
-    pub hedge_budget_ratio: Option<f64>,
-    /// Share of requests that may fail over at once after a failure before the first token,
-    /// a budget separate from the hedge budget; 0 turns failover off [default: 0.2].
-    #[arg(long, env = "TAILGUARD_FAILOVER_BUDGET_RATIO", value_name = "RATIO")]
-    pub failover_budget_ratio: Option<f64>,
-    /// How primaries are routed: `least-wait` (p2c over expected first-token wait) or
-    /// `round-robin` (no load awareness, no ejection) [default: least-wait].
-    #[arg(long, env = "TAILGUARD_ROUTING", value_name = "POLICY")]
-    pub routing: Option<String>,
-    /// Outlier ejection of failing or very slow replicas: `on` or `off` [default: on].
-    #[arg(long, env = "TAILGUARD_OUTLIER_EJECTION", value_name = "ON_OFF")]
-    pub outlier_ejection: Option<String>,
-    /// Most concurrent attempts per replica (e.g. 1 for single-slot llama.cpp); admission's
-    /// capacity then defaults to the sum of the slots [default: no limit].
-    #[arg(long, env = "TAILGUARD_REPLICA_SLOTS", value_name = "N")]
-    pub replica_slots: Option<u32>,
-
-    /// Time allowed until response headers, or `off` [default: 30s, the first-token limit: the hedge holds headers until a first token].
-    #[arg(long, env = "TAILGUARD_TIMEOUT_HEAD", value_name = "DURATION", value_parser = parse_timer)]
-    pub timeout_head: Option<Timer>,
-    /// Time allowed until the first token, or `off` [default: 30s].
-    #[arg(long, env = "TAILGUARD_TIMEOUT_FIRST_TOKEN", value_name = "DURATION", value_parser = parse_timer)]
-    pub timeout_first_token: Option<Timer>,
-    /// Longest gap between events after the first token (keepalives do not count), or `off` [default: 15s].
-    #[arg(long, env = "TAILGUARD_TIMEOUT_IDLE", value_name = "DURATION", value_parser = parse_timer)]
-    pub timeout_idle: Option<Timer>,
-    /// Deadline for the whole request, body included, or `off` [default: 600s].
-    #[arg(long, env = "TAILGUARD_TIMEOUT_TOTAL", value_name = "DURATION", value_parser = parse_timer)]
-    pub timeout_total: Option<Timer>,
-
-    /// Concurrent generations (held until each stream ends) [default: 64].
-    #[arg(long, env = "TAILGUARD_ADMISSION_CAPACITY", value_name = "N")]
-    pub admission_capacity: Option<u32>,
-    /// Requests that may wait for capacity; 0 refuses at once when full [default: 128].
-    #[arg(long, env = "TAILGUARD_ADMISSION_QUEUE_LEN", value_name = "N")]
-    pub admission_queue_len: Option<usize>,
-    /// Longest wait in the queue before a 503 [default: 2s].
-    #[arg(long, env = "TAILGUARD_ADMISSION_QUEUE_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
-    pub admission_queue_timeout: Option<Duration>,
-
-    /// Header in which clients name their class, or `off` [default: x-priority].
-    #[arg(long, env = "TAILGUARD_PRIORITY_HEADER", value_name = "NAME")]
-    pub priority_header: Option<String>,
-    /// Class of requests nothing classified [default: standard].
-    #[arg(long, env = "TAILGUARD_PRIORITY_DEFAULT", value_name = "CLASS")]
-    pub priority_default: Option<String>,
-    /// Share of capacity reserved for `interactive` under contention, 0 for none [default: 0.5].
-    #[arg(
-        long,
-        env = "TAILGUARD_PRIORITY_INTERACTIVE_SHARE",
-        value_name = "SHARE"
-    )]
-    pub priority_interactive_share: Option<f64>,
-
-    /// Embedded mock replicas started when no upstream is configured [default: 3].
-    #[arg(long, env = "TAILGUARD_MOCK_REPLICAS", value_name = "N")]
-    pub mock_replicas: Option<usize>,
-    /// Script of the healthy embedded replicas (tailguard-mock header syntax).
-    #[arg(long, env = "TAILGUARD_MOCK_SCRIPT", value_name = "SCRIPT")]
-    pub mock_script: Option<String>,
-    /// Script of the congested embedded replica (the last one).
-    #[arg(long, env = "TAILGUARD_MOCK_CONGESTED_SCRIPT", value_name = "SCRIPT")]
-    pub mock_congested_script: Option<String>,
-}
-
-/// A timer value: a duration, or `off`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timer(pub Option<Duration>);
-
-/// The hedge delay setting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HedgeDelaySetting {
-    /// The adaptive p90 of recent times to first token.
-    Adaptive,
-    /// A fixed delay.
-    Fixed(Duration),
-}
-
-/// Parses `250ms`, `2s`, `1.5s`, `3m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => s.split_at(i),
-        None => {
-            return Err(format!(
-                "`{s}` has no unit: write e.g. `250ms`, `2s` or `1m`"
-            ));
-        }
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration: write e.g. `250ms`, `2s` or `1m`"))?;
-    let unit = unit.trim();
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
-}
-
-fn parse_timer(s: &str) -> Result<Timer, String> {
-    match s.trim() {
-        "off" | "none" => Ok(Timer(None)),
-        other => parse_duration(other).map(|d| Timer(Some(d))),
-    }
-}
-
-fn parse_hedge_delay(s: &str) -> Result<HedgeDelaySetting, String> {
-    match s.trim() {
-        "adaptive" => Ok(HedgeDelaySetting::Adaptive),
-        other => parse_duration(other)
-            .map(HedgeDelaySetting::Fixed)
-            .map_err(|e| format!("{e}, or `adaptive`")),
-    }
-}
-
-macro_rules! string_de {
-    ($ty:ty, $parse:path) => {
-        impl<'de> Deserialize<'de> for $ty {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                $parse(&s).map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
-
-/// A duration in the TOML file (`"250ms"`).
-#[derive(Clone, Copy, Debug)]
-pub struct Dur(pub Duration);
-fn parse_dur(s: &str) -> Result<Dur, String> {
-    parse_duration(s).map(Dur)
-}
-string_de!(Dur, parse_dur);
-string_de!(Timer, parse_timer);
-string_de!(HedgeDelaySetting, parse_hedge_delay);
-
-/// The TOML file: every key optional, unknown keys refused.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct FileConfig {
-    /// `listen`
-    pub listen: Option<SocketAddr>,
-    /// `upstreams`
-    pub upstreams: Vec<String>,
-    /// `models`
-    pub models: Vec<String>,
-    /// `shutdown_grace`
-    pub shutdown_grace: Option<Dur>,
-    /// `max_request_bytes`
-    pub max_request_bytes: Option<usize>,
-    /// `[hedge]`
-    pub hedge: HedgeFile,
-    /// `[timeout]`
-    pub timeout: TimeoutFile,
-    /// `[admission]`
-    pub admission: AdmissionFile,
-    /// `[priority]`
-    pub priority: PriorityFile,
-    /// `[mock]`
-    pub mock: MockFile,
-}
-
-/// `[hedge]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct HedgeFile {
-    /// `max_attempts`
-    pub max_attempts: Option<u8>,
-    /// `delay`
-    pub delay: Option<HedgeDelaySetting>,
-    /// `budget_ratio`
-    pub budget_ratio: Option<f64>,
-    /// `failover_budget_ratio`
-    pub failover_budget_ratio: Option<f64>,
-    /// `routing`
-    pub routing: Option<String>,
-    /// `outlier_ejection`
-    pub outlier_ejection: Option<bool>,
-    /// `replica_slots`
-    pub replica_slots: Option<u32>,
-}
-
-/// `[timeout]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct TimeoutFile {
-    /// `head`
-    pub head: Option<Timer>,
-    /// `first_token`
-    pub first_token: Option<Timer>,
-    /// `idle`
-    pub idle: Option<Timer>,
-    /// `total`
-    pub total: Option<Timer>,
-}
-
-/// `[admission]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdmissionFile {
-    /// `capacity`
-    pub capacity: Option<u32>,
-    /// `queue_len`
-    pub queue_len: Option<usize>,
-    /// `queue_timeout`
-    pub queue_timeout: Option<Dur>,
-}
-
-/// `[priority]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct PriorityFile {
-    /// `header`
-    pub header: Option<String>,
-    /// `default`
-    pub default: Option<String>,
-    /// `interactive_share`
-    pub interactive_share: Option<f64>,
-}
-
-/// `[mock]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct MockFile {
-    /// `replicas`
-    pub replicas: Option<usize>,
-    /// `script`
-    pub script: Option<String>,
-    /// `congested_script`
-    pub congested_script: Option<String>,
-}
+use super::args::Args;
+use super::file::{FileConfig, HedgeDelaySetting, Timer, key_at};
 
 /// The resolved configuration.
 #[derive(Clone, Debug)]
@@ -311,6 +27,13 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Largest request body accepted.
     pub max_request_bytes: usize,
+    /// Time a client has to send a request head, counted from accept, or from the first byte
+    /// that arrives on a connection with no request in flight.
+    pub header_read_timeout: Duration,
+    /// How long a client connection may stay open with no request in flight.
+    pub keep_alive_timeout: Duration,
+    /// Most client connections open at once.
+    pub max_connections: usize,
     /// `FirstTokenHedge` settings.
     pub hedge: HedgeConfig,
     /// `SseIdleTimeout` settings.
@@ -395,6 +118,16 @@ impl Default for Config {
     /// * shutdown grace **10 s**: most answers finish well within it, and an orchestrator's
     ///   kill timeout (30 s in Kubernetes) leaves room for the rest of shutdown;
     /// * max request body **4 MiB**: the hedge's replay cap, so every accepted body can be hedged;
+    /// * header read timeout **10 s**: a client sends its request head in one go right after
+    ///   connecting, so 10 s covers a slow mobile link and still bounds a slowloris client that
+    ///   trickles a head to hold a connection;
+    /// * keep-alive timeout **75 s**: longer than the 60 s idle timeout of common load
+    ///   balancers (the AWS ALB default), so the balancer, not the gateway, closes idle
+    ///   connections and never sends a request onto one the gateway is closing (nginx's
+    ///   default too);
+    /// * max connections **4096**: far more than the generations admission lets run at once
+    ///   (64) plus idle keep-alive clients, and under a typical 65536 file-descriptor limit
+    ///   (keep `ulimit -n` above it);
     /// * hedge: **2 attempts**, **adaptive** delay (p90 of recent TTFTs), budget **10%**, the
     ///   layer's own defaults;
     /// * hedge routing: load-aware primaries, outlier ejection, failover budget **20%**, no
@@ -417,6 +150,9 @@ impl Default for Config {
             models: Vec::new(),
             shutdown_grace: Duration::from_secs(10),
             max_request_bytes: tailguard::core::DEFAULT_REPLAY_CAP,
+            header_read_timeout: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(75),
+            max_connections: 4096,
             hedge: HedgeConfig {
                 max_attempts: 2,
                 delay: HedgeDelaySetting::Adaptive,
@@ -512,21 +248,18 @@ impl Config {
     /// Merges `file` and `args` (args win) over the defaults and validates the result.
     pub fn resolve(file: FileConfig, args: &Args) -> Result<Config, ConfigError> {
         let mut c = Config::default();
-        fn pick<T>(arg: Option<T>, file: Option<T>, default: T) -> T {
-            arg.or(file).unwrap_or(default)
-        }
         c.listen = pick(args.listen, file.listen, c.listen);
         let upstreams = if args.upstreams.is_empty() {
-            file.upstreams
+            &file.upstreams
         } else {
-            args.upstreams.clone()
+            &args.upstreams
         };
         c.upstreams = upstreams
             .iter()
             .map(|u| parse_upstream(u))
             .collect::<Result<_, _>>()?;
         c.models = if args.models.is_empty() {
-            file.models
+            file.models.clone()
         } else {
             args.models.clone()
         };
@@ -540,8 +273,66 @@ impl Config {
             file.max_request_bytes,
             c.max_request_bytes,
         );
+        c.resolve_connections(&file, args)?;
+        c.resolve_hedge(&file, args)?;
+        c.resolve_timeout(&file, args)?;
+        c.resolve_admission(&file, args)?;
+        c.resolve_priority(&file, args)?;
+        let capacity_set = args.admission_capacity.is_some() || file.admission.capacity.is_some();
+        c.resolve_mock(file, args)?;
+        // With slots, admission holds what the slots cannot take: its capacity defaults to
+        // their sum, so requests wait in admission's queue, not in an upstream's FIFO.
+        if let Some(slots) = c.hedge.replica_slots
+            && !capacity_set
+        {
+            let n = if c.upstreams.is_empty() {
+                c.mock.replicas
+            } else {
+                c.upstreams.len()
+            };
+            c.admission.capacity = slots.saturating_mul(n.max(1) as u32);
+        }
+        Ok(c)
+    }
 
-        let h = &mut c.hedge;
+    fn resolve_connections(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        self.header_read_timeout = pick(
+            args.header_read_timeout,
+            file.header_read_timeout.map(|d| d.0),
+            self.header_read_timeout,
+        );
+        self.keep_alive_timeout = pick(
+            args.keep_alive_timeout,
+            file.keep_alive_timeout.map(|d| d.0),
+            self.keep_alive_timeout,
+        );
+        self.max_connections = pick(
+            args.max_connections,
+            file.max_connections,
+            self.max_connections,
+        );
+        for (key, v) in [
+            (
+                "header_read_timeout (--header-read-timeout)",
+                self.header_read_timeout,
+            ),
+            (
+                "keep_alive_timeout (--keep-alive-timeout)",
+                self.keep_alive_timeout,
+            ),
+        ] {
+            if v.is_zero() {
+                return err(format!("{key} must be longer than 0"));
+            }
+        }
+        if self.max_connections == 0 {
+            return err("max_connections (--max-connections) must be at least 1");
+        }
+        Ok(())
+    }
+
+    fn resolve_hedge(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let h = &mut self.hedge;
         h.max_attempts = pick(
             args.hedge_max_attempts,
             file.hedge.max_attempts,
@@ -564,7 +355,12 @@ impl Config {
                 h.failover_budget_ratio
             ));
         }
-        match args.routing.clone().or(file.hedge.routing).as_deref() {
+        match args
+            .routing
+            .clone()
+            .or(file.hedge.routing.clone())
+            .as_deref()
+        {
             None | Some("least-wait") => h.least_wait = true,
             Some("round-robin") => h.least_wait = false,
             Some(other) => {
@@ -600,8 +396,11 @@ impl Config {
                 h.budget_ratio
             ));
         }
+        Ok(())
+    }
 
-        let t = &mut c.timeout;
+    fn resolve_timeout(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let t = &mut self.timeout;
         t.head = pick(args.timeout_head, file.timeout.head, Timer(t.head)).0;
         t.first_token = pick(
             args.timeout_first_token,
@@ -621,8 +420,11 @@ impl Config {
                 return err(format!("{key} must be longer than 0 (or `off`)"));
             }
         }
+        Ok(())
+    }
 
-        let a = &mut c.admission;
+    fn resolve_admission(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let a = &mut self.admission;
         a.capacity = pick(args.admission_capacity, file.admission.capacity, a.capacity);
         a.queue_len = pick(
             args.admission_queue_len,
@@ -637,11 +439,14 @@ impl Config {
         if a.capacity == 0 {
             return err("admission.capacity (--admission-capacity) must be at least 1");
         }
+        Ok(())
+    }
 
-        let p = &mut c.priority;
+    fn resolve_priority(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let p = &mut self.priority;
         let header = pick(
             args.priority_header.clone(),
-            file.priority.header,
+            file.priority.header.clone(),
             p.header.clone().unwrap_or_default(),
         );
         p.header = match header.trim() {
@@ -655,7 +460,11 @@ impl Config {
                 Some(h.to_ascii_lowercase())
             }
         };
-        if let Some(d) = args.priority_default.clone().or(file.priority.default) {
+        if let Some(d) = args
+            .priority_default
+            .clone()
+            .or(file.priority.default.clone())
+        {
             p.default = parse_priority(&d).ok_or_else(|| {
                 ConfigError(format!(
                     "priority.default (--priority-default): unknown class `{d}` (one of \
@@ -674,8 +483,11 @@ impl Config {
                 p.interactive_share
             ));
         }
+        Ok(())
+    }
 
-        let m = &mut c.mock;
+    fn resolve_mock(&mut self, file: FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let m = &mut self.mock;
         m.replicas = pick(args.mock_replicas, file.mock.replicas, m.replicas);
         m.script = pick(args.mock_script.clone(), file.mock.script, m.script.clone());
         m.congested_script = pick(
@@ -683,61 +495,35 @@ impl Config {
             file.mock.congested_script,
             m.congested_script.clone(),
         );
-        if c.upstreams.is_empty() {
-            if m.replicas == 0 {
-                return err(
-                    "mock.replicas (--mock-replicas) must be at least 1 when no upstream is configured",
-                );
-            }
-            for (key, s) in [
-                ("mock.script (--mock-script)", &m.script),
-                (
-                    "mock.congested_script (--mock-congested-script)",
-                    &m.congested_script,
-                ),
-            ] {
-                if let Err(e) = tailguard_mock::Script::new().apply(s) {
-                    return err(format!("{key}: {e}"));
-                }
-            }
-            if c.models.is_empty() {
-                c.models.push(MOCK_MODEL.to_owned());
+        if !self.upstreams.is_empty() {
+            return Ok(());
+        }
+        if m.replicas == 0 {
+            return err(
+                "mock.replicas (--mock-replicas) must be at least 1 when no upstream is configured",
+            );
+        }
+        for (key, s) in [
+            ("mock.script (--mock-script)", &m.script),
+            (
+                "mock.congested_script (--mock-congested-script)",
+                &m.congested_script,
+            ),
+        ] {
+            if let Err(e) = tailguard_mock::Script::new().apply(s) {
+                return err(format!("{key}: {e}"));
             }
         }
-        // With slots, admission holds what the slots cannot take: its capacity defaults to
-        // their sum, so requests wait in admission's queue, not in an upstream's FIFO.
-        if let Some(slots) = c.hedge.replica_slots
-            && args.admission_capacity.is_none()
-            && file.admission.capacity.is_none()
-        {
-            let n = if c.upstreams.is_empty() {
-                c.mock.replicas
-            } else {
-                c.upstreams.len()
-            };
-            c.admission.capacity = slots.saturating_mul(n.max(1) as u32);
+        if self.models.is_empty() {
+            self.models.push(MOCK_MODEL.to_owned());
         }
-        Ok(c)
+        Ok(())
     }
 }
 
-/// The dotted key (`timeout.idle`) of the `key = value` line holding byte `offset` of `text`.
-fn key_at(text: &str, offset: usize) -> Option<String> {
-    let before = text.get(..offset)?;
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    let line = text[line_start..].lines().next()?;
-    let key = line.split_once('=')?.0.trim().trim_matches('"');
-    if key.is_empty() || key.starts_with('[') || key.starts_with('#') {
-        return None;
-    }
-    let table = before[..line_start].lines().rev().find_map(|l| {
-        let l = l.trim();
-        (l.starts_with('[') && !l.starts_with("[[")).then(|| l.trim_matches(['[', ']']).trim())
-    });
-    Some(match table {
-        Some(t) if !t.is_empty() => format!("{t}.{key}"),
-        _ => key.to_owned(),
-    })
+/// The flag's value, else the file's, else the default.
+fn pick<T>(arg: Option<T>, file: Option<T>, default: T) -> T {
+    arg.or(file).unwrap_or(default)
 }
 
 /// The model name the gateway lists when it runs over embedded mocks.
@@ -768,6 +554,7 @@ fn parse_upstream(u: &str) -> Result<Uri, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::file::{parse_duration, parse_timer};
 
     #[test]
     fn durations() {
