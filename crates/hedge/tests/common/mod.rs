@@ -38,7 +38,11 @@ pub enum Item {
     Wait(Duration),
     Data(Bytes),
     Trailers(HeaderMap),
+    /// The body fails: a connection reset.
     Error,
+    /// The body fails with a first-token timeout, as an inner `SseIdleTimeout` whose expiry
+    /// is a body error fails it.
+    Timeout,
 }
 
 pub fn data(s: &str) -> Item {
@@ -224,12 +228,12 @@ impl ScriptBody {
 
 impl Body for ScriptBody {
     type Data = Bytes;
-    type Error = std::io::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         loop {
             if let Some(s) = self.sleep.as_mut() {
                 if s.as_mut().poll(cx).is_pending() {
@@ -249,10 +253,19 @@ impl Body for ScriptBody {
                 Some(Item::Data(b)) => return Poll::Ready(Some(Ok(Frame::data(b)))),
                 Some(Item::Trailers(t)) => return Poll::Ready(Some(Ok(Frame::trailers(t)))),
                 Some(Item::Error) => {
-                    return Poll::Ready(Some(Err(std::io::Error::new(
+                    return Poll::Ready(Some(Err(Box::new(std::io::Error::new(
                         std::io::ErrorKind::ConnectionReset,
                         "reset by the scripted upstream",
-                    ))));
+                    )))));
+                }
+                Some(Item::Timeout) => {
+                    let limit = Duration::from_secs(1);
+                    let t = tailguard_core::TimeoutError::new(
+                        tailguard_core::Phase::FirstToken,
+                        limit,
+                        limit,
+                    );
+                    return Poll::Ready(Some(Err(Box::new(t))));
                 }
             }
         }
