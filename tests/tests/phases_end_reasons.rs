@@ -304,6 +304,37 @@ async fn hedge_outcome_from_first_token_hedge() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn every_hedge_attempt_reset_before_its_first_token_is_recorded_as_the_502_it_is() {
+    // Issue 15: both attempts send a role-only chunk, then reset. The recorder logged
+    // status=200 for a reply the client never got; now it logs the 502 the client gets, with
+    // the true failure.
+    let server = MockServer::start(Script::new()).await.unwrap();
+    let (layer, reports, snap) = recorder();
+    let upstream: HttpClient<ReplayBody<Full<Bytes>>> = client_of();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(FirstTokenHedgeLayer::new().with_delay(ms(100)))
+        .service(upstream);
+    let res = svc
+        .oneshot(chat(&server, &[("x-mock-script", "reset=0")]))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["type"], "upstream_error");
+    let r = reports.one();
+    assert_eq!(r.status, Some(StatusCode::BAD_GATEWAY));
+    assert_eq!(
+        r.end_reason,
+        EndReason::UpstreamError(UpstreamFailure::Transport)
+    );
+    assert_eq!(r.hedge.map(|h| h.attempts), Some(2));
+    assert_eq!(end_reasons(&snap), ["upstream_error_transport"]);
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn head_timeout_and_deadline_from_sse_idle_timeout() {
     let server = MockServer::start(Script::new().tokens(100).gap(ms(7)))
         .await

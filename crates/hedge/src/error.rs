@@ -1,9 +1,12 @@
 //! Errors of `FirstTokenHedge`.
 //!
 //! The response future's error is a [`BoxError`]. It is the inner service's own error when
-//! every attempt failed in transport (see [`FirstTokenHedge`](crate::FirstTokenHedge) for the
-//! rule), recovered with `downcast_ref`, or a [`RequestBodyError`] when the request body failed
-//! while it was being buffered for replay.
+//! every attempt failed without a response (see [`FirstTokenHedge`](crate::FirstTokenHedge)
+//! for the rule), recovered with `downcast_ref`; an
+//! [`UpstreamError`](tailguard_core::UpstreamError) when every attempt failed and the layer
+//! was built [`with_failures_as_errors`](crate::FirstTokenHedgeLayer::with_failures_as_errors);
+//! or a [`RequestBodyError`] when the request body failed while it was being buffered for
+//! replay.
 
 use std::fmt;
 

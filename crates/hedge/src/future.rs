@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
@@ -80,6 +81,8 @@ where
     B: Body + Unpin,
     B::Error: Into<BoxError>,
     RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
 {
     type Output = Result<Response<HedgeBody<RB>>, BoxError>;
 

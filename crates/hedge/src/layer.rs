@@ -77,9 +77,12 @@ impl FirstTokenHedgeLayer {
     ///   [`with_predicate`](Self::with_predicate)); not opted out with [`OPT_OUT_HEADER`];
     ///   every priority (see [`with_priorities`](Self::with_priorities)); rollout 100%;
     /// * attempt header [`ATTEMPT_HEADER`](crate::ATTEMPT_HEADER) set on every attempt;
-    /// * when every attempt fails, the most informative failure is returned as it is (a
-    ///   response, or the inner error), see [`FirstTokenHedge`]; a proxy passes the upstream's
-    ///   own status and `Retry-After` on (see [`with_failures_as_errors`](Self::with_failures_as_errors)).
+    /// * when every attempt fails, the most informative failure is answered as it is (an
+    ///   upstream's error status or in-band error, replayed; the inner error, returned), and a
+    ///   `2xx` stream that failed before its first token with a rendered `502`, see
+    ///   [`FirstTokenHedge`]: a proxy passes the upstream's own status and `Retry-After` on,
+    ///   and a client never gets a `200` that carries no answer (see
+    ///   [`with_failures_as_errors`](Self::with_failures_as_errors)).
     pub fn new() -> Self {
         FirstTokenHedgeLayer {
             max_attempts: 2,
@@ -224,8 +227,8 @@ impl FirstTokenHedgeLayer {
 
     /// When every attempt fails, resolve to an
     /// [`UpstreamError`](tailguard_core::UpstreamError) (its kind that of the most
-    /// informative failure) instead of returning that failure as it is. For stacks that
-    /// render errors in one place.
+    /// informative failure) instead of answering with that failure (replayed, rendered as a
+    /// `502`, or the inner error). For stacks that render errors in one place.
     pub fn with_failures_as_errors(mut self, on: bool) -> Self {
         self.failures_as_errors = on;
         self

@@ -79,7 +79,14 @@
 //!    [`HedgeOutcome`](tailguard_core::HedgeOutcome) in the response extensions. The others
 //!    are dropped, cancelling their upstream requests.
 //!
-//! Headers therefore reach the client only once a winner is committed or every attempt failed.
+//! Headers therefore reach the client only once a winner is committed or every attempt failed;
+//! then the client gets the upstream's own error answer, or a rendered `502` when the best
+//! failure was a stream with no token (never a `200` with no answer), see [`FirstTokenHedge`].
+//!
+//! A request whose extensions carry core's [`Deadlines`](tailguard_core::Deadlines) (a timeout
+//! layer outside sets them) waits at most half of the first-token time it has left before each
+//! backup, so a backup always has at least as long as the attempt before it had (see
+//! [`HedgeDelay`]).
 //!
 //! ## Composition
 //!
@@ -140,10 +147,12 @@
 
 // Where things are: `layer` (the configuration), `service` (eligibility, and `call` starting a
 // race), `future` (the response future), `race` (one request's race: sending attempts, the
-// hedge timer, commit, the every-attempt-failed answer), `inflight` (one attempt read up to its
-// first token), `verdict` (what a head, a frame, trailers or the end say; which failure ranks
-// highest), `template` (the request head each attempt is copied from), `body` (the client's
-// body: replay, then live), `delay`, `budget`, `attempt` and `replicas`.
+// hedge timer, commit, every attempt failed), `inflight` (one attempt read up to its first
+// token), `verdict` (what a head, a frame, trailers or the end say; which failure ranks
+// highest), `answer` (the rendered error, or the error, when every attempt failed), `template`
+// (the request head each attempt is copied from), `body` (the client's body: replay, then
+// live, or a rendered error), `delay`, `budget`, `attempt` and `replicas`.
+mod answer;
 mod attempt;
 mod body;
 mod budget;

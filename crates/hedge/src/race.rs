@@ -8,17 +8,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use tailguard_core::replay::Buffering;
-use tailguard_core::{BoxError, EndReason, EndReport, HedgeOutcome, ReplayBody, UpstreamError};
+use tailguard_core::{BoxError, Deadlines, EndReport, HedgeOutcome, ReplayBody};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use crate::answer;
 use crate::attempt::Attempt;
 use crate::body::{Forward, HedgeBody};
-use crate::delay::Estimator;
+use crate::delay::{self, Estimator};
 use crate::error::RequestBodyError;
 use crate::inflight::{Failure, InFlight, Step, Streaming};
 use crate::score::Settle;
@@ -77,9 +79,14 @@ where
     body: Option<ReplayBody<B>>,
     record: Attempt,
     estimator: Option<Arc<Estimator>>,
+    /// The request's deadlines, set by a layer outside (the delay stays within them).
+    deadlines: Option<Deadlines>,
+    /// The delay in force for this request (the outcome's), capped by the deadlines at start.
     delay: Option<Duration>,
     /// When the next delay-triggered attempt is due.
     hedge_at: Option<Instant>,
+    /// The delay that set `hedge_at` (within the deadlines).
+    armed: Duration,
     timer: Option<Pin<Box<Sleep>>>,
     /// The attempts in flight, in the order they were sent.
     attempts: Vec<InFlight<S::Future, RB>>,
@@ -111,14 +118,18 @@ where
     B: Body + Unpin,
     B::Error: Into<BoxError>,
     RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
 {
     pub(crate) fn new(shared: Arc<Shared>, service: S, parts: Parts, body: B) -> Self {
         shared.budget.deposit();
         let estimator = shared.delay.estimator(&parts);
         let cap = shared.config.replay_cap;
         let outer_report = parts.extensions.get::<EndReport>().cloned();
+        let deadlines = parts.extensions.get::<Deadlines>().copied();
         Race {
             outer_report,
+            deadlines,
             shared,
             service,
             ready: true,
@@ -129,6 +140,7 @@ where
             estimator,
             delay: None,
             hedge_at: None,
+            armed: Duration::ZERO,
             timer: None,
             attempts: Vec::new(),
             sent: 0,
@@ -185,10 +197,15 @@ where
             delay_ms = self.delay.map(|d| d.as_millis() as u64),
             "tailguard-hedge: attempt sent"
         );
-        // The next delay-triggered attempt goes out `delay` after this one. The timer itself
-        // is armed lazily, only if the race is still undecided when it would go to sleep.
-        self.hedge_at = match self.delay {
+        // The next delay-triggered attempt goes out `delay` after this one, within what the
+        // deadlines leave. The timer itself is armed lazily, only if the race is still
+        // undecided when it would go to sleep.
+        let next = self
+            .delay
+            .and_then(|d| delay::within(d, self.deadlines.as_ref(), now));
+        self.hedge_at = match next {
             Some(d) if self.sent < self.shared.config.max_attempts => {
+                self.armed = d;
                 // A delay too large to add is as good as none.
                 Some(now.checked_add(d).unwrap_or_else(|| now + FAR_FUTURE))
             }
@@ -234,10 +251,9 @@ where
             );
             return;
         }
-        if trigger == Trigger::Delay
-            && let Some(d) = self.delay
-        {
-            metrics::histogram!("tailguard_hedge_delay_used_seconds").record(d.as_secs_f64());
+        if trigger == Trigger::Delay {
+            metrics::histogram!("tailguard_hedge_delay_used_seconds")
+                .record(self.armed.as_secs_f64());
         }
         self.pending_send = Some(trigger);
     }
@@ -262,11 +278,12 @@ where
         self.want(Trigger::Failure);
     }
 
-    /// Drops every attempt still in flight, recording how long each had waited.
-    fn cancel_all(&mut self, now: Instant) {
+    /// Drops every attempt still in flight; `censor` when another attempt just produced the
+    /// first token, so that how long each had waited is a censored TTFT sample.
+    fn cancel_all(&mut self, now: Instant, censor: bool) {
         for attempt in self.attempts.drain(..) {
             let waited = now.saturating_duration_since(attempt.sent_at);
-            if let Some(e) = &self.estimator {
+            if let Some(e) = self.estimator.as_ref().filter(|_| censor) {
                 e.record(waited, true, now);
             }
             tracing::debug!(
@@ -302,7 +319,7 @@ where
         };
         self.record.settle(index, how);
         let now = Instant::now();
-        self.cancel_all(now);
+        self.cancel_all(now, token);
         self.phase = Phase::Done;
         self.best = None;
         if token {
@@ -325,7 +342,8 @@ where
         res
     }
 
-    /// Every attempt failed: the most informative failure, as it is or as an error.
+    /// Every attempt failed: the answer to the most informative failure, and the reason in the
+    /// request's end report (after an inner layer's own, see `answer`).
     fn finalize(&mut self) -> Output<RB> {
         self.phase = Phase::Done;
         self.timer = None;
@@ -334,39 +352,27 @@ where
         let Some((index, failure, report)) = self.best.take() else {
             return Err("tailguard-hedge: no attempt completed".into());
         };
-        let kind = failure.fault().kind;
-        // An inner layer's own reason for that attempt first, then ours.
-        let forward = self.forward(report);
-        if let Some(f) = &forward {
-            f.apply();
-        }
-        if let Some(outer) = &self.outer_report {
-            outer.report(EndReason::UpstreamError(kind));
-        }
+        let fault = failure.fault();
         tracing::debug!(
             attempt = index,
             attempts = self.sent,
-            failure = kind.as_str(),
+            failure = fault.kind.as_str(),
             "tailguard-hedge: every attempt failed"
         );
-        if self.shared.config.failures_as_errors {
-            let best = match failure {
-                Failure::Response { stream, .. } => {
-                    format!("the best answer was {}", stream.status())
-                }
-                Failure::Service(e) => format!("the last error: {}", e.into()),
-            };
-            let message = format!("{} attempts failed before a first token; {best}", self.sent);
-            return Err(UpstreamError::new(kind, message).into());
+        let (answer, reason) = answer::every_attempt_failed(
+            failure,
+            self.forward(report),
+            self.shared.config.failures_as_errors,
+            self.sent,
+            self.head.is_grpc(),
+        );
+        if let Some(outer) = &self.outer_report {
+            outer.report(reason);
         }
-        match failure {
-            Failure::Response { stream, error, .. } => {
-                let mut res = stream.into_response(error, forward);
-                res.extensions_mut().insert(self.outcome(index));
-                Ok(res)
-            }
-            Failure::Service(e) => Err(e.into()),
-        }
+        answer.map(|mut res| {
+            res.extensions_mut().insert(self.outcome(index));
+            res
+        })
     }
 
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB>> {
@@ -406,7 +412,11 @@ where
             self.body = Some(body);
             self.phase = Phase::Racing;
             let now = Instant::now();
-            self.delay = self.shared.delay.delay(self.estimator.as_deref(), now);
+            self.delay = self
+                .shared
+                .delay
+                .delay(self.estimator.as_deref(), now)
+                .and_then(|d| delay::within(d, self.deadlines.as_ref(), now));
             self.send(Trigger::Primary, now);
         } else {
             tracing::debug!("tailguard-hedge: request body over the replay cap");
@@ -479,20 +489,14 @@ where
     RB: Body,
 {
     fn drop(&mut self) {
-        // The client went away during the race: every attempt in flight is cancelled (dropped
-        // with this struct) and recorded as a censored sample.
-        if self.attempts.is_empty() {
-            return;
-        }
+        // The client went away (or a layer outside timed the request out) during the race:
+        // every attempt in flight is cancelled, dropped with this struct. Nobody won, so their
+        // waits are no TTFT samples (see `AdaptiveDelay`).
         let now = Instant::now();
         for attempt in &self.attempts {
-            let waited = now.saturating_duration_since(attempt.sent_at);
-            if let Some(e) = &self.estimator {
-                e.record(waited, true, now);
-            }
             tracing::debug!(
                 attempt = attempt.index,
-                waited_ms = waited.as_millis() as u64,
+                waited_ms = now.saturating_duration_since(attempt.sent_at).as_millis() as u64,
                 "tailguard-hedge: attempt cancelled, response dropped"
             );
         }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
@@ -135,20 +136,35 @@ impl Shared {
 ///
 /// # When every attempt fails
 ///
-/// The client gets the most informative failure, ties going to the later attempt:
-/// 1. a stream that carried an in-band error event (or a retryable gRPC status): the upstream's
-///    own words, in its own dialect, replayed as it was sent;
-/// 2. a retryable error status (429, 5xx) with its headers (`Retry-After`) and body;
-/// 3. a `2xx` stream that ended, or broke, before its first token, replayed as far as it went
-///    (with the body error, if it broke);
-/// 4. the inner service's error (transport failure), as the response future's error.
+/// The most informative failure decides, ties going to the later attempt:
+/// 1. a stream that carried a complete in-band error event (or a retryable gRPC status): the
+///    upstream's own words, in its own dialect, replayed as they were sent;
+/// 2. a retryable error status (429, 5xx) with its headers (`Retry-After`) and body, replayed;
+/// 3. a `2xx` stream that broke, ended (half an event, junk) or completed before its first
+///    token: not an answer, so never replayed. The client gets a `502` rendered by core (an
+///    OpenAI JSON error body, `type: "upstream_error"`; for a gRPC request a trailers-only
+///    response with `grpc-status: 14`), or a `504` (`grpc-status: 4`) when that stream's body
+///    error was an inner layer's [`TimeoutError`](tailguard_core::TimeoutError);
+/// 4. the inner service's error (no response at all, e.g. connection refused), as the
+///    response future's error, exactly as an unhedged request returns it: the stack's error
+///    handler renders it as it renders any other (a gateway's `502`).
 ///
 /// With [`with_failures_as_errors`](FirstTokenHedgeLayer::with_failures_as_errors) the
 /// future resolves to an [`UpstreamError`](tailguard_core::UpstreamError) of that failure's kind
-/// instead.
+/// instead, whichever it is.
 ///
-/// An [`EndReport`](tailguard_core::EndReport) in the request extensions receives
-/// `EndReason::UpstreamError` with the kind of that failure.
+/// An [`EndReport`](tailguard_core::EndReport) in the request extensions receives the reason
+/// (first writer wins): for 1, 2 and 4 an inner layer's own reason for that attempt if it
+/// reported one, else `EndReason::UpstreamError` of the failure's kind; for 3 the reason of
+/// the rendered answer, `UpstreamError` of `Transport` (it broke), `Truncated` (it ended
+/// short of its terminal event) or `Protocol` (it completed with no token), or the timeout's
+/// phase for a `504`. The response's status is the one the client gets.
+///
+/// # Bounds
+///
+/// The response body's data must be `From<Bytes>` (the rendered error's bytes; `Bytes` itself,
+/// core's [`Chunk`](tailguard_core::Chunk)) and its error `Into<BoxError>` (to find a timeout
+/// in it).
 pub struct FirstTokenHedge<S> {
     inner: S,
     shared: Arc<Shared>,
@@ -204,6 +220,8 @@ where
     B: Body + Unpin,
     B::Error: Into<BoxError>,
     RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
 {
     type Response = Response<HedgeBody<RB>>;
     type Error = BoxError;

@@ -13,7 +13,8 @@ use crate::layer::FirstTokenHedgeLayer;
 pub(crate) enum Rank {
     /// The inner service failed: no response at all.
     NoResponse,
-    /// A `2xx` stream that ended, or broke, before its first token.
+    /// A `2xx` stream that ended, or broke, before its first token (answered with a rendered
+    /// `502`, see [`Fault::replayed`]).
     NoToken,
     /// A retryable HTTP status, with its headers and body.
     Status,
@@ -39,9 +40,15 @@ impl Fault {
         kind: UpstreamFailure::Transport,
         rank: Rank::NoToken,
     };
-    /// The response body ended without a token (or an error).
+    /// The stream completed (its terminal event, or gRPC trailers with `OK`) without a token.
     pub(crate) const NO_TOKEN: Fault = Fault {
         kind: UpstreamFailure::Protocol,
+        rank: Rank::NoToken,
+    };
+    /// The body ended before its first token and before its terminal event (half an event, a
+    /// stream cut short).
+    pub(crate) const TRUNCATED: Fault = Fault {
+        kind: UpstreamFailure::Truncated,
         rank: Rank::NoToken,
     };
     /// An in-band error event, or a retryable gRPC status.
@@ -63,6 +70,13 @@ impl Fault {
     /// freshest).
     pub(crate) fn replaces(self, kept: Fault) -> bool {
         self.rank >= kept.rank
+    }
+
+    /// Whether the response of this failure is replayed to the client as it was sent, should
+    /// every attempt fail: an error status or an in-band error is the upstream's own answer; a
+    /// `2xx` stream with no token is no answer at all, and gets a rendered `502` instead.
+    pub(crate) fn replayed(self) -> bool {
+        self.rank >= Rank::Status
     }
 }
 
@@ -98,13 +112,16 @@ pub(crate) fn of_head(
 }
 
 /// A data frame the tracker observed, with `held` bytes read before the first token so far
-/// (this frame included). A stream that can no longer be judged (an event over the scanner's
-/// cap) or held (over the pre-token cap) fails open: it is committed to.
+/// (this frame included). A terminal event before any token ends the attempt (it completed
+/// with no token). A stream that can no longer be judged (an event over the scanner's cap) or
+/// held (over the pre-token cap) fails open: it is committed to.
 pub(crate) fn of_data(cfg: &FirstTokenHedgeLayer, obs: &Observation, held: u64) -> Verdict {
     if obs.first_token {
         Verdict::Commit { token: true }
     } else if obs.error {
         Verdict::Fail(Fault::IN_BAND)
+    } else if obs.done {
+        Verdict::Fail(Fault::NO_TOKEN)
     } else if obs.scan_error.is_some() || held > cfg.pre_token_cap as u64 {
         Verdict::Commit { token: false }
     } else {
@@ -113,7 +130,8 @@ pub(crate) fn of_data(cfg: &FirstTokenHedgeLayer, obs: &Observation, held: u64) 
 }
 
 /// Trailers, which end the body: a token they carried wins; else a gRPC error status decides
-/// as in a trailers-only head; else the stream ended without a token.
+/// as in a trailers-only head; else the stream completed (`grpc-status: 0`) or was cut short
+/// (no `grpc-status`) without a token.
 pub(crate) fn of_trailers(
     cfg: &FirstTokenHedgeLayer,
     obs: &Observation,
@@ -125,19 +143,22 @@ pub(crate) fn of_trailers(
     match grpc_status(trailers) {
         Some(code) if code != 0 => of_grpc_error(cfg, code),
         _ if obs.error => Verdict::Fail(Fault::IN_BAND),
-        _ => Verdict::Fail(Fault::NO_TOKEN),
+        Some(_) => Verdict::Fail(Fault::NO_TOKEN),
+        None => Verdict::Fail(Fault::TRUNCATED),
     }
 }
 
 /// The end of the body, with what the tracker's last flush observed (a last NDJSON line may
-/// have had no line end).
+/// have had no line end): with no token and no terminal event, the stream was cut short.
 pub(crate) fn of_end(obs: &Observation) -> Verdict {
     if obs.first_token {
         Verdict::Commit { token: true }
     } else if obs.error {
         Verdict::Fail(Fault::IN_BAND)
-    } else {
+    } else if obs.done {
         Verdict::Fail(Fault::NO_TOKEN)
+    } else {
+        Verdict::Fail(Fault::TRUNCATED)
     }
 }
 
@@ -232,6 +253,10 @@ mod tests {
         let mut unjudged = obs(false, false);
         unjudged.scan_error = Some(tailguard_core::ScanError::too_long("sse event", 10));
         assert_eq!(of_data(&cfg, &unjudged, 10), COMMIT);
+        // A terminal event before any token: the attempt completed with none.
+        let mut done = obs(false, false);
+        done.done = true;
+        assert_eq!(of_data(&cfg, &done, 10), Verdict::Fail(Fault::NO_TOKEN));
     }
 
     #[test]
@@ -248,20 +273,26 @@ mod tests {
             of_trailers(&cfg, &obs(false, true), &none),
             Verdict::Fail(Fault::IN_BAND)
         );
-        // A clean end with no message, and trailers with no status: no token.
-        for t in [grpc("0"), none] {
-            assert_eq!(
-                of_trailers(&cfg, &obs(false, false), &t),
-                Verdict::Fail(Fault::NO_TOKEN)
-            );
-        }
+        // A clean end with no message: complete, no token; trailers with no status: cut short.
+        assert_eq!(
+            of_trailers(&cfg, &obs(false, false), &grpc("0")),
+            Verdict::Fail(Fault::NO_TOKEN)
+        );
+        assert_eq!(
+            of_trailers(&cfg, &obs(false, false), &none),
+            Verdict::Fail(Fault::TRUNCATED)
+        );
     }
 
     #[test]
     fn ends() {
         assert_eq!(of_end(&obs(true, false)), TOKEN);
         assert_eq!(of_end(&obs(false, true)), Verdict::Fail(Fault::IN_BAND));
-        assert_eq!(of_end(&obs(false, false)), Verdict::Fail(Fault::NO_TOKEN));
+        // No terminal event: cut short; a terminal event in the last flush: no token.
+        assert_eq!(of_end(&obs(false, false)), Verdict::Fail(Fault::TRUNCATED));
+        let mut done = obs(false, false);
+        done.done = true;
+        assert_eq!(of_end(&done), Verdict::Fail(Fault::NO_TOKEN));
     }
 
     #[test]
@@ -279,9 +310,21 @@ mod tests {
                 assert_eq!(a.replaces(*b), i >= j, "{a:?} over {b:?}");
             }
         }
-        assert!(Fault::NO_TOKEN.replaces(Fault::BODY_ERROR));
-        assert!(Fault::BODY_ERROR.replaces(Fault::NO_TOKEN));
+        for a in [Fault::NO_TOKEN, Fault::TRUNCATED, Fault::BODY_ERROR] {
+            for b in [Fault::NO_TOKEN, Fault::TRUNCATED, Fault::BODY_ERROR] {
+                assert!(a.replaces(b), "{a:?} over {b:?}");
+            }
+        }
         let other = Fault::status(StatusCode::TOO_MANY_REQUESTS);
         assert!(other.replaces(status) && status.replaces(other));
+    }
+
+    #[test]
+    fn only_an_upstreams_own_answer_is_replayed() {
+        let status = Fault::status(StatusCode::SERVICE_UNAVAILABLE);
+        assert!(status.replayed() && Fault::IN_BAND.replayed());
+        for f in [Fault::BODY_ERROR, Fault::NO_TOKEN, Fault::TRUNCATED] {
+            assert!(!f.replayed(), "{f:?}");
+        }
     }
 }

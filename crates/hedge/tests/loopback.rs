@@ -1,13 +1,19 @@
 //! End to end over real loopback sockets: a hyper client (and a tonic `Channel`) behind
-//! `FirstTokenHedge`, in front of `tailguard-mock` replicas, on a paused clock.
+//! `FirstTokenHedge`, in front of `tailguard-mock` replicas, on a paused clock; where the
+//! client's view matters, the hedge itself served by hyper as a gateway serves it.
 
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{Request, Response, StatusCode};
+use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use tailguard_core::{HedgeOutcome, ReplayBody};
-use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tailguard_core::{
+    BoxError, Deadlines, EndReason, EndReport, HedgeOutcome, ReplayBody, UpstreamFailure,
+};
+use tailguard_hedge::{AdaptiveDelay, FirstTokenHedgeLayer, HedgeBudget};
 use tailguard_mock::{MockServer, Outcome, Script};
 use tailguard_test_support::{
     CHAT, HttpClient, MESSAGES, client as plain_client, client_of, ms, post, read_all,
@@ -43,6 +49,50 @@ fn replica(
         *r.uri_mut() = format!("{base}{}", r.uri().path()).parse().unwrap();
         r
     })
+}
+
+/// Serves `svc` on a loopback port as a gateway does (the request body collected, then sent
+/// through the stack; an error closes the connection); returns its base URL.
+async fn serve<S, B>(svc: S) -> String
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = svc.clone();
+            let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let svc = svc.clone();
+                async move {
+                    let (parts, body) = req.into_parts();
+                    let body = body.collect().await?.to_bytes();
+                    svc.oneshot(Request::from_parts(parts, Full::new(body)))
+                        .await
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), handler),
+            );
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A request with deadlines as `SseIdleTimeout` sets them: `first_token` left from now.
+fn within(mut req: Request<Full<Bytes>>, first_token: Duration) -> Request<Full<Bytes>> {
+    req.extensions_mut().insert(Deadlines {
+        first_token: Some(Instant::now() + first_token),
+        total: None,
+    });
+    req
 }
 
 /// The bytes a direct call (no hedge) to `server` returns.
@@ -562,4 +612,119 @@ async fn adaptive_delay_converges_to_the_p90_of_a_scripted_ttft_distribution() {
         hedges > 40,
         "once warm, the slowest first tokens were hedged: {hedges}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_attempt_reset_before_its_first_token_gets_a_502_not_an_empty_reply() {
+    // Issue 15: two replicas each send a role-only chunk, then reset the connection. The
+    // client got no status line and no bytes, and the recorder logged a 200.
+    let server = MockServer::start(script()).await.unwrap();
+    let reset = [("x-mock-script", "reset=0")];
+    let base = serve(layer().layer(replica(client(), server.url()))).await;
+    let res = plain_client()
+        .request(post(&format!("{base}/v1/chat/completions"), CHAT, &reset))
+        .await
+        .expect("a status line, not an empty reply");
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(!err);
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["error"]["type"], "upstream_error");
+    assert_eq!(v["error"]["code"], "upstream_stream_broken");
+    assert!(v["error"]["message"].is_string() && v["error"]["param"].is_null());
+    assert_eq!(server.stats().requests, 2);
+
+    // What a recorder outside the hedge sees: the status the client got, the true failure.
+    let report = EndReport::new();
+    let mut req = post(
+        &format!("{}/v1/chat/completions", server.url()),
+        CHAT,
+        &reset,
+    );
+    req.extensions_mut().insert(report.clone());
+    let res = layer().layer(client()).oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Transport))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_call_reset_before_its_first_message_on_every_attempt_is_unavailable() {
+    use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
+
+    let server = MockServer::start(script()).await.unwrap();
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let stack = ServiceBuilder::new()
+        .layer(layer())
+        .map_request(|r: Request<ReplayBody<tonic::body::Body>>| {
+            r.map(|b| {
+                tonic::body::Body::new(
+                    b.map_frame(|f| f.map_data(|mut c| c.copy_to_bytes(c.remaining()))),
+                )
+            })
+        })
+        .service(channel);
+    let mut client = GenerateClient::new(stack);
+    let mut req = tonic::Request::new(GenerateRequest {
+        prompt: "hi".into(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-mock-script", "reset=0".parse().unwrap());
+    let status = client.generate(req).await.expect_err("no stream");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("before a first token"),
+        "{status:?}"
+    );
+    assert_eq!(server.stats().requests, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_leaves_the_adaptive_delay_alone_and_the_next_hedge_is_in_time() {
+    // Issue 15: attempts cut off by the 3 s first-token timeout were recorded as censored
+    // samples; after 4 requests with both replicas stuck the p90 was above 3 s, and a single
+    // stuck replica then meant a 504 for the rest of the window.
+    let server = MockServer::start(script()).await.unwrap();
+    let svc = FirstTokenHedgeLayer::new()
+        .with_delay(AdaptiveDelay::new())
+        .with_budget(HedgeBudget::unlimited())
+        .layer(client());
+    let url = format!("{}/v1/chat/completions", server.url());
+    let budget = Duration::from_secs(3);
+    // The outer first-token timeout: SseIdleTimeout drops the race when the budget is gone.
+    let ask = |headers: &[(&str, &str)]| {
+        let req = within(post(&url, CHAT, headers), budget);
+        tokio::time::timeout(budget, svc.clone().oneshot(req))
+    };
+    // Warm: 20 first tokens at 80 ms, the minimum sample count.
+    for _ in 0..20 {
+        let res = ask(&[]).await.unwrap().unwrap();
+        let _ = read_all(res.into_body()).await;
+    }
+    // The outage: every attempt stuck until the timeout.
+    for _ in 0..4 {
+        let r = ask(&[("x-mock-script", "ttft=60s")]).await;
+        assert!(r.is_err(), "timed out");
+    }
+    // One stuck replica: the delay is still the healthy p90, and the backup wins in time.
+    let start = Instant::now();
+    let res = ask(&[("x-mock-script-0", "ttft=60s")])
+        .await
+        .expect("a first token within the budget")
+        .unwrap();
+    let o = outcome(&res);
+    assert_eq!((o.attempts, o.winner), (2, 1));
+    let delay = o.delay.unwrap();
+    assert!(delay < ms(100), "the estimate was left alone: {delay:?}");
+    assert!(start.elapsed() < ms(300), "{:?}", start.elapsed());
+    let _ = read_all(res.into_body()).await;
 }

@@ -19,7 +19,7 @@ use tower::{Layer, ServiceExt};
 use tower_test::mock::{self, Handle, Mock, SendResponse};
 
 type Req = Request<ReplayBody<Full<Bytes>>>;
-type Res = Response<ScriptBody>;
+type Res = Response<AttemptBody>;
 
 fn pair() -> (Mock<Req, Res>, Handle<Req, Res>) {
     mock::pair()

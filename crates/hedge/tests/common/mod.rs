@@ -5,14 +5,14 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body::Body;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
-use tailguard_core::{EndReason, EndReport, ReplayBody};
+use tailguard_core::{EndReason, EndReport, Phase, ReplayBody, TimeoutError};
 use tailguard_hedge::{Attempt, FirstTokenHedgeLayer, HedgeBudget};
 pub use tailguard_test_support::*;
 use tokio::time::Instant;
@@ -27,6 +27,9 @@ pub struct Plan {
     pub items: Vec<Step>,
     /// Fail in `call` (a transport error) after `head_delay`.
     pub transport_error: bool,
+    /// After its steps, the body fails with a first-token [`TimeoutError`], as an inner
+    /// `SseIdleTimeout` whose expiry is a body error fails it.
+    pub timeout: bool,
 }
 
 impl Plan {
@@ -49,6 +52,7 @@ impl Plan {
             headers: vec![("content-type", "text/event-stream".into())],
             items,
             transport_error: false,
+            timeout: false,
         }
     }
 
@@ -66,6 +70,12 @@ impl Plan {
             transport_error: true,
             ..Plan::items(vec![])
         }
+    }
+
+    /// This plan with its body failing with a first-token timeout after its steps.
+    pub fn timing_out(mut self) -> Self {
+        self.timeout = true;
+        self
     }
 
     pub fn head_delay(mut self, d: Duration) -> Self {
@@ -95,8 +105,11 @@ impl Plan {
     }
 
     /// The response this plan answers with.
-    pub fn response(self, body: ScriptBody) -> Response<ScriptBody> {
-        let mut res = Response::new(body);
+    pub fn response(self, script: ScriptBody) -> Response<AttemptBody> {
+        let mut res = Response::new(AttemptBody {
+            script,
+            timeout: self.timeout,
+        });
         *res.status_mut() = self.status;
         for (k, v) in self.headers {
             res.headers_mut().insert(k, v.parse().unwrap());
@@ -181,10 +194,10 @@ where
     B::Data: Send,
     B::Error: std::fmt::Debug,
 {
-    type Response = Response<ScriptBody>;
+    type Response = Response<AttemptBody>;
     type Error = TransportError;
     type Future =
-        Pin<Box<dyn Future<Output = Result<Response<ScriptBody>, TransportError>> + Send>>;
+        Pin<Box<dyn Future<Output = Result<Response<AttemptBody>, TransportError>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
@@ -226,10 +239,50 @@ where
                 guard.set_done(true);
                 return Err(TransportError);
             }
-            let body =
-                ScriptBody::new(plan.items.clone()).on_drop(move |ended| guard.set_done(ended));
+            // A body that times out did not end well, however far its script played.
+            let timeout = plan.timeout;
+            let body = ScriptBody::new(plan.items.clone())
+                .on_drop(move |ended| guard.set_done(ended && !timeout));
             Ok(plan.response(body))
         })
+    }
+}
+
+/// What the in-process upstream answers with: the plan's [`ScriptBody`], then, for a plan
+/// [`timing_out`](Plan::timing_out), a first-token [`TimeoutError`] (which the shared script
+/// cannot produce: it knows no tailguard type).
+#[derive(Debug)]
+pub struct AttemptBody {
+    script: ScriptBody,
+    timeout: bool,
+}
+
+impl Body for AttemptBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        Poll::Ready(match ready!(Pin::new(&mut this.script).poll_frame(cx)) {
+            Some(frame) => Some(frame.map_err(Into::into)),
+            None if std::mem::take(&mut this.timeout) => {
+                let limit = Duration::from_secs(1);
+                let t = TimeoutError::new(Phase::FirstToken, limit, limit);
+                Some(Err(Box::new(t)))
+            }
+            None => None,
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        !self.timeout && self.script.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.script.size_hint()
     }
 }
 
