@@ -180,42 +180,42 @@ fn unit(ucum: &str) -> Unit {
 /// answers with a JSON completion, `x-script: 503` with a 503, anything else streams three
 /// token frames (one with two tokens), usage and `[DONE]`.
 fn upstream()
--> impl tower::Service<Request<Empty<Bytes>>, Response = Response<Scripted>, Error = Infallible> + Clone
-{
+-> impl tower::Service<Request<Empty<Bytes>>, Response = Response<ScriptBody>, Error = Infallible>
++ Clone {
     service_fn(|req: Request<Empty<Bytes>>| async move {
         let script = req.headers().get("x-script").map(|v| v.as_bytes().to_vec());
         let sse = |steps: Vec<Step>| {
             Response::builder()
                 .header("content-type", "text/event-stream")
-                .body(Scripted::new(steps))
+                .body(ScriptBody::new(steps))
                 .unwrap()
         };
         let res = match script.as_deref() {
             Some(b"fail") => sse(vec![
                 Step::Wait(ms(40)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(20)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Error,
             ]),
             Some(b"json") => Response::builder()
                 .header("content-type", "application/json")
-                .body(Scripted::new([Step::Wait(ms(30)), Step::Data("{}")]))
+                .body(ScriptBody::new([Step::Wait(ms(30)), data("{}")]))
                 .unwrap(),
             Some(b"503") => Response::builder()
                 .status(StatusCode::SERVICE_UNAVAILABLE)
-                .body(Scripted::new([]))
+                .body(ScriptBody::new([]))
                 .unwrap(),
             _ => sse(vec![
-                Step::Data(ROLE),
+                data(ROLE),
                 Step::Wait(ms(90)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(30)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(30)),
-                Step::Data(TWO_TOKENS),
-                Step::Data(USAGE),
-                Step::Data(DONE),
+                data(TWO_TOKENS),
+                data(USAGE),
+                data(DONE),
             ]),
         };
         Ok::<_, Infallible>(res)
@@ -435,7 +435,7 @@ async fn prometheus_renders_the_convention_buckets() {
 async fn operation_provider_and_error_type() {
     let rec = DebuggingRecorder::new();
     let snap = rec.snapshotter();
-    let reports = Reports::default();
+    let reports = Recorded::<PhaseReport>::default();
     let r = reports.clone();
     let layer = LatencyPhaseRecorderLayer::new()
         .without_sinks()
@@ -444,7 +444,7 @@ async fn operation_provider_and_error_type() {
                 .with_names(MetricNames::otel_genai())
                 .with_recorder(rec),
         )
-        .with_sink(move |rep: &PhaseReport| r.0.lock().unwrap().push(rep.clone()))
+        .with_sink(move |rep: &PhaseReport| r.push(rep.clone()))
         .with_routes([
             "/v1/completions",
             "/v1/messages",
