@@ -169,6 +169,37 @@ async fn upstream_500_through_the_stack() {
     server.shutdown().await;
 }
 
+/// A reset mid-stream: `SseIdleTimeout` ends the stream with an in-band error event and
+/// `[DONE]` (no body error reaches the client) and reports `upstream_error_transport`.
+#[tokio::test(start_paused = true)]
+async fn upstream_reset_mid_stream_is_a_clean_ending_and_a_transport_error() {
+    let server = MockServer::start(Script::new().ttft(ms(20)).tokens(5).reset_after_tokens(2))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new())
+        .service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    let body = res.into_body().collect().await.expect("no body error");
+    let text = String::from_utf8(body.to_bytes().to_vec()).unwrap();
+    assert!(
+        text.contains("\"code\":\"upstream_error_transport\""),
+        "{text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let r = reports.one();
+    assert_eq!(
+        r.end_reason,
+        EndReason::UpstreamError(UpstreamFailure::Transport)
+    );
+    assert!(r.end_reason_reported);
+    assert_eq!(r.output_events, 2);
+    assert_eq!(end_reasons(&snap), ["upstream_error_transport"]);
+    server.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn client_disconnect_mid_stream_releases_everything() {
     let server = MockServer::start(Script::new().ttft(ms(20)).tokens(50).gap(ms(100)))

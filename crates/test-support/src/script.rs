@@ -168,7 +168,7 @@ impl Body for ScriptBody {
                 Step::Error => {
                     return Poll::Ready(Some(Err(io::Error::new(
                         io::ErrorKind::ConnectionReset,
-                        "reset by the scripted upstream",
+                        "scripted upstream reset",
                     ))));
                 }
             }

@@ -112,7 +112,7 @@ where
             let (parts, body) = res.into_parts();
             let body = SseIdleTimeoutBody::streaming(
                 body,
-                &parts.headers,
+                &parts,
                 this.config,
                 this.timeouts,
                 *this.start,

@@ -1,9 +1,10 @@
 //! The held-back event: bytes of an event the client has not fully received.
 //!
-//! When a timer ends a stream, the in-band ending (an error event, gRPC trailers) must not land
-//! inside an event the client holds only part of. So while the tracker says the last frame ended
-//! inside an event, its bytes wait here, behind any bytes queued before them, until the event is
-//! complete; an expiry then drops them and the client sees only whole events.
+//! When the layer ends a stream (a timer, the upstream failing or cutting the stream short), the
+//! in-band ending (an error event, gRPC trailers) must not land inside an event the client holds
+//! only part of. So while the tracker says the last frame ended inside an event, its bytes wait
+//! here, behind any bytes queued before them, until the event is complete; an ending then drops
+//! them and the client sees only whole events.
 
 use std::collections::VecDeque;
 
@@ -48,13 +49,15 @@ impl<D: Buf> HeldBack<D> {
         self.release = self.len.saturating_sub(pending);
     }
 
-    /// Releases everything queued (the upstream ended the data: what it sent goes out, even a
-    /// truncated event, since the upstream cut it, not this layer).
+    /// Releases everything queued (the upstream ended the data of a stream whose ending is not
+    /// checked: what it sent goes out as it sent it).
     pub(crate) fn release_all(&mut self) {
         self.release = self.len;
     }
 
-    /// Drops everything queued (a timer ended the stream inside an event).
+    /// Drops everything queued: the bytes of the incomplete event, when the layer ends the
+    /// stream inside it. (Released bytes have all gone out by then: the body sends them before
+    /// it polls the inner body again.)
     pub(crate) fn clear(&mut self) {
         self.queue.clear();
         self.len = 0;

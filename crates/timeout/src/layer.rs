@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
-use tailguard_core::{ClassPolicy, Dialect, Phase, Priority};
+use tailguard_core::{ClassPolicy, Deadlines, Dialect, Phase, Priority};
+use tokio::time::Instant;
 use tower_layer::Layer;
 
 use crate::service::SseIdleTimeout;
@@ -128,7 +129,8 @@ pub enum BeforeHeaders {
     Error,
 }
 
-/// How a stream ends when a timer expires *after* response headers.
+/// How a stream ends when a timer expires, or the upstream fails (see the
+/// [crate documentation](crate#when-the-upstream-fails)), *after* response headers.
 ///
 /// Whatever the choice, the inner body is dropped at once (the upstream sees the request
 /// cancelled) and the end reason is reported to an [`EndReport`](tailguard_core::EndReport) in
@@ -148,10 +150,15 @@ pub enum OnExpiry {
     /// never sees half an event. Falls back as `Auto` does where the dialect has no in-band form.
     InBand,
     /// Trailers `grpc-status: 4` and a `grpc-message`, so a gRPC client gets a
-    /// `DEADLINE_EXCEEDED` status; a partly received message is held back as above.
+    /// `DEADLINE_EXCEEDED` status (`14`, `UNAVAILABLE`, when the upstream failed or cut the
+    /// stream short; `13`, `INTERNAL`, when it broke the framing); a partly received message
+    /// is held back as above.
     GrpcTrailers,
     /// A body error of type [`TimeoutError`](crate::error::TimeoutError) with the phase, the
     /// elapsed time, the events seen and the time since the last event. Nothing is held back.
+    /// When the upstream failed: its own body error, or an
+    /// [`UpstreamError`](tailguard_core::UpstreamError) for a stream cut short or an event
+    /// over the scanner's cap.
     BodyError,
 }
 
@@ -165,6 +172,8 @@ pub(crate) struct Config {
     pub(crate) dialect: Dialect,
     pub(crate) on_expiry: OnExpiry,
     pub(crate) before_headers: BeforeHeaders,
+    /// `None`: per dialect (see [`SseIdleTimeoutLayer::with_require_terminal_event`]).
+    pub(crate) require_terminal_event: Option<bool>,
 }
 
 impl Config {
@@ -196,14 +205,45 @@ impl Config {
         }
         t.or(self.defaults)
     }
+
+    /// The first-token and total deadlines of a request that started at `start` with timers
+    /// `t`. With [`FirstTokenClock::FromHeaders`] the first-token deadline is known only once
+    /// the headers arrive; the latest it can be, `start + head + first_token`, stands for it
+    /// when a head timeout bounds the headers (none otherwise).
+    pub(crate) fn deadlines(&self, t: &Timeouts, start: Instant) -> Deadlines {
+        let at = |d: Option<Duration>| start.checked_add(d?);
+        let first_token = match self.first_token_clock {
+            FirstTokenClock::FromCall => t.first_token,
+            FirstTokenClock::FromHeaders => t
+                .head
+                .zip(t.first_token)
+                .and_then(|(head, first)| head.checked_add(first)),
+        };
+        Deadlines {
+            first_token: at(first_token),
+            total: at(t.total),
+        }
+    }
+
+    /// Whether a stream of `dialect` (resolved for the response) must end with its terminal
+    /// event.
+    pub(crate) fn require_terminal_event(&self, dialect: &Dialect) -> bool {
+        self.require_terminal_event.unwrap_or(matches!(
+            dialect,
+            Dialect::OpenAi | Dialect::Anthropic | Dialect::LlmSse | Dialect::Grpc
+        ))
+    }
 }
 
 /// Applies first-token, idle, total and head timeouts to streamed responses.
 ///
 /// See the [crate documentation](crate) for the behaviour. The layer is a cheap-to-clone
-/// configuration value; with [`new`](SseIdleTimeoutLayer::new) no timer is set and the layer
-/// passes everything through untouched, because the right limits depend on the model, the
-/// hardware and the traffic class: set them with the `with_*` methods.
+/// configuration value; with [`new`](SseIdleTimeoutLayer::new) no timer is set, because the
+/// right limits depend on the model, the hardware and the traffic class: set them with the
+/// `with_*` methods. Without timers the layer still sees that streams end cleanly (a stream
+/// cut short, a body error mid-stream, an event over the scanner's cap: see the
+/// [crate documentation](crate#when-the-upstream-fails)); other responses pass through
+/// untouched.
 ///
 /// The timers of a request are chosen field by field, first match wins:
 /// 1. a [`Timeouts`] value in the request extensions (set by trusted server code);
@@ -212,6 +252,13 @@ impl Config {
 /// 4. the defaults for the request's [`Priority`]
 ///    ([`with_priority_timeouts`](Self::with_priority_timeouts));
 /// 5. the layer's defaults.
+///
+/// Before it calls the inner service, the layer puts the request's effective first-token and
+/// total deadlines (after every override above, as instants) into the request extensions as a
+/// [`Deadlines`], so that a layer inside it (the hedge) stays within the time left. A
+/// [`Deadlines`] already there (from an outer layer) is [tightened](Deadlines::tighten), never
+/// loosened or replaced. With [`FirstTokenClock::FromHeaders`] the first-token deadline is the
+/// latest it can be, `call + head + first_token`, or none without a head timeout.
 #[derive(Clone, Debug)]
 pub struct SseIdleTimeoutLayer {
     config: Arc<Config>,
@@ -225,8 +272,8 @@ impl Default for SseIdleTimeoutLayer {
 
 impl SseIdleTimeoutLayer {
     /// A layer with no timer set, [`Dialect::Auto`], first-token timing from `call`,
-    /// keepalives that do not reset the idle timer, [`OnExpiry::Auto`] and
-    /// [`BeforeHeaders::Response`].
+    /// keepalives that do not reset the idle timer, [`OnExpiry::Auto`],
+    /// [`BeforeHeaders::Response`] and the terminal event required per dialect.
     pub fn new() -> Self {
         SseIdleTimeoutLayer {
             config: Arc::new(Config {
@@ -238,6 +285,7 @@ impl SseIdleTimeoutLayer {
                 dialect: Dialect::Auto,
                 on_expiry: OnExpiry::Auto,
                 before_headers: BeforeHeaders::Response,
+                require_terminal_event: None,
             }),
         }
     }
@@ -319,6 +367,34 @@ impl SseIdleTimeoutLayer {
     /// [`BeforeHeaders::Response`]).
     pub fn with_before_headers(self, before_headers: BeforeHeaders) -> Self {
         self.edit(|c| c.before_headers = before_headers)
+    }
+
+    /// Whether a stream must end with its dialect's terminal event (default: per dialect, see
+    /// below): OpenAI `data: [DONE]`, Anthropic `message_stop`, gRPC trailers carrying a
+    /// `grpc-status`. An in-band error event of the upstream's own counts as an ending too.
+    ///
+    /// When it must, a body that ends (a clean end, or trailers) without it (for gRPC: trailers
+    /// after a partial message) was cut short: the bytes of an unfinished event are dropped
+    /// (after the terminal event, a fragment is dropped quietly), the stream ends as on an
+    /// expiry ([`OnExpiry`]) with an `upstream_error` whose code is `upstream_error_truncated`
+    /// (gRPC: `grpc-status: 14`, `UNAVAILABLE`), and the end reason is
+    /// [`UpstreamError(Truncated)`](tailguard_core::UpstreamFailure::Truncated), so an SDK
+    /// raises an error instead of returning a cut answer as complete.
+    ///
+    /// The default is on for [`Dialect::OpenAi`], [`Dialect::Anthropic`], [`Dialect::LlmSse`]
+    /// (what [`Dialect::Auto`] picks for `text/event-stream`) and [`Dialect::Grpc`]: their
+    /// servers always send the terminal event, so a stream without it lost its end. It is off
+    /// for [`Dialect::AnySse`], [`Dialect::AnyByte`], [`Dialect::Ndjson`] and custom
+    /// dialects: they have no terminal event, or one that not every server sends (NDJSON
+    /// streams end with `"done": true` or just at the end of the body), so its absence proves
+    /// nothing; with the check off the end of the body passes through as the upstream sent it.
+    /// Only 2xx responses whose `content-type` is a stream type are checked, so a non-streamed
+    /// answer (`application/json`) is never affected. Turn it off for an upstream known to end
+    /// without the event: an OpenAI-compatible server that omits `[DONE]`, or OpenAI
+    /// Responses API streams, which end with `event: response.completed`, an event the
+    /// presets do not classify as terminal.
+    pub fn with_require_terminal_event(self, require: bool) -> Self {
+        self.edit(|c| c.require_terminal_event = Some(require))
     }
 }
 

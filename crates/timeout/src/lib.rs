@@ -63,6 +63,11 @@
 //!   [`with_keepalive_resets_idle`](SseIdleTimeoutLayer::with_keepalive_resets_idle) says so.
 //! * **total**: from `call` until the end of the body.
 //!
+//! The request's effective first-token and total deadlines go to the inner service as a
+//! [`Deadlines`](tailguard_core::Deadlines) in the request extensions (tightening one already
+//! there), so a layer inside this one (the hedge) never plans past them; see
+//! [`SseIdleTimeoutLayer`].
+//!
 //! ## What happens on expiry
 //!
 //! Before headers (head, or first token / total when they start at `call`): per
@@ -78,11 +83,33 @@
 //! In every case the inner future or body is dropped at once, which cancels the upstream
 //! request, and the [`EndReason`](tailguard_core::EndReason) is reported to an
 //! [`EndReport`](tailguard_core::EndReport) in the request extensions before the final frame.
-//! An event longer than the scanner's cap (1 MiB by default) stops the scan: from then on any
-//! data counts as progress, nothing is held back, and an expiry ends SSE and NDJSON streams with
-//! a body error, since an in-band event could land inside the oversized one.
-//! After the stream said it was done (`data: [DONE]`, `message_stop`), an expiry ends the body
-//! quietly instead: the client already has the whole answer.
+//! After the stream said it ended (`data: [DONE]`, `message_stop`, an in-band error of the
+//! upstream's own), an expiry ends the body quietly instead: the client already has the whole
+//! answer.
+//!
+//! ## When the upstream fails
+//!
+//! The client always gets a clean ending in its dialect, and the end reason says what happened.
+//! Once a streamed response's headers are out, an upstream failure ends the stream the way an
+//! expiry does (per [`OnExpiry`], the bytes of an unfinished event dropped), with an
+//! `upstream_error` event whose `code` is the end reason's label:
+//!
+//! * **A body error** (a reset, a broken connection), before or after the first token: the
+//!   client is at an event boundary (it only ever holds whole events), so it gets the in-band
+//!   error event (then `[DONE]` for OpenAI), or gRPC trailers `grpc-status: 14`
+//!   (`UNAVAILABLE`), and a clean end instead of a transport error; end reason
+//!   `UpstreamError(Transport)`. A body the layer does not watch (not a stream, no timer)
+//!   passes the error through.
+//! * **A stream cut short**: the body ends (a clean end, or trailers) without the dialect's
+//!   terminal event (for gRPC, a status after whole messages); the half event it may end in is
+//!   never forwarded; end reason `UpstreamError(Truncated)`. On by default for the dialects
+//!   whose servers always send one; see
+//!   [`with_require_terminal_event`](SseIdleTimeoutLayer::with_require_terminal_event).
+//! * **An event over the scanner's cap** (1 MiB by default; say a line that never ends): the
+//!   stream cannot be followed, so it ends there, the oversized event dropped; end reason
+//!   `UpstreamError(Protocol)` (gRPC: `grpc-status: 13`).
+//!
+//! A response that is not a stream (`application/json`, say) is not affected.
 //!
 //! ## Timing, precisely
 //!
@@ -114,6 +141,7 @@
 //! take it as it is. The service's error type is [`BoxError`](error::BoxError).
 
 pub mod body;
+mod ending;
 pub mod error;
 pub mod future;
 mod held;

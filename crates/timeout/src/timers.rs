@@ -170,12 +170,6 @@ impl Timers {
         self.record(progress, obs.first_token);
     }
 
-    /// Records data the tracker could not scan (an event over its cap): any byte is progress
-    /// and counts as the first token.
-    pub(crate) fn observe_unscanned(self: Pin<&mut Self>) {
-        self.record(true, true);
-    }
-
     fn record(self: Pin<&mut Self>, progress: bool, first_token: bool) {
         let this = self.project();
         *this.progress |= progress;

@@ -132,3 +132,36 @@ async fn a_healthy_grpc_stream_passes() {
     // sent.)
     assert_eq!(s.log[0].tokens_sent, 20, "{s:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_reset_mid_stream_is_unavailable_with_every_message_before_it() {
+    let script = Script::new()
+        .ttft(ms(100))
+        .gap(ms(100))
+        .tokens(10)
+        .reset_after_tokens(3);
+    let server = MockServer::start(script).await.unwrap();
+    let report = EndReport::new();
+    let mut client = client(&server, SseIdleTimeoutLayer::new(), report.clone()).await;
+    let mut stream = client.generate(request()).await.unwrap().into_inner();
+    let mut texts = Vec::new();
+    let status = loop {
+        match stream.message().await {
+            Ok(Some(m)) => texts.push(m.text),
+            Ok(None) => panic!("stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("connection failed mid-stream"),
+        "{status:?}"
+    );
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(
+            tailguard_core::UpstreamFailure::Transport
+        ))
+    );
+}

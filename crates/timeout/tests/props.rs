@@ -58,8 +58,8 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// After a first token at 0, for any script of gaps, tokens, meta chunks and keepalives,
-    /// the idle timer fires iff some gap between progress events (or between the last one and
+    /// After a first token at 0, for any script of gaps, tokens, meta chunks and keepalives
+    /// (then `[DONE]`), the idle timer fires iff some gap between progress events (or between the last one and
     /// the end of the stream) exceeds the limit, and then exactly at that progress event plus
     /// the limit, with every event up to then delivered.
     #[test]
@@ -84,6 +84,9 @@ proptest! {
             }
             timeline.push((t, is_progress));
         }
+        // The stream ends with its terminal event (an OpenAI stream without it was cut short).
+        steps.push(data(DONE));
+        timeline.push((t, true));
         let end = t;
         let mut marks = progress.clone();
         marks.push(end);

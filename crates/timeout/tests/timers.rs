@@ -7,7 +7,9 @@ use bytes::{Buf, Bytes};
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tailguard_core::{ClassPolicy, Dialect, EndReason, EndReport, Phase, Priority, TimeoutError};
+use tailguard_core::{
+    ClassPolicy, Dialect, EndReason, EndReport, Phase, Priority, TimeoutError, UpstreamFailure,
+};
 use tailguard_test_support::*;
 use tailguard_timeout::{
     BeforeHeaders, FirstTokenClock, OnExpiry, SseIdleTimeoutBody, SseIdleTimeoutLayer, Timeouts,
@@ -563,7 +565,10 @@ async fn an_upstream_flooding_ready_keepalives_cannot_hold_a_timer_off() {
 
 #[tokio::test(start_paused = true)]
 async fn forwards_trailers_size_hint_and_end_of_stream() {
-    let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
+    // With the terminal-event check off, the end of the data passes through as it came.
+    let layer = SseIdleTimeoutLayer::new()
+        .with_idle_timeout(secs(1))
+        .with_require_terminal_event(false);
     let mut trailers = HeaderMap::new();
     trailers.insert("x-usage", "42".parse().unwrap());
     let a = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
@@ -581,7 +586,7 @@ async fn forwards_trailers_size_hint_and_end_of_stream() {
     let f = body.frame().await.unwrap().unwrap();
     assert_eq!(f.data_ref().map(bytes::Buf::remaining), Some(a.len()));
     // "data: [DO" arrives and is held back (incomplete event), then the trailers end the data:
-    // the fragment is released (the upstream cut it) and the trailers follow.
+    // unchecked, the fragment is released (the upstream cut it) and the trailers follow.
     let f = body.frame().await.unwrap().unwrap();
     assert_eq!(f.data_ref().map(bytes::Buf::remaining), Some(9));
     assert!(!body.is_end_stream());
@@ -590,25 +595,84 @@ async fn forwards_trailers_size_hint_and_end_of_stream() {
     assert!(body.is_end_stream());
     assert!(body.frame().await.is_none());
 
-    // Without timers the body is a pass-through.
-    let body = ScriptBody::new(vec![data(a)]);
+    // Without timers a complete stream passes through as it is.
+    let whole = format!("{a}data: [DONE]\n\n");
+    let body = ScriptBody::new(vec![data(a), data(DONE)]);
     let svc = SseIdleTimeoutLayer::new().layer(upstream(
         Duration::ZERO,
         SSE,
-        body.with_exact_hint(a.len() as u64),
+        body.with_exact_hint(whole.len() as u64),
     ));
     let res = svc.oneshot(Request::new(())).await.unwrap();
     let body = res.into_body();
-    assert_eq!(body.size_hint().exact(), Some(a.len() as u64));
+    assert_eq!(body.size_hint().exact(), Some(whole.len() as u64));
     let seen = collect(body, Instant::now()).await;
-    assert_eq!(seen.text(), a);
+    assert_eq!(seen.text(), whole);
 }
 
 #[tokio::test(start_paused = true)]
-async fn upstream_errors_pass_through_and_done_streams_end_quietly() {
+async fn a_stream_cut_short_is_not_at_its_end_until_its_ending_is_out() {
+    // The inner body says it is at its end after its last frame (a server that trusts that
+    // stops polling): a stream cut short must not, or its ending would never be sent.
+    let body = ScriptBody::new(vec![data(token("a"))]);
+    let svc = SseIdleTimeoutLayer::new().layer(upstream(Duration::ZERO, SSE, body));
+    let res = svc.oneshot(Request::new(())).await.unwrap();
+    let mut body = std::pin::pin!(res.into_body());
+    assert!(body.frame().await.unwrap().unwrap().is_data());
+    assert!(!body.is_end_stream(), "the ending is still to come");
+    let mut f = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    let text = String::from_utf8(f.copy_to_bytes(f.remaining()).to_vec()).unwrap();
+    assert!(text.contains("upstream_error_truncated"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert!(body.is_end_stream());
+    assert!(body.frame().await.is_none());
+
+    // A complete stream is at its end after [DONE], as the inner body says.
+    let body = ScriptBody::new(vec![data(token("a")), data(DONE)]);
+    let svc = SseIdleTimeoutLayer::new().layer(upstream(Duration::ZERO, SSE, body));
+    let res = svc.oneshot(Request::new(())).await.unwrap();
+    let mut body = std::pin::pin!(res.into_body());
+    body.frame().await.unwrap().unwrap();
+    body.frame().await.unwrap().unwrap();
+    assert!(body.is_end_stream());
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_errors_end_in_band_and_done_streams_end_quietly() {
     let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
+    // A body error inside an event: the partial event is dropped, the client gets the error
+    // event, [DONE] and a clean end.
+    let (req, report) = with_report();
     let (res, _, start) = run(
         layer.clone(),
+        req,
+        Duration::ZERO,
+        vec![data(token("a")), data("data: {\"choi"), Step::Error],
+    )
+    .await;
+    let seen = collect(res.into_body(), start).await;
+    assert!(seen.error.is_none(), "{:?}", seen.error);
+    let events = seen.events();
+    assert_eq!(events.len(), 3, "{events:?}");
+    let err = error_json(&events[1]);
+    assert_eq!(err["error"]["type"], "upstream_error");
+    assert_eq!(err["error"]["code"], "upstream_error_transport");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("upstream reset"),
+        "{err}"
+    );
+    assert_eq!(events[2], "data: [DONE]");
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Transport))
+    );
+
+    // In the body-error flavour the upstream's error passes through.
+    let (res, _, start) = run(
+        layer.clone().with_on_expiry(OnExpiry::BodyError),
         Request::new(()),
         Duration::ZERO,
         vec![data(token("a")), Step::Error],
@@ -618,11 +682,26 @@ async fn upstream_errors_pass_through_and_done_streams_end_quietly() {
     let (_, err) = seen.error.expect("error");
     assert!(err.downcast_ref::<std::io::Error>().is_some());
 
-    // After [DONE] an upstream that lingers is cut without an error event.
-    let (req, report) = with_report();
+    // After [DONE] an upstream that lingers is cut without an error event, and a body error
+    // or a fragment after it is no news either (the fragment is dropped).
+    for tail in [
+        vec![wait_ms(60_000), data(KEEPALIVE)],
+        vec![Step::Error],
+        vec![data("data: {\"cho")],
+    ] {
+        let (req, report) = with_report();
+        let mut steps = vec![data(token("a")), data(DONE)];
+        steps.extend(tail);
+        let (res, _, start) = run(layer.clone(), req, Duration::ZERO, steps).await;
+        let seen = collect(res.into_body(), start).await;
+        assert!(seen.error.is_none());
+        assert_eq!(seen.events().last().unwrap(), "data: [DONE]");
+        assert!(!seen.text().contains("error"));
+        assert_eq!(report.get(), None);
+    }
     let (res, probe, start) = run(
         layer,
-        req,
+        Request::new(()),
         Duration::ZERO,
         vec![
             data(token("a")),
@@ -632,12 +711,8 @@ async fn upstream_errors_pass_through_and_done_streams_end_quietly() {
         ],
     )
     .await;
-    let seen = collect(res.into_body(), start).await;
-    assert_eq!(seen.ended_at, secs(1));
-    assert_eq!(seen.events().last().unwrap(), "data: [DONE]");
-    assert!(!seen.text().contains("error"));
+    assert_eq!(collect(res.into_body(), start).await.ended_at, secs(1));
     assert!(probe.cancelled());
-    assert_eq!(report.get(), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -721,36 +796,31 @@ async fn absurd_header_values_neither_panic_nor_fire() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_event_over_the_scan_cap_degrades_to_byte_progress_and_a_body_error() {
+async fn an_event_over_the_scan_cap_ends_the_stream_with_a_protocol_error() {
     let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
-    // One event longer than the 1 MiB cap at once, then more of it, 64 KiB every 500 ms:
-    // under the idle limit as bytes, never a complete event.
-    let big = format!("data: {}", "x".repeat(1_100_000));
-    let mut steps = vec![data(token("a")), data(&big)];
+    // A line longer than the 1 MiB cap that never ends: not `completed`, and not read on.
+    let big = format!("data: {}", "x".repeat(600_000));
     let chunk = "x".repeat(64 * 1024);
+    let mut steps = vec![data(token("a")), data(&big)];
     for _ in 0..16 {
-        steps.extend([wait_ms(500), data(&chunk)]);
+        steps.extend([wait_ms(100), data(&chunk)]);
     }
-    steps.extend([wait_ms(10_000), data("\n\n"), data(DONE)]);
-    let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
+    steps.extend([data("\n\n"), data(DONE)]);
+    let (req, report) = with_report();
+    let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
-    // Data flowed for 8 s without an idle timeout, then the stall fired it.
-    assert_eq!(seen.ended_at, secs(9));
-    let (_, err) = seen
-        .error
-        .as_ref()
-        .expect("a body error, not an in-band event");
-    assert_eq!(
-        err.downcast_ref::<TimeoutError>().map(TimeoutError::phase),
-        Some(Phase::Idle)
-    );
-    assert_eq!(
-        seen.bytes().len(),
-        token_len("a") + big.len() + 16 * 64 * 1024
-    );
+    assert!(seen.error.is_none(), "{:?}", seen.error);
+    let events = seen.events();
+    assert_eq!(events.len(), 3, "the token, the error, [DONE]");
+    assert!(events[0].contains("\"content\":\"a\""));
+    let err = error_json(&events[1]);
+    assert_eq!(err["error"]["code"], "upstream_error_protocol");
+    assert_eq!(events[2], "data: [DONE]");
+    // The cap is crossed by the 7th 64 KiB piece, at 0.7 s: the upstream is dropped there.
+    assert_eq!(seen.ended_at, ms(700));
     assert!(probe.cancelled());
-}
-
-fn token_len(text: &str) -> usize {
-    token(text).len()
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Protocol))
+    );
 }
