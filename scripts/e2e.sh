@@ -15,7 +15,7 @@ command -v curl >/dev/null || { echo "e2e: curl is required" >&2; exit 1; }
 export PYTHONDONTWRITEBYTECODE=1
 PY=$(./scripts/python-venv.sh)
 cargo build --quiet -p tailguard-examples --example gateway
-GATEWAY_BIN=target/debug/examples/gateway
+GATEWAY_BIN=${CARGO_TARGET_DIR:-target}/debug/examples/gateway
 
 WORK=$(mktemp -d)
 LOG=$WORK/gateway.log

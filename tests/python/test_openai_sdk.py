@@ -156,3 +156,69 @@ def test_admission_rejects_with_retry_after():
     else:
         pytest.fail("the permits of disconnected clients were not released")
     assert got
+
+
+# ---- issue 15: every stream ends truthfully, and the SDK raises its own error type ---------
+
+
+def read_stream(headers: dict) -> str:
+    stream = client(GATEWAY).chat.completions.create(
+        model=MODEL, messages=MESSAGES, stream=True, extra_headers=headers
+    )
+    text = []
+    for chunk in stream:
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+    return "".join(text)
+
+
+def test_every_attempt_reset_before_a_token_is_a_502_not_an_empty_reply():
+    # Both attempts send the role chunk, then the connection is reset.
+    with pytest.raises(openai.InternalServerError) as err:
+        read_stream({"x-mock-script": SCRIPT + ",reset=0"})
+    assert err.value.status_code == 502
+    assert err.value.body["type"] == "upstream_error"
+
+
+def test_junk_on_every_attempt_is_a_502_not_an_empty_success():
+    for fault in ["garbage=not_json", "garbage=bad_utf8", "half_event=0"]:
+        with pytest.raises(openai.InternalServerError) as err:
+            read_stream({"x-mock-script": f"{SCRIPT},{fault}"})
+        assert err.value.status_code == 502, fault
+
+
+def test_a_truncated_stream_raises_api_error_after_its_tokens():
+    # Three tokens, then the body ends cleanly without `[DONE]`.
+    text = []
+    stream = client(GATEWAY).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        stream=True,
+        extra_headers={"x-mock-script": "ttft=10ms,tokens=3,gap=2ms,no_done=true"},
+    )
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+    assert not isinstance(err.value, (openai.APIStatusError, openai.APIConnectionError))
+    assert err.value.body["code"] == "upstream_error_truncated"
+    want, _, _ = stream_text(UPSTREAM, {"x-mock-script": "ttft=10ms,tokens=3,gap=2ms"})
+    assert "".join(text) == want
+
+
+def test_a_reset_mid_stream_raises_api_error_not_a_connection_error():
+    with pytest.raises(openai.APIError) as err:
+        read_stream({"x-mock-script": "ttft=10ms,tokens=8,gap=2ms,reset=3"})
+    assert not isinstance(err.value, (openai.APIStatusError, openai.APIConnectionError))
+    assert err.value.body["code"] == "upstream_error_transport"
+
+
+def test_a_non_json_body_is_refused_with_415():
+    res = httpx.post(
+        f"{GATEWAY}/v1/chat/completions",
+        content="hello",
+        headers={"content-type": "text/plain"},
+        timeout=5.0,
+    )
+    assert res.status_code == 415
+    assert res.json()["error"]["code"] == "unsupported_media_type"
