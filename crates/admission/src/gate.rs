@@ -58,7 +58,9 @@ impl Permit {
     /// `deadline`.
     pub(crate) fn cluster_lease(&self, deadline: Instant) -> Option<LeaseFuture> {
         let cluster = self.shared.cluster.as_ref()?;
-        let class = self.shared.lock().queue.classes[self.class].priority.clone();
+        let class = self.shared.lock().queue.classes[self.class]
+            .priority
+            .clone();
         Some(cluster.lease(&class, self.units, deadline))
     }
 

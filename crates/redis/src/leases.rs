@@ -7,8 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::Script;
-use tailguard_admission::cluster::{BackendError, BackendFuture, LeaseId, LeaseSpec};
 use tailguard_admission::LeaseBackend;
+use tailguard_admission::cluster::{BackendError, BackendFuture, LeaseId, LeaseSpec};
 
 use crate::Redis;
 
@@ -65,7 +65,6 @@ pub struct RedisLeases {
     prefix: String,
     acquire: Script,
     renew: Script,
-    next: AtomicU64,
 }
 
 impl RedisLeases {
@@ -77,7 +76,6 @@ impl RedisLeases {
             prefix: prefix.to_owned(),
             acquire: Script::new(ACQUIRE),
             renew: Script::new(RENEW),
-            next: AtomicU64::new(0),
         }
     }
 
@@ -88,10 +86,12 @@ impl RedisLeases {
         [pool, class]
     }
 
-    /// A member unique across gateways: units, process, start time, sequence.
+    /// A member unique across gateways: units, process, start time, sequence (one sequence
+    /// per process, so several backends in one process never collide).
     fn member(&self, units: u32) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{units}:{}:{}", instance(), n)
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        format!("{units}:{}:{n}", instance())
     }
 }
 
@@ -118,8 +118,13 @@ impl LeaseBackend for RedisLeases {
         Box::pin(async move {
             let mut call = script.prepare_invoke();
             call.key(&keys[..]).arg(&member).arg(spec.units);
-            call.arg(spec.pool_capacity).arg(spec.class_capacity).arg(ms(spec.ttl));
-            let taken: bool = call.invoke_async(&mut conn).await.map_err(BackendError::new)?;
+            call.arg(spec.pool_capacity)
+                .arg(spec.class_capacity)
+                .arg(ms(spec.ttl));
+            let taken: bool = call
+                .invoke_async(&mut conn)
+                .await
+                .map_err(BackendError::new)?;
             Ok(taken.then_some(LeaseId(member)))
         })
     }
@@ -130,7 +135,9 @@ impl LeaseBackend for RedisLeases {
         Box::pin(async move {
             let mut call = script.prepare_invoke();
             call.key(&keys[..]).arg(member).arg(ttl);
-            call.invoke_async(&mut conn).await.map_err(BackendError::new)
+            call.invoke_async(&mut conn)
+                .await
+                .map_err(BackendError::new)
         })
     }
 
