@@ -151,6 +151,7 @@ mod layer;
 mod race;
 mod replicas;
 mod service;
+mod shared_budget;
 mod template;
 mod verdict;
 
@@ -161,3 +162,4 @@ pub use delay::{AdaptiveDelay, DelayKey, HedgeDelay};
 pub use layer::{FirstTokenHedgeLayer, MAX_ATTEMPTS, OPT_OUT_HEADER};
 pub use replicas::ReplicaSet;
 pub use service::FirstTokenHedge;
+pub use shared_budget::{BudgetBackend, Exchange, ExchangeFuture, SharedBudget};

@@ -11,17 +11,26 @@
 //!   script (drop the expired leases, count, add if below capacity). Expiry is judged on the
 //!   Redis server's clock, so the gateways' clocks need not agree. A gateway killed mid-stream
 //!   leaks its capacity for at most one lease TTL.
+//! * [`RedisBudget`] is a [`BudgetBackend`](tailguard_hedge::BudgetBackend) for
+//!   `FirstTokenHedge`'s shared budget
+//!   ([`HedgeBudget::with_shared`](tailguard_hedge::HedgeBudget::with_shared)): one token
+//!   bucket in Redis, from which each gateway takes tokens into a local allowance once per
+//!   exchange period. The hedge decides from the allowance, so its decision never waits on
+//!   Redis; a token bucket read on every decision would put a network round trip on the
+//!   first-token timer, and local buckets alone would spend the budget once per gateway.
 //!
 //! Every call is bounded by the timeout given at [`Redis::new`] (and again by the layer's own);
 //! the connection is made lazily and re-made in the background, so a gateway starts, and
 //! serves on its fallback, while Redis is down.
 
+mod budget;
 mod leases;
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+pub use budget::RedisBudget;
 pub use leases::RedisLeases;
 
 /// A connection to one Redis server, shared by the backends built on it (cheap to clone).
