@@ -64,3 +64,8 @@ impl Redis {
         self.conn.clone()
     }
 }
+
+/// Whether `url` is a Redis URL this crate can connect to (checked without connecting).
+pub fn check_url(url: &str) -> redis::RedisResult<()> {
+    redis::Client::open(url).map(drop)
+}

@@ -14,6 +14,8 @@ use http::Uri;
 use serde::Deserialize;
 use tailguard::core::Priority;
 
+use super::cluster::{ClusterArgs, ClusterConfig, ClusterFile};
+
 /// The gateway's command line (each flag can also come from the environment variable named in
 /// its help).
 #[derive(Parser, Debug, Default, Clone)]
@@ -110,6 +112,10 @@ pub struct Args {
     /// Script of the congested embedded replica (the last one).
     #[arg(long, env = "TAILGUARD_MOCK_CONGESTED_SCRIPT", value_name = "SCRIPT")]
     pub mock_congested_script: Option<String>,
+
+    /// Cluster mode (`--redis` and friends).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// A timer value: a duration, or `off`.
@@ -211,6 +217,8 @@ pub struct FileConfig {
     pub priority: PriorityFile,
     /// `[mock]`
     pub mock: MockFile,
+    /// `[cluster]`
+    pub cluster: ClusterFile,
 }
 
 /// `[hedge]`
@@ -298,6 +306,8 @@ pub struct Config {
     pub priority: PriorityConfig,
     /// Embedded mock replicas (used when `upstreams` is empty).
     pub mock: MockConfig,
+    /// Cluster mode (Redis).
+    pub cluster: ClusterConfig,
 }
 
 /// `FirstTokenHedge` settings.
@@ -408,6 +418,7 @@ impl Default for Config {
                 script: DEFAULT_MOCK_SCRIPT.to_owned(),
                 congested_script: DEFAULT_CONGESTED_SCRIPT.to_owned(),
             },
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -631,6 +642,7 @@ impl Config {
                 c.models.push(MOCK_MODEL.to_owned());
             }
         }
+        c.cluster = ClusterConfig::resolve(file.cluster, &args.cluster)?;
         Ok(c)
     }
 }

@@ -19,6 +19,7 @@
 //! [`RequestFacts`]: model, `max_tokens`, `stream` and prompt bytes, which the recorder labels
 //! by, the hedge reads (a non-streamed request is not hedged) and admission may cost by.
 
+mod cluster;
 mod config;
 mod drain;
 mod metrics;
@@ -52,6 +53,7 @@ use tokio::task::JoinHandle;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
+pub use cluster::{ClusterArgs, ClusterConfig, ClusterFile};
 pub use config::{
     AdmissionConfig, Args, Config, ConfigError, DEFAULT_CONGESTED_SCRIPT, DEFAULT_MOCK_SCRIPT,
     FileConfig, HedgeConfig, HedgeDelaySetting, MOCK_MODEL, MockConfig, PriorityConfig,
@@ -98,6 +100,8 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     let admission = BoundedAdmissionLayer::new(a.capacity)
         .with_queue_len(a.queue_len)
         .with_queue_timeout(a.queue_timeout);
+    let budget = HedgeBudget::new().with_ratio(config.hedge.budget_ratio);
+    let (admission, budget) = config.cluster.apply(admission, a.capacity, budget);
 
     let t = &config.timeout;
     let mut timeout = SseIdleTimeoutLayer::new();
@@ -121,7 +125,7 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
             HedgeDelaySetting::Adaptive => HedgeDelay::adaptive(),
             HedgeDelaySetting::Fixed(d) => HedgeDelay::fixed(d),
         })
-        .with_budget(HedgeBudget::new().with_ratio(h.budget_ratio));
+        .with_budget(budget);
     // Each attempt of a request goes to a replica no earlier attempt went to.
     let hedged = hedge.layer_replicas(replicas);
 
