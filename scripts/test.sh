@@ -5,5 +5,7 @@
 # Anything the tests need is installed by this script; nothing is installed by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A private redis-server for the cluster-mode tests (tailguard-redis); killed on exit.
+. scripts/redis.sh
 cargo test --workspace --all-features
 ./scripts/e2e.sh

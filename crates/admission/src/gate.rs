@@ -17,6 +17,7 @@ use tailguard_core::{OverloadReason, Priority};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::cluster::{ClusterGate, Lease, LeaseFuture};
 use crate::drain::{self, Holds};
 use crate::layer::Config;
 use crate::queue::Queue;
@@ -38,11 +39,42 @@ pub(crate) struct Permit {
     class: usize,
     units: u32,
     admitted: Instant,
+    /// The cluster lease held with it, in cluster mode (released after the local units).
+    lease: Option<Lease>,
 }
 
 impl Permit {
     pub(crate) fn units(&self) -> u32 {
         self.units
+    }
+
+    /// Holds `lease` with this permit, until it is dropped.
+    pub(crate) fn with_lease(mut self, lease: Option<Lease>) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The cluster lease step of this permit, in cluster mode: waits for a lease until
+    /// `deadline`.
+    pub(crate) fn cluster_lease(&self, deadline: Instant) -> Option<LeaseFuture> {
+        let cluster = self.shared.cluster.as_ref()?;
+        let class = self.shared.lock().queue.classes[self.class]
+            .priority
+            .clone();
+        Some(cluster.lease(&class, self.units, deadline))
+    }
+
+    /// The refusal of this permit's request after a failed lease step.
+    pub(crate) fn refusal(&self, reason: OverloadReason) -> Rejection {
+        let st = self.shared.lock();
+        let retry_after = self
+            .shared
+            .retry_after(&st, self.class, Instant::now(), self.units);
+        st.queue.classes[self.class].metrics.rejected(reason);
+        Rejection {
+            reason,
+            retry_after,
+        }
     }
 }
 
@@ -155,6 +187,7 @@ type Deferred = Vec<Grant>;
 pub(crate) struct Shared {
     cfg: Config,
     state: Mutex<State>,
+    cluster: Option<Arc<ClusterGate>>,
 }
 
 impl fmt::Debug for Shared {
@@ -178,6 +211,7 @@ impl Shared {
             holds: Holds::new(Instant::now()),
         };
         Arc::new(Shared {
+            cluster: cfg.cluster.clone().map(ClusterGate::new),
             cfg,
             state: Mutex::new(state),
         })
@@ -215,6 +249,7 @@ impl Shared {
             class,
             units,
             admitted,
+            lease: None,
         }
     }
 

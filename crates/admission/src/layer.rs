@@ -9,6 +9,7 @@ use http::StatusCode;
 use tailguard_core::Priority;
 use tower_layer::Layer;
 
+use crate::cluster::Cluster;
 use crate::cost::Cost;
 use crate::gate::Shared;
 use crate::queue::Aging;
@@ -74,6 +75,7 @@ pub(crate) struct Config {
     pub(crate) reserved: Vec<(Priority, f64)>,
     pub(crate) cost: Cost,
     pub(crate) outcome: bool,
+    pub(crate) cluster: Option<Cluster>,
 }
 
 impl Config {
@@ -145,6 +147,7 @@ impl BoundedAdmissionLayer<Respond> {
                 reserved: Vec::new(),
                 cost: Cost::unit(),
                 outcome: true,
+                cluster: None,
             },
             gate: Arc::default(),
             _flavour: PhantomData,
@@ -240,6 +243,14 @@ impl<M> BoundedAdmissionLayer<M> {
     /// always carry it.
     pub fn with_response_outcome(self, on: bool) -> Self {
         self.with(|c| c.outcome = on)
+    }
+
+    /// Turns cluster mode on: on top of this gate's local limits, every admitted request takes
+    /// a lease of the cluster-wide capacity from `cluster`'s backend, held (and renewed) until
+    /// its body ends. See [`crate::cluster`] for the semantics and the failure modes. Without
+    /// it (the default) the gate is local and makes no backend call.
+    pub fn with_cluster(self, cluster: Cluster) -> Self {
+        self.with(|c| c.cluster = Some(cluster))
     }
 
     fn shared(&self) -> Arc<Shared> {

@@ -91,6 +91,12 @@
 //!   requests). Handles are registered when a class is first seen, so install the recorder
 //!   before the first request.
 //!
+//! * **Cluster mode.** [`with_cluster`](BoundedAdmissionLayer::with_cluster) shares a
+//!   capacity among several gateways through a [`LeaseBackend`] (`tailguard-redis` implements
+//!   one on Redis): each admitted request also holds a lease of the cluster-wide capacity,
+//!   renewed while its body streams. Waiting stays local; when the backend is unreachable the
+//!   gate falls back to its local limits or refuses with 503 ([`FailMode`]). See [`cluster`].
+//!
 //! One layer value is one gate: clones of the layer and every service it builds share it.
 //!
 //! ## Retry-After
@@ -130,6 +136,7 @@
 //!   configured status) for `queue_full` and `evicted`, 503 for `queue_timeout`.
 
 mod body;
+pub mod cluster;
 mod cost;
 mod drain;
 pub mod error;
@@ -141,6 +148,7 @@ mod queue;
 mod service;
 
 pub use body::AdmissionBody;
+pub use cluster::{Cluster, FailMode, LeaseBackend};
 pub use cost::Cost;
 pub use layer::{
     AdmissionHandle, BoundedAdmissionLayer, Codel, DEFAULT_AGING, DEFAULT_CODEL_INTERVAL,

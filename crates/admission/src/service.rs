@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use tailguard_core::{BoxError, ClassPolicy, EndReason, EndReport, Priority};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::AdmissionBody;
@@ -95,11 +96,19 @@ impl<S, M> BoundedAdmission<S, M> {
             units,
         );
         match acquired {
-            Acquire::Admitted(permit) => State::called(
+            Acquire::Admitted(permit) if cfg.cluster.is_none() => State::called(
                 self.inner.call(req),
                 permit,
                 cfg.outcome.then_some(Duration::ZERO),
             ),
+            Acquire::Admitted(permit) => {
+                // Cluster mode: the ready service goes with the request to the lease step.
+                let clone = self.inner.clone();
+                let svc = std::mem::replace(&mut self.inner, clone);
+                let deadline = Instant::now() + cfg.queue_timeout;
+                let flavour = (cfg.full_status, cfg.outcome);
+                State::admitted(svc, req, permit, Duration::ZERO, deadline, flavour)
+            }
             Acquire::Rejected(r) => {
                 EndReport::report_to(req.extensions(), EndReason::Rejected);
                 State::refused(Refusal::new(cfg.full_status, r, Duration::ZERO, units))

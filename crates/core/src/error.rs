@@ -141,16 +141,20 @@ pub enum OverloadReason {
     Evicted,
     /// The request's cost can never fit the configured capacity.
     TooCostly,
+    /// The store of the cluster-wide admission limit is unreachable and the gate is configured
+    /// to refuse (fail closed) rather than fall back to its local limit.
+    ClusterUnavailable,
 }
 
 impl OverloadReason {
-    /// A bounded label: `"queue_full"`, `"queue_timeout"`, `"evicted"` or `"too_costly"`.
+    /// A bounded label: `"queue_full"`, `"queue_timeout"`, `"evicted"`, `"too_costly"` or `"cluster_unavailable"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             OverloadReason::QueueFull => "queue_full",
             OverloadReason::QueueTimeout => "queue_timeout",
             OverloadReason::Evicted => "evicted",
             OverloadReason::TooCostly => "too_costly",
+            OverloadReason::ClusterUnavailable => "cluster_unavailable",
         }
     }
 }
@@ -162,6 +166,7 @@ impl fmt::Display for OverloadReason {
             OverloadReason::QueueTimeout => "the queue deadline passed",
             OverloadReason::Evicted => "evicted by a more important request",
             OverloadReason::TooCostly => "the request costs more than the capacity allows",
+            OverloadReason::ClusterUnavailable => "the cluster admission store is unreachable",
         })
     }
 }

@@ -1,9 +1,11 @@
 //! The budgets: token buckets that bound extra attempts to a share of requests, one for
 //! delay-triggered hedges and one for failovers.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
+
+use crate::shared_budget::{Reconciled, SharedBudget};
 
 /// One token, in the bucket's fixed-point unit.
 const UNIT: i64 = 1_000_000;
@@ -30,6 +32,7 @@ pub struct HedgeBudget {
     pub(crate) floor_per_sec: f64,
     pub(crate) max_balance: f64,
     pub(crate) unlimited: bool,
+    pub(crate) shared: Option<SharedBudget>,
 }
 
 impl Default for HedgeBudget {
@@ -53,6 +56,7 @@ impl HedgeBudget {
             floor_per_sec: 1.0,
             max_balance: 10.0,
             unlimited: false,
+            shared: None,
         }
     }
 
@@ -92,6 +96,14 @@ impl HedgeBudget {
         } else {
             per_sec.max(0.0)
         };
+        self
+    }
+
+    /// Shares this budget with other gateways through a backend (see
+    /// [`SharedBudget`]): the extra attempts of all of them together stay within it. The
+    /// local bucket of this configuration is the fallback while the backend fails.
+    pub fn with_shared(mut self, shared: SharedBudget) -> Self {
+        self.shared = Some(shared);
         self
     }
 
@@ -155,6 +167,7 @@ pub(crate) struct Bucket {
     floor_per_sec: f64,
     max: i64,
     state: Mutex<State>,
+    shared: Option<Arc<Reconciled>>,
 }
 
 #[derive(Debug)]
@@ -174,6 +187,10 @@ impl Bucket {
             per_request: (b.ratio * UNIT as f64) as i64,
             floor_per_sec: b.floor_per_sec,
             max,
+            shared: (!b.unlimited)
+                .then(|| b.shared.clone())
+                .flatten()
+                .map(|s| Reconciled::new(s, b.floor_per_sec, b.max_balance)),
             state: Mutex::new(State {
                 balance: max,
                 last_floor: Instant::now(),
@@ -187,6 +204,9 @@ impl Bucket {
 
     /// An eligible request arrived.
     fn deposit(&self) {
+        if let Some(s) = &self.shared {
+            s.deposit(self.per_request as f64 / UNIT as f64);
+        }
         if !self.unlimited {
             let mut st = self.state();
             st.balance = st.balance.saturating_add(self.per_request).min(self.max);
@@ -197,6 +217,9 @@ impl Bucket {
     fn withdraw(&self, now: Instant) -> bool {
         if self.unlimited {
             return true;
+        }
+        if let Some(granted) = self.shared.as_ref().and_then(|s| s.withdraw()) {
+            return granted;
         }
         let mut st = self.state();
         let elapsed = now.saturating_duration_since(st.last_floor);

@@ -6,7 +6,11 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::file::{HedgeDelaySetting, Timer, parse_duration, parse_hedge_delay, parse_timer};
+use tailguard::admission::FailMode;
+
+use super::file::{
+    HedgeDelaySetting, Timer, parse_duration, parse_fail, parse_hedge_delay, parse_timer,
+};
 
 /// The gateway's command line (each flag can also come from the environment variable named in
 /// its help).
@@ -129,4 +133,29 @@ pub struct Args {
     /// Script of the congested embedded replica (the last one).
     #[arg(long, env = "TAILGUARD_MOCK_CONGESTED_SCRIPT", value_name = "SCRIPT")]
     pub mock_congested_script: Option<String>,
+
+    /// Cluster mode (`--redis` and friends).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Cluster-mode flags (`[cluster]` in the file).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct ClusterArgs {
+    /// Redis URL (`redis://host:port/db`): turns cluster mode on [default: off].
+    #[arg(long, env = "TAILGUARD_REDIS", value_name = "URL")]
+    pub redis: Option<String>,
+    /// Cluster-wide capacity in units, shared by all gateways [default: the admission capacity].
+    #[arg(long, env = "TAILGUARD_CLUSTER_CAPACITY", value_name = "N")]
+    pub cluster_capacity: Option<u32>,
+    /// Name of the shared pool and budgets (gateways sharing a capacity use the same one)
+    /// [default: gateway].
+    #[arg(long, env = "TAILGUARD_CLUSTER_NAME", value_name = "NAME")]
+    pub cluster_name: Option<String>,
+    /// While Redis is unreachable: `open` (local limits) or `closed` (503) [default: open].
+    #[arg(long, env = "TAILGUARD_CLUSTER_FAIL", value_name = "MODE", value_parser = parse_fail)]
+    pub cluster_fail: Option<FailMode>,
+    /// Timeout of each Redis call [default: 50ms].
+    #[arg(long, env = "TAILGUARD_REDIS_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    pub redis_timeout: Option<Duration>,
 }

@@ -12,7 +12,8 @@ use http::Uri;
 use tailguard::core::Priority;
 
 use super::args::Args;
-use super::file::{FileConfig, HedgeDelaySetting, Timer, key_at};
+use super::cluster::ClusterConfig;
+use super::file::{FileConfig, HedgeDelaySetting, Timer, key_at, parse_fail};
 
 /// The resolved configuration.
 #[derive(Clone, Debug)]
@@ -44,6 +45,8 @@ pub struct Config {
     pub priority: PriorityConfig,
     /// Embedded mock replicas (used when `upstreams` is empty).
     pub mock: MockConfig,
+    /// Cluster mode (Redis).
+    pub cluster: ClusterConfig,
 }
 
 /// `FirstTokenHedge` settings.
@@ -183,6 +186,7 @@ impl Default for Config {
                 script: DEFAULT_MOCK_SCRIPT.to_owned(),
                 congested_script: DEFAULT_CONGESTED_SCRIPT.to_owned(),
             },
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -278,6 +282,7 @@ impl Config {
         c.resolve_timeout(&file, args)?;
         c.resolve_admission(&file, args)?;
         c.resolve_priority(&file, args)?;
+        c.resolve_cluster(&file, args)?;
         let capacity_set = args.admission_capacity.is_some() || file.admission.capacity.is_some();
         c.resolve_mock(file, args)?;
         // With slots, admission holds what the slots cannot take: its capacity defaults to
@@ -482,6 +487,30 @@ impl Config {
                 "priority.interactive_share (--priority-interactive-share) must be between 0 and 1, not {}",
                 p.interactive_share
             ));
+        }
+        Ok(())
+    }
+
+    fn resolve_cluster(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let (a, f, c) = (&args.cluster, &file.cluster, &mut self.cluster);
+        c.fail = match (a.cluster_fail, &f.fail) {
+            (Some(mode), _) => mode,
+            (None, Some(s)) => {
+                parse_fail(s).map_err(|e| ConfigError(format!("cluster.fail: {e}")))?
+            }
+            (None, None) => c.fail,
+        };
+        c.redis = a.redis.clone().or_else(|| f.redis.clone());
+        c.capacity = a.cluster_capacity.or(f.capacity);
+        c.name = pick(a.cluster_name.clone(), f.name.clone(), c.name.clone());
+        c.timeout = pick(a.redis_timeout, f.timeout.map(|d| d.0), c.timeout);
+        if c.capacity == Some(0) {
+            return err("cluster.capacity (--cluster-capacity) must be at least 1");
+        }
+        if let Some(url) = &c.redis
+            && let Err(e) = tailguard_redis::check_url(url)
+        {
+            return err(format!("cluster.redis (--redis): {e}"));
         }
         Ok(())
     }

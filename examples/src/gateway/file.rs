@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Deserialize;
+use tailguard::admission::FailMode;
 
 /// A timer value: a duration, or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +61,15 @@ pub(crate) fn parse_hedge_delay(s: &str) -> Result<HedgeDelaySetting, String> {
     }
 }
 
+/// Parses the cluster failure mode: `open` or `closed`.
+pub(crate) fn parse_fail(s: &str) -> Result<FailMode, String> {
+    match s.trim() {
+        "open" => Ok(FailMode::Open),
+        "closed" => Ok(FailMode::Closed),
+        other => Err(format!("expected open or closed, not {other:?}")),
+    }
+}
+
 macro_rules! string_de {
     ($ty:ty, $parse:path) => {
         impl<'de> Deserialize<'de> for $ty {
@@ -111,6 +121,8 @@ pub struct FileConfig {
     pub priority: PriorityFile,
     /// `[mock]`
     pub mock: MockFile,
+    /// `[cluster]`
+    pub cluster: ClusterFile,
 }
 
 /// `[hedge]`
@@ -181,6 +193,22 @@ pub struct MockFile {
     pub script: Option<String>,
     /// `congested_script`
     pub congested_script: Option<String>,
+}
+
+/// `[cluster]`
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterFile {
+    /// `redis`
+    pub redis: Option<String>,
+    /// `capacity`
+    pub capacity: Option<u32>,
+    /// `name`
+    pub name: Option<String>,
+    /// `fail` (`open` | `closed`)
+    pub fail: Option<String>,
+    /// `timeout`
+    pub timeout: Option<Dur>,
 }
 
 /// The dotted key (`timeout.idle`) of the `key = value` line holding byte `offset` of `text`.

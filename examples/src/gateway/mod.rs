@@ -25,6 +25,7 @@
 //! by, the hedge reads (a non-streamed request is not hedged) and admission may cost by.
 
 mod args;
+mod cluster;
 mod config;
 mod drain;
 mod file;
@@ -55,13 +56,14 @@ use tokio::task::JoinHandle;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
 
-pub use args::Args;
+pub use args::{Args, ClusterArgs};
+pub use cluster::{ClusterConfig, Shared};
 pub use config::{
     AdmissionConfig, Config, ConfigError, DEFAULT_CONGESTED_SCRIPT, DEFAULT_MOCK_SCRIPT,
     HedgeConfig, MOCK_MODEL, MockConfig, PriorityConfig, TimeoutConfig, parse_priority,
 };
 pub use drain::{Drain, DrainBody, DrainLayer};
-pub use file::{FileConfig, HedgeDelaySetting, parse_duration};
+pub use file::{ClusterFile, FileConfig, HedgeDelaySetting, parse_duration};
 pub use metrics::{metrics_handle, prometheus_recorder};
 pub use serve::{Limits, serve};
 pub use upstream::{
@@ -105,6 +107,15 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     let admission = BoundedAdmissionLayer::new(a.capacity)
         .with_queue_len(a.queue_len)
         .with_queue_timeout(a.queue_timeout);
+    let h = &config.hedge;
+    let shared = config.cluster.apply(
+        Shared {
+            admission,
+            hedge: HedgeBudget::new().with_ratio(h.budget_ratio),
+            failover: HedgeBudget::failover().with_ratio(h.failover_budget_ratio),
+        },
+        a.capacity,
+    );
 
     let t = &config.timeout;
     let mut timeout = SseIdleTimeoutLayer::new();
@@ -121,15 +132,14 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         timeout = timeout.with_total_timeout(d);
     }
 
-    let h = &config.hedge;
     let hedge = FirstTokenHedgeLayer::new()
         .with_max_attempts(h.max_attempts)
         .with_delay(match h.delay {
             HedgeDelaySetting::Adaptive => HedgeDelay::adaptive(),
             HedgeDelaySetting::Fixed(d) => HedgeDelay::fixed(d),
         })
-        .with_budget(HedgeBudget::new().with_ratio(h.budget_ratio))
-        .with_failover_budget(HedgeBudget::failover().with_ratio(h.failover_budget_ratio));
+        .with_budget(shared.hedge)
+        .with_failover_budget(shared.failover);
     // Each attempt of a request goes to a replica no earlier attempt went to; primaries to the
     // replica with the shortest expected wait for a first token.
     let routing = if h.least_wait {
@@ -154,7 +164,7 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         // PriorityClass also copies the class into the response, where the recorder (which
         // runs before classification) reads it for its `priority` label.
         .layer(priority)
-        .layer(admission)
+        .layer(shared.admission)
         .layer(DrainLayer::new(drain))
         .layer(timeout)
         .service(hedged);
