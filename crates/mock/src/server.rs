@@ -53,7 +53,7 @@ pub(crate) struct Inner {
 /// `max_tokens` in a request caps the script's token count (the finish reason is then
 /// `"length"`). Which script a request follows: the replica's script ([`set_script`]), or the
 /// next one queued with [`push_scripts`] (in arrival order), then overridden by the
-/// [`SCRIPT_HEADER`] header, then by `x-mock-script-<attempt>`.
+/// [`SCRIPT_HEADER`](crate::SCRIPT_HEADER) header, then by `x-mock-script-<attempt>`.
 ///
 /// Replica-wide behaviours of real servers (a slot whose head waits, interrupts, an idle
 /// keep-alive close, cancelled requests still prefilled) are [`ReplicaOptions`], given to

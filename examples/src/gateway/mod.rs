@@ -21,7 +21,7 @@
 //!
 //! The handler parses the request body once (it needs the JSON anyway to answer a malformed
 //! request with a 400) and puts what it learnt into core's
-//! [`RequestFacts`]: model, `max_tokens`, `stream` and prompt bytes, which the recorder labels
+//! [`RequestFacts`](tailguard::core::RequestFacts): model, `max_tokens`, `stream` and prompt bytes, which the recorder labels
 //! by, the hedge reads (a non-streamed request is not hedged) and admission may cost by.
 
 mod args;
