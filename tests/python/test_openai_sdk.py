@@ -94,16 +94,18 @@ def test_hedge_bypasses_a_slow_primary():
 
 
 def test_congested_replica_is_bypassed():
-    # Round robin over three replicas: of three requests, at least one's primary lands on the
-    # congested replica (first token after 3 s); the hedge answers it from another replica.
+    # One of the three replicas is congested (first token after 3 s). Load-aware routing learns
+    # to avoid it and the hedge answers any primary that still lands there from another replica,
+    # so no request waits for it. Which of the two bypasses it depends on the routing's random
+    # choices, so only the user-visible outcome is asserted.
     want, _, _ = stream_text(UPSTREAM, {"x-mock-script": SCRIPT})
-    outcomes = []
     for _ in range(3):
+        started = time.monotonic()
         got, finish, headers = stream_text(GATEWAY, {})
+        assert time.monotonic() - started < 2.5  # not the congested replica's 3 s
         assert got == want
         assert finish == ["stop"]
-        outcomes.append(headers["x-tailguard-hedge"])
-    assert "attempts=2; winner=1" in outcomes, outcomes
+        assert headers["x-tailguard-hedge"] in ("attempts=1; winner=0", "attempts=2; winner=1")
 
 
 def test_idle_timeout_raises_api_error():
