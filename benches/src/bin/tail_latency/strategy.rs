@@ -1,4 +1,4 @@
-//! The five strategies, each built over the same replica services.
+//! The strategies, each built over the same replica services.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,27 +25,37 @@ use crate::upstream::{BoxError, Stack, Upstream, box_body};
 pub(crate) enum Strategy {
     /// Round robin (`ReplicaSet::round_robin`), one attempt.
     NoHedge,
+    /// `tower::balance::p2c` over each replica's in-flight streams, one attempt (see
+    /// [`crate::balance`]).
+    P2c,
     /// `tower::hedge` (p90 of latency to headers, 20 data points, 1 s period) over the
-    /// round robin. The `FirstTokenHedge` strategies below use `layer_replicas`, whose
-    /// `ReplicaSet` is load-aware (issue 14).
+    /// round robin. The `FirstTokenHedge` strategies below but `RoundRobinHedge` use the
+    /// default `ReplicaSet`, which is load-aware (issue 14).
     TowerHedge,
     /// `FirstTokenHedge` with a fixed delay.
     FixedDelay,
-    /// `FirstTokenHedge` with the default adaptive delay (p90 of recent TTFTs).
+    /// `FirstTokenHedge` with the defaults over `ReplicaSet::round_robin`: the default before
+    /// load-aware routing.
+    RoundRobinHedge,
+    /// `FirstTokenHedge` with the defaults (adaptive delay, p90 of recent TTFTs) over the
+    /// default `ReplicaSet` (load-aware, with ejection), as `layer_replicas` builds it.
     Adaptive,
     /// Recorder → priority → timeouts → admission → adaptive `FirstTokenHedge`.
     FullStack,
     /// No hedge; a router that knows when the other clients' long prompts occupy each replica
-    /// and sends every request to a replica that is free (round robin otherwise): the best any
-    /// routing policy could do, a reference for scenarios with background traffic.
+    /// (from their own senders) and sends every request to a replica that is free (round robin
+    /// otherwise): the best any routing policy could do, a reference for scenarios with
+    /// background traffic.
     Oracle,
 }
 
 impl Strategy {
-    pub(crate) const ALL: [Strategy; 6] = [
+    pub(crate) const ALL: [Strategy; 8] = [
         Strategy::NoHedge,
+        Strategy::P2c,
         Strategy::TowerHedge,
         Strategy::FixedDelay,
+        Strategy::RoundRobinHedge,
         Strategy::Adaptive,
         Strategy::FullStack,
         Strategy::Oracle,
@@ -54,8 +64,10 @@ impl Strategy {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Strategy::NoHedge => "no hedge",
+            Strategy::P2c => "tower p2c in-flight",
             Strategy::TowerHedge => "tower::hedge p90",
             Strategy::FixedDelay => "FirstTokenHedge fixed",
+            Strategy::RoundRobinHedge => "FirstTokenHedge round robin",
             Strategy::Adaptive => "FirstTokenHedge adaptive p90",
             Strategy::FullStack => "full stack",
             Strategy::Oracle => "oracle router (no hedge)",
@@ -65,8 +77,10 @@ impl Strategy {
     pub(crate) fn key(self) -> &'static str {
         match self {
             Strategy::NoHedge => "no_hedge",
+            Strategy::P2c => "tower_p2c",
             Strategy::TowerHedge => "tower_hedge",
             Strategy::FixedDelay => "first_token_hedge_fixed",
+            Strategy::RoundRobinHedge => "first_token_hedge_round_robin",
             Strategy::Adaptive => "first_token_hedge_adaptive",
             Strategy::FullStack => "full_stack",
             Strategy::Oracle => "oracle",
@@ -77,7 +91,10 @@ impl Strategy {
     pub(crate) fn first_token(self) -> bool {
         matches!(
             self,
-            Strategy::FixedDelay | Strategy::Adaptive | Strategy::FullStack
+            Strategy::FixedDelay
+                | Strategy::RoundRobinHedge
+                | Strategy::Adaptive
+                | Strategy::FullStack
         )
     }
 }
@@ -117,11 +134,18 @@ where
     res.map(box_body)
 }
 
-/// When each replica is occupied by other clients: `(replica, from, to)` since `start`.
+/// Other clients' requests in flight on each replica, kept by their senders.
 #[derive(Clone, Debug)]
-pub(crate) struct Busy {
-    pub(crate) start: tokio::time::Instant,
-    pub(crate) windows: Arc<[(usize, Duration, Duration)]>,
+pub(crate) struct Busy(pub(crate) Arc<[AtomicUsize]>);
+
+impl Busy {
+    pub(crate) fn new(replicas: usize) -> Self {
+        Busy((0..replicas).map(|_| AtomicUsize::new(0)).collect())
+    }
+
+    fn is_busy(&self, i: usize) -> bool {
+        self.0.get(i).is_some_and(|n| n.load(Ordering::Relaxed) > 0)
+    }
 }
 
 /// The oracle's router: a replica that is not busy now, round robin among those.
@@ -144,28 +168,24 @@ impl tower::Service<Request<Full<Bytes>>> for OracleRouter {
     fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
         let n = self.replicas.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let t = self.busy.start.elapsed();
-        let busy = |i: usize| {
-            self.busy
-                .windows
-                .iter()
-                .any(|&(r, from, to)| r == i && t >= from && t < to)
-        };
         let i = (0..n)
             .map(|k| (start + k) % n)
-            .find(|&i| !busy(i))
+            .find(|&i| !self.busy.is_busy(i))
             .unwrap_or(start);
         self.replicas[i].clone().call(req)
     }
 }
 
-/// Builds `strategy` over `replicas`.
+/// Builds `strategy` over `replicas`; `slots`: the slots per replica the strategy is told of
+/// (`ReplicaSet::with_slots`, or a slot per endpoint under tower's p2c).
 pub(crate) fn build(
     strategy: Strategy,
     replicas: Vec<Upstream>,
     fixed_delay: Duration,
+    slots: Option<u32>,
     busy: Busy,
 ) -> Stack {
+    let round_robin = |r| ReplicaSet::round_robin(r).with_slots(slots);
     match strategy {
         Strategy::Oracle => {
             BoxCloneService::new(ServiceBuilder::new().map_response(boxed_response).service(
@@ -179,11 +199,12 @@ pub(crate) fn build(
         Strategy::NoHedge => BoxCloneService::new(
             ServiceBuilder::new()
                 .map_response(boxed_response)
-                .service(ReplicaSet::round_robin(replicas)),
+                .service(round_robin(replicas)),
         ),
+        Strategy::P2c => crate::balance::p2c(replicas, slots),
         Strategy::TowerHedge => {
             let hedge = Hedge::new(
-                ReplicaSet::round_robin(replicas),
+                round_robin(replicas),
                 ClonePolicy,
                 20,
                 0.9,
@@ -196,16 +217,22 @@ pub(crate) fn build(
             )
         }
         Strategy::FixedDelay => BoxCloneService::new(
-            ServiceBuilder::new().map_response(boxed_response).service(
-                FirstTokenHedgeLayer::new()
-                    .with_delay(fixed_delay)
-                    .layer_replicas(replicas),
-            ),
+            ServiceBuilder::new()
+                .map_response(boxed_response)
+                .layer(FirstTokenHedgeLayer::new().with_delay(fixed_delay))
+                .service(ReplicaSet::new(replicas).with_slots(slots)),
+        ),
+        Strategy::RoundRobinHedge => BoxCloneService::new(
+            ServiceBuilder::new()
+                .map_response(boxed_response)
+                .layer(FirstTokenHedgeLayer::new())
+                .service(round_robin(replicas)),
         ),
         Strategy::Adaptive => BoxCloneService::new(
             ServiceBuilder::new()
                 .map_response(boxed_response)
-                .service(FirstTokenHedgeLayer::new().layer_replicas(replicas)),
+                .layer(FirstTokenHedgeLayer::new())
+                .service(ReplicaSet::new(replicas).with_slots(slots)),
         ),
         Strategy::FullStack => BoxCloneService::new(
             ServiceBuilder::new()
@@ -220,7 +247,8 @@ pub(crate) fn build(
                         .with_total_timeout(Duration::from_secs(30)),
                 )
                 .layer(BoundedAdmissionLayer::new(1024).with_queue_len(1024))
-                .service(FirstTokenHedgeLayer::new().layer_replicas(replicas)),
+                .layer(FirstTokenHedgeLayer::new())
+                .service(ReplicaSet::new(replicas).with_slots(slots)),
         ),
     }
 }
