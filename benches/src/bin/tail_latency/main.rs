@@ -328,10 +328,12 @@ async fn run_scenario(sc: Scenario, only: Option<&str>) -> Result<ScenarioResult
     let sc = Arc::new(sc);
     let fast_p99_ms = scenario::fast_p99(&sc.fast).as_secs_f64() * 1e3;
     let mut results = Vec::new();
-    for &st in sc.strategies {
-        if only.is_some_and(|k| k != st.key()) {
-            continue;
-        }
+    // `--strategy KEY` runs that strategy, in the scenario's list or not.
+    let strategies: Vec<Strategy> = match only {
+        Some(k) => Strategy::ALL.into_iter().filter(|s| s.key() == k).collect(),
+        None => sc.strategies.to_vec(),
+    };
+    for st in strategies {
         eprintln!("  {}", st.name());
         results.push(run_strategy(sc.clone(), st).await?);
     }

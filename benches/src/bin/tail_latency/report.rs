@@ -166,13 +166,7 @@ fn count(v: Option<u64>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-pub(crate) fn print(sc: &ScenarioResult) {
-    println!("\n== {} ({} requests)", sc.title, sc.requests);
-    println!("   {}", sc.description);
-    println!(
-        "   fast replica p99 TTFT {:.1} ms; fixed delay {:.0} ms",
-        sc.fast_replica_p99_ttft_ms, sc.fixed_delay_ms
-    );
+fn header() {
     println!(
         "{:<29} {:>49} | {:>39} | {:>6} {:>5} {:>5} {:>5} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>11} {:>9} {:>9} {:>6}",
         "",
@@ -195,6 +189,16 @@ pub(crate) fn print(sc: &ScenarioResult) {
         "attempts",
         "",
     );
+}
+
+pub(crate) fn print(sc: &ScenarioResult) {
+    println!("\n== {} ({} requests)", sc.title, sc.requests);
+    println!("   {}", sc.description);
+    println!(
+        "   fast replica p99 TTFT {:.1} ms; fixed delay {:.0} ms",
+        sc.fast_replica_p99_ttft_ms, sc.fixed_delay_ms
+    );
+    header();
     for r in &sc.strategies {
         let t = &r.ttft_ms;
         let o = &r.total_ms;

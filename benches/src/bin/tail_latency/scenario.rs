@@ -200,6 +200,7 @@ const ROUTING: &[Strategy] = &[
     Strategy::P2c,
     Strategy::RoundRobinHedge,
     Strategy::Adaptive,
+    Strategy::AdaptiveScaled,
 ];
 
 /// Scenario D: hidden congestion, on a 10x faster time scale (long prompts' first token after
@@ -225,6 +226,7 @@ pub(crate) fn d(requests: u64, mode: SlotMode, slots: Option<u32>) -> Scenario {
                 Strategy::P2c,
                 Strategy::RoundRobinHedge,
                 Strategy::Adaptive,
+                Strategy::AdaptiveScaled,
                 Strategy::Oracle,
             ][..],
         ),

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tailguard::admission::BoundedAdmissionLayer;
-use tailguard::hedge::{Attempt, FirstTokenHedgeLayer, ReplicaSet};
+use tailguard::hedge::{
+    AdaptiveDelay, Attempt, Ejection, FirstTokenHedgeLayer, HedgeBudget, ReplicaSet,
+};
 use tailguard::phases::LatencyPhaseRecorderLayer;
 use tailguard::priority::PriorityClassLayer;
 use tailguard::timeout::SseIdleTimeoutLayer;
@@ -40,6 +42,9 @@ pub(crate) enum Strategy {
     /// `FirstTokenHedge` with the defaults (adaptive delay, p90 of recent TTFTs) over the
     /// default `ReplicaSet` (load-aware, with ejection), as `layer_replicas` builds it.
     Adaptive,
+    /// `Adaptive` with every time constant of the defaults scaled by 0.1, as the D scenarios'
+    /// time scale is: what the defaults do on issue 14's own time scale.
+    AdaptiveScaled,
     /// Recorder → priority → timeouts → admission → adaptive `FirstTokenHedge`.
     FullStack,
     /// No hedge; a router that knows when the other clients' long prompts occupy each replica
@@ -50,13 +55,14 @@ pub(crate) enum Strategy {
 }
 
 impl Strategy {
-    pub(crate) const ALL: [Strategy; 8] = [
+    pub(crate) const ALL: [Strategy; 9] = [
         Strategy::NoHedge,
         Strategy::P2c,
         Strategy::TowerHedge,
         Strategy::FixedDelay,
         Strategy::RoundRobinHedge,
         Strategy::Adaptive,
+        Strategy::AdaptiveScaled,
         Strategy::FullStack,
         Strategy::Oracle,
     ];
@@ -69,6 +75,7 @@ impl Strategy {
             Strategy::FixedDelay => "FirstTokenHedge fixed",
             Strategy::RoundRobinHedge => "FirstTokenHedge round robin",
             Strategy::Adaptive => "FirstTokenHedge adaptive p90",
+            Strategy::AdaptiveScaled => "FirstTokenHedge adaptive x0.1",
             Strategy::FullStack => "full stack",
             Strategy::Oracle => "oracle router (no hedge)",
         }
@@ -82,6 +89,7 @@ impl Strategy {
             Strategy::FixedDelay => "first_token_hedge_fixed",
             Strategy::RoundRobinHedge => "first_token_hedge_round_robin",
             Strategy::Adaptive => "first_token_hedge_adaptive",
+            Strategy::AdaptiveScaled => "first_token_hedge_adaptive_scaled",
             Strategy::FullStack => "full_stack",
             Strategy::Oracle => "oracle",
         }
@@ -94,6 +102,7 @@ impl Strategy {
             Strategy::FixedDelay
                 | Strategy::RoundRobinHedge
                 | Strategy::Adaptive
+                | Strategy::AdaptiveScaled
                 | Strategy::FullStack
         )
     }
@@ -176,6 +185,56 @@ impl tower::Service<Request<Full<Bytes>>> for OracleRouter {
     }
 }
 
+/// A `FirstTokenHedge` with `layer` over `set`, boxed.
+fn hedged(layer: FirstTokenHedgeLayer, set: ReplicaSet<Upstream>) -> Stack {
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_response(boxed_response)
+            .layer(layer)
+            .service(set),
+    )
+}
+
+/// The defaults with every time constant (and the budgets' floor rates) scaled to a 10x
+/// faster time: decay 1 s; slowness ejection from 100 ms, for 3 s to 30 s; delay window 3 s,
+/// bounds 5 ms to 1 s; budget floors 10/s.
+fn scaled(set: ReplicaSet<Upstream>) -> (FirstTokenHedgeLayer, ReplicaSet<Upstream>) {
+    let (ms, s) = (Duration::from_millis, Duration::from_secs);
+    let set = set.with_decay(s(1)).with_ejection(
+        Ejection::new()
+            .with_slow_min(ms(100))
+            .with_period(s(3), s(30)),
+    );
+    let delay = AdaptiveDelay::new()
+        .with_window(s(3))
+        .with_bounds(ms(5), s(1));
+    let layer = FirstTokenHedgeLayer::new()
+        .with_delay(delay)
+        .with_budget(HedgeBudget::new().with_floor(10.0))
+        .with_failover_budget(HedgeBudget::failover().with_floor(10.0));
+    (layer, set)
+}
+
+/// The full stack: recorder, priority, timeouts, admission, then the hedge over `set`.
+fn full_stack(set: ReplicaSet<Upstream>) -> Stack {
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_err(Into::<BoxError>::into)
+            .map_response(boxed_response)
+            .layer(LatencyPhaseRecorderLayer::new().with_routes(["/v1/chat/completions"]))
+            .layer(PriorityClassLayer::new())
+            .layer(
+                SseIdleTimeoutLayer::new()
+                    .with_first_token_timeout(Duration::from_secs(5))
+                    .with_idle_timeout(Duration::from_secs(2))
+                    .with_total_timeout(Duration::from_secs(30)),
+            )
+            .layer(BoundedAdmissionLayer::new(1024).with_queue_len(1024))
+            .layer(FirstTokenHedgeLayer::new())
+            .service(set),
+    )
+}
+
 /// Builds `strategy` over `replicas`; `slots`: the slots per replica the strategy is told of
 /// (`ReplicaSet::with_slots`, or a slot per endpoint under tower's p2c).
 pub(crate) fn build(
@@ -186,6 +245,7 @@ pub(crate) fn build(
     busy: Busy,
 ) -> Stack {
     let round_robin = |r| ReplicaSet::round_robin(r).with_slots(slots);
+    let set = |r| ReplicaSet::new(r).with_slots(slots);
     match strategy {
         Strategy::Oracle => {
             BoxCloneService::new(ServiceBuilder::new().map_response(boxed_response).service(
@@ -216,39 +276,16 @@ pub(crate) fn build(
                     .service(Buffer::new(hedge, 4096)),
             )
         }
-        Strategy::FixedDelay => BoxCloneService::new(
-            ServiceBuilder::new()
-                .map_response(boxed_response)
-                .layer(FirstTokenHedgeLayer::new().with_delay(fixed_delay))
-                .service(ReplicaSet::new(replicas).with_slots(slots)),
+        Strategy::FixedDelay => hedged(
+            FirstTokenHedgeLayer::new().with_delay(fixed_delay),
+            set(replicas),
         ),
-        Strategy::RoundRobinHedge => BoxCloneService::new(
-            ServiceBuilder::new()
-                .map_response(boxed_response)
-                .layer(FirstTokenHedgeLayer::new())
-                .service(round_robin(replicas)),
-        ),
-        Strategy::Adaptive => BoxCloneService::new(
-            ServiceBuilder::new()
-                .map_response(boxed_response)
-                .layer(FirstTokenHedgeLayer::new())
-                .service(ReplicaSet::new(replicas).with_slots(slots)),
-        ),
-        Strategy::FullStack => BoxCloneService::new(
-            ServiceBuilder::new()
-                .map_err(Into::<BoxError>::into)
-                .map_response(boxed_response)
-                .layer(LatencyPhaseRecorderLayer::new().with_routes(["/v1/chat/completions"]))
-                .layer(PriorityClassLayer::new())
-                .layer(
-                    SseIdleTimeoutLayer::new()
-                        .with_first_token_timeout(Duration::from_secs(5))
-                        .with_idle_timeout(Duration::from_secs(2))
-                        .with_total_timeout(Duration::from_secs(30)),
-                )
-                .layer(BoundedAdmissionLayer::new(1024).with_queue_len(1024))
-                .layer(FirstTokenHedgeLayer::new())
-                .service(ReplicaSet::new(replicas).with_slots(slots)),
-        ),
+        Strategy::RoundRobinHedge => hedged(FirstTokenHedgeLayer::new(), round_robin(replicas)),
+        Strategy::Adaptive => hedged(FirstTokenHedgeLayer::new(), set(replicas)),
+        Strategy::AdaptiveScaled => {
+            let (layer, set) = scaled(set(replicas));
+            hedged(layer, set)
+        }
+        Strategy::FullStack => full_stack(set(replicas)),
     }
 }
