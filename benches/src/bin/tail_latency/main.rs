@@ -1,9 +1,9 @@
 //! Tail latency of LLM streaming calls, strategy by strategy, over real loopback HTTP.
 //!
 //! ```text
-//! cargo run --release -p tailguard-benches --bin tail_latency            # ~4.5 minutes
-//! cargo run --release -p tailguard-benches --bin tail_latency -- --quick # ~1 minute
-//! cargo run --release -p tailguard-benches --bin tail_latency -- --scenario a
+//! cargo run --release -p tailguard-benches --bin tail_latency            # ~14 minutes
+//! cargo run --release -p tailguard-benches --bin tail_latency -- --quick # ~3 minutes
+//! cargo run --release -p tailguard-benches --bin tail_latency -- --scenario d_slots --strategy tower_p2c
 //! ```
 //!
 //! For each scenario, each strategy gets its own replicas (`tailguard-mock` servers on
@@ -12,8 +12,10 @@
 //! mock's open-loop load generator sends the same Poisson arrival schedule (same seed, same
 //! request count) to every front and measures time to first token and total time from each
 //! request's *scheduled* send time. Strategies run one after the other (side by side, five load
-//! generators and ten replicas saturate two cores and distort every figure). Results: one table on stdout,
-//! `benches/results/tail_latency.json` and one SVG per scenario with the TTFT CDFs.
+//! generators and ten replicas saturate two cores and distort every figure). Results: one table
+//! per scenario on stdout and, for a run of every scenario, `benches/results/tail_latency.json`
+//! and one SVG per scenario with the TTFT CDFs (`--scenario` and `--strategy` only print).
+//! Scenarios D run over the bench's own single-slot replicas ([`slot`]) in front of the mocks.
 
 mod balance;
 mod plot;
@@ -401,6 +403,11 @@ async fn main() -> Result<(), BoxError> {
         let r = run_scenario(sc, only_strategy.as_deref()).await?;
         report::print(&r);
         results.push(r);
+    }
+    if only.is_some() || only_strategy.is_some() {
+        // A partial run must not overwrite the figures of a whole one.
+        println!("\n(--scenario / --strategy: nothing written under results/)");
+        return Ok(());
     }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
     std::fs::create_dir_all(&dir)?;
