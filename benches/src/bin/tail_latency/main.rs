@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p tailguard-benches --bin tail_latency            # ~14 minutes
-//! cargo run --release -p tailguard-benches --bin tail_latency -- --quick # ~3 minutes
+//! cargo run --release -p tailguard-benches --bin tail_latency -- --quick # about a fifth of that
 //! cargo run --release -p tailguard-benches --bin tail_latency -- --scenario d_slots --strategy tower_p2c
 //! ```
 //!
