@@ -46,14 +46,17 @@ impl HedgeBudget {
     ///
     /// * ratio **0.1**: at most one extra attempt per ten requests, so hedging can never add
     ///   more than 10% load to an upstream that is already slow;
-    /// * floor **1 per second**: a service at a few requests per second still gets an
-    ///   occasional hedge, yet an idle one cannot store up a burst beyond the max balance;
+    /// * floor **0 per second**: the ratio alone, so the promise holds at the request rates LLM
+    ///   routes see (a floor of 1/s would license a backup for two requests in three at
+    ///   1.5 requests per second); the ratio already gives a slow service one hedge per ten
+    ///   requests whatever its rate;
     /// * max balance **10 tokens**, and the bucket starts full: enough for a short burst of slow
-    ///   first tokens, small enough that a long quiet period does not license a hedge storm.
+    ///   first tokens (a cold start included), small enough that a long quiet period does not
+    ///   license a hedge storm.
     pub fn new() -> Self {
         HedgeBudget {
             ratio: 0.1,
-            floor_per_sec: 1.0,
+            floor_per_sec: 0.0,
             max_balance: 10.0,
             unlimited: false,
             shared: None,
@@ -65,9 +68,12 @@ impl HedgeBudget {
     /// * ratio **0.2**: a failover for up to one request in five, enough to hide a replica
     ///   that fails a large share of its requests, bounded so that a failing fleet is not
     ///   hit with a retry storm;
-    /// * floor **1 per second** and max balance **10 tokens**, as for hedges.
+    /// * floor **1 per second**: a failover replaces an attempt that already failed, so a
+    ///   service at a few requests per second whose replica is down still fails over every
+    ///   request (Finagle's and linkerd's budgets have the same floor);
+    /// * max balance **10 tokens**, as for hedges.
     pub fn failover() -> Self {
-        Self::new().with_ratio(0.2)
+        Self::new().with_ratio(0.2).with_floor(1.0)
     }
 
     /// No budget: every extra attempt the delay and failures call for is sent.

@@ -58,7 +58,7 @@ impl FirstTokenHedgeLayer {
     /// * **2 attempts** (one backup): a second replica removes most of the tail; each further
     ///   attempt adds load for a smaller gain;
     /// * delay [`HedgeDelay::adaptive`] (p90 of recent TTFTs), see [`AdaptiveDelay`](crate::AdaptiveDelay);
-    /// * budget [`HedgeBudget::new`] (10% of requests, floor 1/s) for delay-triggered hedges,
+    /// * budget [`HedgeBudget::new`] (10% of requests, no floor) for delay-triggered hedges,
     ///   and a separate failover budget [`HedgeBudget::failover`] (20% of requests, floor
     ///   1/s) for attempts sent at once after a failure before the first token;
     /// * retryable statuses **429, 500, 502, 503, 504**: the statuses another replica may well

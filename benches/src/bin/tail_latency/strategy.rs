@@ -197,7 +197,7 @@ fn hedged(layer: FirstTokenHedgeLayer, set: ReplicaSet<Upstream>) -> Stack {
 
 /// The defaults with every time constant (and the budgets' floor rates) scaled to a 10x
 /// faster time: decay 1 s; slowness ejection from 100 ms, for 3 s to 30 s; delay window 3 s,
-/// bounds 5 ms to 1 s; budget floors 10/s.
+/// bounds 5 ms to 1 s; failover budget floor 10/s (the hedge budget has none).
 fn scaled(set: ReplicaSet<Upstream>) -> (FirstTokenHedgeLayer, ReplicaSet<Upstream>) {
     let (ms, s) = (Duration::from_millis, Duration::from_secs);
     let set = set.with_decay(s(1)).with_ejection(
@@ -210,7 +210,6 @@ fn scaled(set: ReplicaSet<Upstream>) -> (FirstTokenHedgeLayer, ReplicaSet<Upstre
         .with_bounds(ms(5), s(1));
     let layer = FirstTokenHedgeLayer::new()
         .with_delay(delay)
-        .with_budget(HedgeBudget::new().with_floor(10.0))
         .with_failover_budget(HedgeBudget::failover().with_floor(10.0));
     (layer, set)
 }
