@@ -419,7 +419,7 @@ async fn rejection_as_an_error_by_bounded_admission() {
         .layer(
             BoundedAdmissionLayer::new(1)
                 .with_queue_len(0)
-                .with_error_flavour(),
+                .with_error_mode(),
         )
         .service(client());
     let first = svc.clone().oneshot(chat(&server, &[])).await.unwrap();
