@@ -131,9 +131,9 @@ impl Shared {
 ///
 /// The inner service takes `Request<ReplayBody<B>>` (as linkerd's retry middleware does): for
 /// a raced request each attempt gets a fresh replay of the buffered body; for everything else
-/// the body passes through [`ReplayBody::passthrough`] untouched. Its data type is
-/// [`Chunk<B::Data>`](tailguard_core::Chunk), a `Buf`; a client that needs a body type of its
-/// own adds a `map_request` (for tonic: `tonic::body::Body::new`).
+/// the body passes through [`ReplayBody::passthrough`] untouched. Its data type is `B::Data`;
+/// a client that takes one body type only adds a `map_request` (for tonic:
+/// `tonic::body::Body::new`).
 ///
 /// # When every attempt fails
 ///

@@ -141,7 +141,8 @@
 //! tonic `Channel`, a hyper client or an axum `Router` as it is. In response mode the service's
 //! error type is the inner service's; in error mode it is [`BoxError`](error::BoxError). The
 //! body's error type is [`BoxError`](error::BoxError). Where it goes in a stack:
-//! [the recommended order](https://docs.rs/tailguard/latest/tailguard/#the-recommended-order).
+//! [the recommended order](../tailguard/index.html#the-recommended-order), in the `tailguard`
+//! facade.
 
 mod body;
 mod ending;
