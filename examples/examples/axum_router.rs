@@ -69,7 +69,8 @@ fn print_report(r: &PhaseReport) {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let congested = MockServer::start(Script::new().ttft(Duration::from_secs(2)).tokens(8)).await?;
-    let healthy = MockServer::start(Script::new().ttft(Duration::from_millis(50)).tokens(8)).await?;
+    let healthy =
+        MockServer::start(Script::new().ttft(Duration::from_millis(50)).tokens(8)).await?;
     let upstreams = Upstreams {
         client: Client::builder(TokioExecutor::new()).build_http(),
         urls: vec![congested.url(), healthy.url()],
@@ -100,7 +101,11 @@ async fn main() -> Result<(), BoxError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
-    println!("router on http://{addr}; replicas {} (congested), {}", congested.url(), healthy.url());
+    println!(
+        "router on http://{addr}; replicas {} (congested), {}",
+        congested.url(),
+        healthy.url()
+    );
 
     // One streamed chat completion through the router.
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();

@@ -28,7 +28,8 @@ use tailguard_mock::{MockServer, Script};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 const SSE: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n";
-const CHAT: &str = r#"{"model":"mock-llm","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+const CHAT: &str =
+    r#"{"model":"mock-llm","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
 
 /// The five layers, configuration only. Every layer value is a `Clone` config; `ServiceBuilder`
 /// stacks them outermost first.
@@ -77,10 +78,8 @@ async fn an_axum_route_service_takes_the_stack_over_an_infallible_service() {
     let upstream = service_fn(|_req: Request<ReplayBody<axum::body::Body>>| async {
         Ok::<_, Infallible>(sse_handler().await)
     });
-    let app = axum::Router::new().route_service(
-        "/v1/chat/completions",
-        tailguard!().service(upstream),
-    );
+    let app =
+        axum::Router::new().route_service("/v1/chat/completions", tailguard!().service(upstream));
     let res = app.oneshot(chat()).await.unwrap();
     assert_eq!(
         res.extensions().get::<HedgeOutcome>().map(|h| h.attempts),

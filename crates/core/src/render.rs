@@ -292,6 +292,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn grpc_codes_round_trip_through_their_numbers() {
+        for n in 0..=16u16 {
+            let code = GrpcCode::from_u16(n).unwrap();
+            assert_eq!(u16::from(code.as_u8()), n);
+        }
+        assert_eq!(GrpcCode::from_u16(14), Some(GrpcCode::Unavailable));
+        assert_eq!(GrpcCode::from_u16(17), None);
+    }
+
+    #[test]
     fn retry_after_rounds_up_and_is_never_zero() {
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);

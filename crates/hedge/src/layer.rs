@@ -361,3 +361,25 @@ impl<S, M> Layer<S> for FirstTokenHedgeLayer<M> {
         FirstTokenHedge::from_shared(inner, self.shared())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_layer_value_is_one_state() {
+        let layer = FirstTokenHedgeLayer::new();
+        let (a, b) = (layer.layer(()), layer.clone().layer(()));
+        assert!(
+            Arc::ptr_eq(&a.shared, &b.shared),
+            "every layer() call and clone share it"
+        );
+        let changed = layer.with_max_attempts(3).layer(());
+        assert!(
+            !Arc::ptr_eq(&a.shared, &changed.shared),
+            "a with_* call starts a new one"
+        );
+        let errors = FirstTokenHedgeLayer::new().with_error_mode();
+        assert!(errors.config.as_errors);
+    }
+}

@@ -177,7 +177,7 @@ impl Shared {
 /// [`RequestBodyError`](crate::error::RequestBodyError).
 pub struct FirstTokenHedge<S, M = Respond> {
     inner: S,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     _mode: PhantomData<fn() -> M>,
 }
 
