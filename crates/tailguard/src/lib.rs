@@ -109,8 +109,10 @@
 //! `FirstTokenHedgeLayer` one TTFT estimate and budget, one `LatencyPhaseRecorderLayer` one sink.
 //! Each `with_*` call starts a new state with the changed configuration; for separate state,
 //! build separate layer values. Every service also has the same constructor,
-//! `Service::new(inner, &layer)`, the same as `layer.layer(inner)`.
-//!
+//! `Service::new(inner, &layer)`, the same as `layer.layer(inner)`, and every layer crate the
+//! same module rule: only `future` and `error` are public modules (the types signatures name);
+//! everything else is at the crate root.
+
 pub use tailguard_core as core;
 
 /// `FirstTokenHedge`: hedge on the first token (feature `hedge`).
