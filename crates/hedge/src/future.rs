@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use crate::answer::{self, Escape};
 use crate::body::HedgeBody;
-use crate::race::Race;
+use crate::race::{Output, Race};
 
 pin_project! {
     /// The response future of [`FirstTokenHedge`](crate::FirstTokenHedge).
@@ -92,10 +92,7 @@ where
     RB::Data: From<Bytes>,
     RB::Error: Into<BoxError>,
 {
-    fn poll_escape(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Response<HedgeBody<RB>>, Escape<S::Error>>> {
+    fn poll_escape(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Output<RB, S::Error>> {
         match self.project().kind.project() {
             KindProj::Direct { fut } => Poll::Ready(match ready!(fut.poll(cx)) {
                 Ok(res) => Ok(res.map(HedgeBody::direct)),

@@ -60,7 +60,8 @@ enum Phase<F, B> {
     Done,
 }
 
-type Output<RB, E> = Result<Response<HedgeBody<RB>>, Escape<E>>;
+/// What a race resolves to, before the mode says what the caller gets.
+pub(crate) type Output<RB, E> = Result<Response<HedgeBody<RB>>, Escape<E>>;
 
 /// The race of one eligible request.
 pub(crate) struct Race<S, B, RB>
