@@ -1,9 +1,8 @@
 //! `LatencyPhaseRecorder` as the outermost layer over the real tailguard layers, a hyper client
 //! and `tailguard-mock` on loopback: every end reason comes from a real scenario.
 //!
-//! Stack order: recorder → `SseIdleTimeout` → `BoundedAdmission` → client. Admission cannot sit
-//! outside the timeout layer: its rendered refusals need `Data: From<Bytes>`, which the
-//! timeout's `Chunk<D>` data does not implement.
+//! Stack order: recorder → `SseIdleTimeout` → `BoundedAdmission` → client (admission inside the
+//! timeout, so that the test also covers that order).
 //!
 //! The last test needs an upstream that holds its body open after `data: [DONE]`, which the mock
 //! cannot script (it always ends the body after `[DONE]`), so it uses a small hyper server of
@@ -419,7 +418,7 @@ async fn rejection_as_an_error_by_bounded_admission() {
         .layer(
             BoundedAdmissionLayer::new(1)
                 .with_queue_len(0)
-                .with_error_flavour(),
+                .with_error_mode(),
         )
         .service(client());
     let first = svc.clone().oneshot(chat(&server, &[])).await.unwrap();

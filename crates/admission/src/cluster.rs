@@ -1,30 +1,4 @@
-//! Cluster mode: a capacity shared by several gates (one per gateway process) through a
-//! [`LeaseBackend`], on top of each gate's local limits.
-//!
-//! A request first passes its gate's local checks (capacity, queue, deadline, CoDel,
-//! priorities: unchanged). Once admitted locally it takes a *lease* from the backend: one unit
-//! of a cluster-wide counting semaphore per pool (and, optionally, per class), with an expiry.
-//! The lease is renewed while the response body streams (every third of its TTL) and released
-//! when the body ends or is dropped. A gateway that dies without releasing leaks its leases for
-//! at most one TTL: the backend drops expired leases before counting.
-//!
-//! **Waiting stays local.** When the cluster is full, the request keeps its local permit and
-//! waits, until its queue deadline (503 `queue_timeout` after it). Only one request per gate
-//! asks the backend at a time, in the order the local gate admitted them (its priority order);
-//! it retries when a lease of this gate is released, and otherwise every
-//! [poll interval](Cluster::with_poll_interval), because a lease freed by another gateway, or
-//! expired after a crash, sends no message. So priority order holds within a gateway but is
-//! approximate across gateways: each gateway's next waiter races the others' for a freed
-//! lease, whatever its class, and a gateway that polls sooner wins. A cluster-wide priority
-//! queue would need a coordination protocol of its own; the local order plus the race bounds
-//! the inversion to one waiter per gateway.
-//!
-//! **Failure.** Every backend call is bounded by [`Cluster::with_timeout`]. When a call fails
-//! or times out the gate falls back to its local limits ([`FailMode::Open`], the default) or
-//! refuses with 503 `cluster_unavailable` and a `Retry-After` ([`FailMode::Closed`]). Either
-//! way a warning is logged when the backend goes down (and an info line when it is back), and
-//! `tailguard_admission_cluster_errors_total` (label `mode` = `open`|`closed`) counts the
-//! requests concerned. No request waits on the backend longer than its timeout per call.
+//! Cluster mode: a capacity shared by several gates through a [`LeaseBackend`]; see [`Cluster`].
 
 use std::fmt;
 use std::future::Future;
@@ -127,6 +101,34 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// The cluster-mode configuration of a gate
 /// ([`BoundedAdmissionLayer::with_cluster`](crate::BoundedAdmissionLayer::with_cluster)).
+///
+/// Cluster mode: a capacity shared by several gates (one per gateway process) through a
+/// [`LeaseBackend`], on top of each gate's local limits.
+///
+/// A request first passes its gate's local checks (capacity, queue, deadline, CoDel,
+/// priorities: unchanged). Once admitted locally it takes a *lease* from the backend: one unit
+/// of a cluster-wide counting semaphore per pool (and, optionally, per class), with an expiry.
+/// The lease is renewed while the response body streams (every third of its TTL) and released
+/// when the body ends or is dropped. A gateway that dies without releasing leaks its leases for
+/// at most one TTL: the backend drops expired leases before counting.
+///
+/// **Waiting stays local.** When the cluster is full, the request keeps its local permit and
+/// waits, until its queue deadline (503 `queue_timeout` after it). Only one request per gate
+/// asks the backend at a time, in the order the local gate admitted them (its priority order);
+/// it retries when a lease of this gate is released, and otherwise every
+/// [poll interval](Cluster::with_poll_interval), because a lease freed by another gateway, or
+/// expired after a crash, sends no message. So priority order holds within a gateway but is
+/// approximate across gateways: each gateway's next waiter races the others' for a freed
+/// lease, whatever its class, and a gateway that polls sooner wins. A cluster-wide priority
+/// queue would need a coordination protocol of its own; the local order plus the race bounds
+/// the inversion to one waiter per gateway.
+///
+/// **Failure.** Every backend call is bounded by [`Cluster::with_timeout`]. When a call fails
+/// or times out the gate falls back to its local limits ([`FailMode::Open`], the default) or
+/// refuses with 503 `cluster_unavailable` and a `Retry-After` ([`FailMode::Closed`]). Either
+/// way a warning is logged when the backend goes down (and an info line when it is back), and
+/// `tailguard_admission_cluster_errors_total` (label `mode` = `open`|`closed`) counts the
+/// requests concerned. No request waits on the backend longer than its timeout per call.
 #[derive(Clone)]
 pub struct Cluster {
     backend: Arc<dyn LeaseBackend>,

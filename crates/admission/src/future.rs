@@ -13,7 +13,8 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::render::error_response;
 use tailguard_core::{
-    AdmissionOutcome, BoxError, EndReason, EndReport, OverloadReason, Overloaded, RenderError,
+    AdmissionOutcome, BoxError, EndReason, EndReport, Fail, OverloadReason, Overloaded,
+    RenderError, Respond,
 };
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
@@ -21,7 +22,7 @@ use tower_service::Service;
 use crate::body::AdmissionBody;
 use crate::cluster::LeaseFuture;
 use crate::gate::{Grant, Permit, Queued, Rejection};
-use crate::layer::{Config, Fail, Respond};
+use crate::layer::Config;
 
 pin_project! {
     /// The response future of [`BoundedAdmission`](crate::BoundedAdmission).

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::StatusCode;
-use tailguard_core::Priority;
+use tailguard_core::{Fail, Priority, Respond};
 use tower_layer::Layer;
 
 use crate::cluster::Cluster;
@@ -50,16 +50,6 @@ impl Default for Codel {
         }
     }
 }
-
-/// Response flavour (the default): a refusal becomes an HTTP response (429/503, OpenAI-style
-/// JSON body, `Retry-After`); the service's error type is the inner service's.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Respond;
-
-/// Error flavour, for tonic and other stacks that handle errors themselves: a refusal becomes
-/// an `Err` holding [`Overloaded`](tailguard_core::Overloaded) as a `BoxError`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Fail;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -115,7 +105,7 @@ impl<M> fmt::Debug for BoundedAdmissionLayer<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BoundedAdmissionLayer")
             .field("config", &self.cfg)
-            .field("flavour", &std::any::type_name::<M>())
+            .field("mode", &std::any::type_name::<M>())
             .finish()
     }
 }
@@ -154,8 +144,9 @@ impl BoundedAdmissionLayer<Respond> {
         }
     }
 
-    /// Switches to the error flavour ([`Fail`]): refusals are `Err(Overloaded)`.
-    pub fn with_error_flavour(self) -> BoundedAdmissionLayer<Fail> {
+    /// Switches to error mode ([`Fail`]): refusals are `Err(Overloaded)` and the service's error
+    /// type is [`BoxError`](tailguard_core::BoxError).
+    pub fn with_error_mode(self) -> BoundedAdmissionLayer<Fail> {
         BoundedAdmissionLayer {
             cfg: self.cfg,
             gate: Arc::default(),
@@ -247,7 +238,7 @@ impl<M> BoundedAdmissionLayer<M> {
 
     /// Turns cluster mode on: on top of this gate's local limits, every admitted request takes
     /// a lease of the cluster-wide capacity from `cluster`'s backend, held (and renewed) until
-    /// its body ends. See [`crate::cluster`] for the semantics and the failure modes. Without
+    /// its body ends. See [`Cluster`] for the semantics and the failure modes. Without
     /// it (the default) the gate is local and makes no backend call.
     pub fn with_cluster(self, cluster: Cluster) -> Self {
         self.with(|c| c.cluster = Some(cluster))

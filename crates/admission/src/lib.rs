@@ -63,8 +63,8 @@
 //! * **Refusals.** A full queue refuses at once with **429** (configurable to 503). Bodies are
 //!   OpenAI-style JSON (`{"error":{"message":..,"type":..,"param":null,"code":"queue_full"}}`);
 //!   every refusal (`queue_full`, `queue_timeout`, `evicted`) carries a `Retry-After` derived
-//!   from the observed permit hold times (see [Retry-After](#retry-after)). The error flavour
-//!   ([`BoundedAdmissionLayer::with_error_flavour`]) returns
+//!   from the observed permit hold times (see [Retry-After](#retry-after)). The error mode
+//!   ([`BoundedAdmissionLayer::with_error_mode`]) returns
 //!   [`Overloaded`](tailguard_core::Overloaded) as a `BoxError` instead, for tonic stacks.
 //!   If the request carries an [`EndReport`](tailguard_core::EndReport), a refusal reports
 //!   [`EndReason::Rejected`](tailguard_core::EndReason::Rejected).
@@ -136,7 +136,7 @@
 //!   configured status) for `queue_full` and `evicted`, 503 for `queue_timeout`.
 
 mod body;
-pub mod cluster;
+mod cluster;
 mod cost;
 mod drain;
 pub mod error;
@@ -148,10 +148,14 @@ mod queue;
 mod service;
 
 pub use body::AdmissionBody;
-pub use cluster::{Cluster, FailMode, LeaseBackend};
+pub use cluster::{
+    BackendError, BackendFuture, Cluster, DEFAULT_BACKEND_TIMEOUT, DEFAULT_LEASE_TTL,
+    DEFAULT_POLL_INTERVAL, FailMode, LeaseBackend, LeaseId, LeaseSpec,
+};
 pub use cost::Cost;
 pub use layer::{
     AdmissionHandle, BoundedAdmissionLayer, Codel, DEFAULT_AGING, DEFAULT_CODEL_INTERVAL,
-    DEFAULT_CODEL_TARGET, DEFAULT_MAX_REQUEST_SHARE, DEFAULT_QUEUE_TIMEOUT, Fail, Respond,
+    DEFAULT_CODEL_TARGET, DEFAULT_MAX_REQUEST_SHARE, DEFAULT_QUEUE_TIMEOUT,
 };
 pub use service::BoundedAdmission;
+pub use tailguard_core::{Fail, Respond};

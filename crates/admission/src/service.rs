@@ -9,14 +9,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, ClassPolicy, EndReason, EndReport, Priority};
+use tailguard_core::{BoxError, ClassPolicy, EndReason, EndReport, Fail, Priority, Respond};
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::AdmissionBody;
 use crate::future::{Refusal, ResponseFuture, State};
 use crate::gate::{Acquire, Shared};
-use crate::layer::{AdmissionHandle, Fail, Respond};
+use crate::layer::AdmissionHandle;
 
 /// Admission control in front of an inner service; built by
 /// [`BoundedAdmissionLayer`](crate::BoundedAdmissionLayer).
@@ -49,6 +49,13 @@ impl<S: fmt::Debug, M> fmt::Debug for BoundedAdmission<S, M> {
 }
 
 impl<S, M> BoundedAdmission<S, M> {
+    /// Wraps `inner` with the configuration of `layer`, sharing its gate (the same as
+    /// `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &crate::BoundedAdmissionLayer<M>) -> Self {
+        use tower_layer::Layer;
+        layer.layer(inner)
+    }
+
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
         BoundedAdmission {
             inner,

@@ -333,7 +333,7 @@ async fn error_flavour_returns_overloaded() {
         .with_queue_len(1)
         .with_queue_timeout(Duration::from_millis(300))
         .with_codel(None)
-        .with_error_flavour();
+        .with_error_mode();
     let h = layer.handle();
     let svc = layer.layer(up);
     let a = svc.clone().oneshot(request("a")).await.unwrap();

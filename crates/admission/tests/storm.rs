@@ -325,7 +325,7 @@ async fn storm_in_the_error_flavour_yields_typed_errors() {
         .with_queue_len(16)
         .with_queue_timeout(Duration::from_millis(300))
         .with_cost(cost())
-        .with_error_flavour();
+        .with_error_mode();
     let h = layer.handle();
     let svc = layer.layer(Upstream(live.clone()));
     let mut rng = Rng(42);

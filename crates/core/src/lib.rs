@@ -38,17 +38,16 @@
 //! assert!(tracker.observe(&Bytes::from_static(b"data: [DONE]\n\n")).done);
 //! ```
 
-pub mod body;
 pub mod classify;
 pub mod error;
 pub mod ext;
 pub mod headers;
+mod mode;
 pub mod render;
 pub mod replay;
 pub mod scan;
 pub mod tracker;
 
-pub use body::Chunk;
 pub use classify::{Class, Classify, Dialect, Framing, Wire};
 pub use error::{
     BoxError, OverloadReason, Overloaded, Phase, ScanError, TimeoutError, UpstreamError,
@@ -57,6 +56,7 @@ pub use ext::{
     AdmissionOutcome, ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, Priority,
     RequestFacts, UpstreamFailure,
 };
+pub use mode::{Fail, Respond};
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
 pub use tracker::{Observation, StreamTracker, Usage};

@@ -8,7 +8,9 @@
 //!
 //! Works for any [`http_body::Body`]: axum's `Body`, hyper's `Incoming`, `Full<Bytes>`, tonic's
 //! `Body`. Buffered data is kept as [`Bytes`] (taken with `Buf::copy_to_bytes`, which does not copy
-//! when the data already is `Bytes`).
+//! when the data already is `Bytes`) and yielded as the body's own data type (`B::Data:
+//! From<Bytes>`, which every hyper, axum and tonic body has), so a `ReplayBody<B>` has the data
+//! type of `B`.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -21,8 +23,6 @@ use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-
-use crate::body::Chunk;
 
 /// Default replay cap: 4 MiB.
 ///
@@ -139,8 +139,9 @@ impl<B> ReplayBody<B> {
 impl<B> Body for ReplayBody<B>
 where
     B: Body,
+    B::Data: From<Bytes>,
 {
-    type Data = Chunk<B::Data>;
+    type Data = B::Data;
     type Error = B::Error;
 
     fn poll_frame(
@@ -155,7 +156,7 @@ where
             } => {
                 if let Some(f) = buf.frames.get(*next) {
                     *next += 1;
-                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Local(f.clone())))));
+                    return Poll::Ready(Some(Ok(Frame::data(f.clone().into()))));
                 }
                 if !*trailers_sent {
                     *trailers_sent = true;
@@ -167,11 +168,11 @@ where
             }
             InnerProj::Prefixed { prefix, rest } => {
                 if let Some(f) = prefix.pop_front() {
-                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Local(f)))));
+                    return Poll::Ready(Some(Ok(Frame::data(f.into()))));
                 }
-                map_inner(ready!(rest.poll_frame(cx)))
+                rest.poll_frame(cx)
             }
-            InnerProj::Passthrough { body } => map_inner(ready!(body.poll_frame(cx))),
+            InnerProj::Passthrough { body } => body.poll_frame(cx),
         }
     }
 
@@ -209,10 +210,6 @@ where
             Inner::Passthrough { body } => body.size_hint(),
         }
     }
-}
-
-fn map_inner<D, E>(f: Option<Result<Frame<D>, E>>) -> Poll<Option<Result<Frame<Chunk<D>>, E>>> {
-    Poll::Ready(f.map(|r| r.map(|frame| frame.map_data(Chunk::Inner))))
 }
 
 /// Future of [`ReplayBody::buffer`].
@@ -315,6 +312,7 @@ mod tests {
     async fn collect<B>(b: ReplayBody<B>) -> Vec<u8>
     where
         B: Body,
+        B::Data: From<Bytes>,
         B::Error: fmt::Debug,
     {
         b.collect().await.unwrap().to_bytes().to_vec()
@@ -379,6 +377,7 @@ mod tests {
     /// returns the data and whether trailers came.
     fn drain<B: Body + Unpin>(mut b: ReplayBody<B>, len: u64) -> (Vec<u8>, bool)
     where
+        B::Data: From<Bytes>,
         B::Error: fmt::Debug,
     {
         let mut cx = Context::from_waker(std::task::Waker::noop());

@@ -12,6 +12,7 @@ use tailguard_core::{
 };
 
 use crate::body::{Forward, HedgeBody};
+use crate::error::RequestBodyError;
 use crate::inflight::Failure;
 use crate::verdict::Fault;
 
@@ -26,7 +27,7 @@ pub(crate) fn every_attempt_failed<RB, E>(
     as_errors: bool,
     attempts: u8,
     grpc: bool,
-) -> (Result<Response<HedgeBody<RB>>, BoxError>, EndReason)
+) -> (Result<Response<HedgeBody<RB>>, Escape<E>>, EndReason)
 where
     RB: Body,
     RB::Data: From<Bytes>,
@@ -36,8 +37,8 @@ where
     let fault = failure.fault();
     let mut reason = EndReason::UpstreamError(fault.kind);
     let answer = match failure {
-        _ if as_errors => Err(as_error(failure, attempts)),
-        Failure::Service(e) => Err(e.into()),
+        _ if as_errors => Err(Escape::Own(as_error(failure, attempts), grpc)),
+        Failure::Service(e) => Err(Escape::Inner(e)),
         Failure::Response { stream, error, .. } if fault.replayed() => {
             Ok(stream.into_response(error, forward.take()))
         }
@@ -65,7 +66,7 @@ fn what(kind: UpstreamFailure) -> &'static str {
 }
 
 /// The [`UpstreamError`] of
-/// [`with_failures_as_errors`](crate::FirstTokenHedgeLayer::with_failures_as_errors): the kind
+/// error mode ([`with_error_mode`](crate::FirstTokenHedgeLayer::with_error_mode)): the kind
 /// of the most informative failure, with what it was.
 fn as_error<RB: Body, E: Into<BoxError>>(failure: Failure<RB, E>, attempts: u8) -> BoxError {
     let kind = failure.fault().kind;
@@ -78,6 +79,60 @@ fn as_error<RB: Body, E: Into<BoxError>>(failure: Failure<RB, E>, attempts: u8) 
     };
     let message = format!("{attempts} attempts failed before a first token; {best}");
     Box::new(UpstreamError::new(kind, message))
+}
+
+/// How a hedged request ends without a response, before the mode says what the caller gets.
+pub(crate) enum Escape<E> {
+    /// The inner service's own error (no attempt got a response): passed on in both modes.
+    Inner(E),
+    /// The hedge's own failure (a request body that failed while buffered; in error mode,
+    /// every attempt failed), and whether the request was a gRPC one: rendered in response
+    /// mode, returned in error mode.
+    Own(BoxError, bool),
+}
+
+/// The response-mode answer to the hedge's own failure `error`: a `400` for a request body
+/// that failed while buffered, a `502` otherwise; for a gRPC request a trailers-only response.
+pub(crate) fn own_failure<B>(error: &BoxError, grpc: bool) -> Response<HedgeBody<B>>
+where
+    B: Body,
+    B::Data: From<Bytes>,
+{
+    let info = if error.downcast_ref::<RequestBodyError>().is_some() {
+        ErrorInfo::new(
+            StatusCode::BAD_REQUEST,
+            error.to_string(),
+            "invalid_request_error",
+            "request_body_failed",
+        )
+        .with_grpc(GrpcCode::InvalidArgument)
+    } else {
+        ErrorInfo::new(
+            StatusCode::BAD_GATEWAY,
+            error.to_string(),
+            "upstream_error",
+            "upstream_error",
+        )
+        .with_grpc(GrpcCode::Unavailable)
+    };
+    respond(&info, grpc)
+}
+
+/// `info` as a response: OpenAI JSON, or for gRPC a trailers-only response.
+fn respond<B>(info: &ErrorInfo, grpc: bool) -> Response<HedgeBody<B>>
+where
+    B: Body,
+    B::Data: From<Bytes>,
+{
+    if grpc {
+        let mut res = Response::new(HedgeBody::local(None));
+        let h = res.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.extend(render::grpc_trailers(info.grpc, &info.message));
+        res
+    } else {
+        render::error_response(info, |b| HedgeBody::local(Some(B::Data::from(b))))
+    }
 }
 
 /// The answer to a race whose most informative failure was a `2xx` stream with no token (see
@@ -103,16 +158,7 @@ where
             EndReason::UpstreamError(fault.kind),
         ),
     };
-    let res = if grpc {
-        let mut res = Response::new(HedgeBody::local(None));
-        let h = res.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        h.extend(render::grpc_trailers(info.grpc, &info.message));
-        res
-    } else {
-        render::error_response(&info, |b| HedgeBody::local(Some(B::Data::from(b))))
-    };
-    (res, reason)
+    (respond(&info, grpc), reason)
 }
 
 /// A timeout anywhere in the error's source chain.

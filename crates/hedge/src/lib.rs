@@ -99,13 +99,11 @@
 //!
 //! ## tonic
 //!
-//! A tonic `Channel` takes `tonic::body::Body`; the replayed request body yields
-//! [`Chunk<Bytes>`](tailguard_core::Chunk), which turns back into `Bytes` without a copy:
+//! A tonic `Channel` takes exactly `tonic::body::Body`; the replayed request body keeps the
+//! `Bytes` data of the body it replays, so wrapping it is all it takes:
 //!
 //! ```no_run
-//! use bytes::Buf;
 //! use http::Request;
-//! use http_body_util::BodyExt;
 //! use tailguard_core::ReplayBody;
 //! use tailguard_hedge::FirstTokenHedgeLayer;
 //! use tower::ServiceBuilder;
@@ -114,13 +112,7 @@
 //! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let hedged = ServiceBuilder::new()
 //!     .layer(FirstTokenHedgeLayer::new())
-//!     .map_request(|r: Request<ReplayBody<tonic::body::Body>>| {
-//!         r.map(|b| {
-//!             tonic::body::Body::new(
-//!                 b.map_frame(|f| f.map_data(|mut c| c.copy_to_bytes(c.remaining()))),
-//!             )
-//!         })
-//!     })
+//!     .map_request(|r: Request<ReplayBody<tonic::body::Body>>| r.map(tonic::body::Body::new))
 //!     .service(channel);
 //! // `hedged` is a `GrpcService`: hand it to any generated client, e.g.
 //! // `GeneratorClient::new(hedged)`; every message of a server stream is a token.

@@ -17,7 +17,7 @@ use tailguard_core::{BoxError, Deadlines, EndReport, HedgeOutcome, ReplayBody};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use crate::answer;
+use crate::answer::{self, Escape};
 use crate::attempt::Attempt;
 use crate::body::{Forward, HedgeBody};
 use crate::delay::{self, Estimator};
@@ -60,7 +60,8 @@ enum Phase<F, B> {
     Done,
 }
 
-type Output<RB> = Result<Response<HedgeBody<RB>>, BoxError>;
+/// What a race resolves to, before the mode says what the caller gets.
+pub(crate) type Output<RB, E> = Result<Response<HedgeBody<RB>>, Escape<E>>;
 
 /// The race of one eligible request.
 pub(crate) struct Race<S, B, RB>
@@ -344,13 +345,14 @@ where
 
     /// Every attempt failed: the answer to the most informative failure, and the reason in the
     /// request's end report (after an inner layer's own, see `answer`).
-    fn finalize(&mut self) -> Output<RB> {
+    fn finalize(&mut self) -> Output<RB, S::Error> {
         self.phase = Phase::Done;
         self.timer = None;
         self.hedge_at = None;
         metrics::counter!("tailguard_hedge_all_failed_total").increment(1);
         let Some((index, failure, report)) = self.best.take() else {
-            return Err("tailguard-hedge: no attempt completed".into());
+            let error = "tailguard-hedge: no attempt completed".into();
+            return Err(Escape::Own(error, self.head.is_grpc()));
         };
         let fault = failure.fault();
         tracing::debug!(
@@ -362,7 +364,7 @@ where
         let (answer, reason) = answer::every_attempt_failed(
             failure,
             self.forward(report),
-            self.shared.config.failures_as_errors,
+            self.shared.config.as_errors,
             self.sent,
             self.head.is_grpc(),
         );
@@ -375,7 +377,7 @@ where
         })
     }
 
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB>> {
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB, S::Error>> {
         loop {
             match &mut self.phase {
                 Phase::Buffering(buffering) => {
@@ -383,7 +385,8 @@ where
                         Ok(body) => body,
                         Err(e) => {
                             self.phase = Phase::Done;
-                            return Poll::Ready(Err(RequestBodyError::new(e.into()).into()));
+                            let error = RequestBodyError::new(e.into()).into();
+                            return Poll::Ready(Err(Escape::Own(error, self.head.is_grpc())));
                         }
                     };
                     self.start(body);
@@ -397,7 +400,7 @@ where
                             res.extensions_mut().insert(HedgeOutcome::new(1, 0, None));
                             Ok(res)
                         }
-                        Err(e) => Err(e.into()),
+                        Err(e) => Err(Escape::Inner(e)),
                     });
                 }
                 Phase::Racing => return self.poll_race(cx),
@@ -426,7 +429,7 @@ where
         }
     }
 
-    fn poll_race(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB>> {
+    fn poll_race(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB, S::Error>> {
         loop {
             let mut progressed = self.poll_send(cx);
             let mut i = 0;

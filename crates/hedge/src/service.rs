@@ -1,6 +1,7 @@
 //! `FirstTokenHedge`: the service.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
@@ -9,19 +10,19 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, ClassPolicy, Priority, ReplayBody};
+use tailguard_core::{BoxError, ClassPolicy, Fail, Priority, ReplayBody, Respond};
 use tower_service::Service;
 
 use crate::body::HedgeBody;
 use crate::budget::Budgets;
 use crate::delay::DelaySource;
 use crate::future::ResponseFuture;
-use crate::layer::FirstTokenHedgeLayer;
+use crate::layer::{Config, FirstTokenHedgeLayer};
 use crate::race::Race;
 
 /// State shared by the clones of one `FirstTokenHedge`.
 pub(crate) struct Shared {
-    pub(crate) config: FirstTokenHedgeLayer,
+    pub(crate) config: Config,
     pub(crate) delay: DelaySource,
     pub(crate) budget: Budgets,
     rollout_seq: AtomicU64,
@@ -39,7 +40,7 @@ impl fmt::Debug for Shared {
 }
 
 impl Shared {
-    fn new(config: FirstTokenHedgeLayer) -> Self {
+    pub(crate) fn new(config: Config) -> Self {
         let rollout_threshold = if config.rollout >= 1.0 {
             u64::MAX
         } else {
@@ -62,7 +63,7 @@ impl Shared {
         }
         let accepted = match &c.predicate {
             Some(p) => p(parts),
-            None => FirstTokenHedgeLayer::default_predicate(parts),
+            None => Config::default_predicate(parts),
         };
         if !accepted {
             return false;
@@ -130,9 +131,9 @@ impl Shared {
 ///
 /// The inner service takes `Request<ReplayBody<B>>` (as linkerd's retry middleware does): for
 /// a raced request each attempt gets a fresh replay of the buffered body; for everything else
-/// the body passes through [`ReplayBody::passthrough`] untouched. Its data type is
-/// [`Chunk<B::Data>`](tailguard_core::Chunk), a `Buf`; a client that needs a body type of its
-/// own adds a `map_request` (for tonic: `tonic::body::Body::new`).
+/// the body passes through [`ReplayBody::passthrough`] untouched. Its data type is `B::Data`;
+/// a client that takes one body type only adds a `map_request` (for tonic:
+/// `tonic::body::Body::new`).
 ///
 /// # When every attempt fails
 ///
@@ -149,7 +150,7 @@ impl Shared {
 ///    response future's error, exactly as an unhedged request returns it: the stack's error
 ///    handler renders it as it renders any other (a gateway's `502`).
 ///
-/// With [`with_failures_as_errors`](FirstTokenHedgeLayer::with_failures_as_errors) the
+/// In error mode ([`with_error_mode`](FirstTokenHedgeLayer::with_error_mode)) the
 /// future resolves to an [`UpstreamError`](tailguard_core::UpstreamError) of that failure's kind
 /// instead, whichever it is.
 ///
@@ -162,20 +163,37 @@ impl Shared {
 ///
 /// # Bounds
 ///
-/// The response body's data must be `From<Bytes>` (the rendered error's bytes; `Bytes` itself,
-/// core's [`Chunk`](tailguard_core::Chunk)) and its error `Into<BoxError>` (to find a timeout
-/// in it).
-pub struct FirstTokenHedge<S> {
+/// The request and response bodies' data must be `From<Bytes>` (the replayed request bytes,
+/// the rendered error's bytes; every hyper, axum and tonic body has this) and their errors
+/// `Into<BoxError>` (to find a timeout in them).
+///
+/// # Errors
+///
+/// In response mode ([`Respond`], the default) the error type is the inner service's: the
+/// only error is the inner service's own (when no attempt got a response at all); a request
+/// body that fails while it is buffered is answered with a `400`. In error mode ([`Fail`]) the
+/// error type is [`BoxError`]: the inner service's error, an
+/// [`UpstreamError`](tailguard_core::UpstreamError) when every attempt failed, or a
+/// [`RequestBodyError`](crate::error::RequestBodyError).
+pub struct FirstTokenHedge<S, M = Respond> {
     inner: S,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
+    _mode: PhantomData<fn() -> M>,
 }
 
-impl<S> FirstTokenHedge<S> {
-    /// Wraps `inner` with the configuration of `layer`.
-    pub fn new(inner: S, layer: FirstTokenHedgeLayer) -> Self {
+impl<S, M> FirstTokenHedge<S, M> {
+    /// Wraps `inner` with the configuration of `layer`, sharing its state (the same as
+    /// `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &FirstTokenHedgeLayer<M>) -> Self {
+        use tower_layer::Layer;
+        layer.layer(inner)
+    }
+
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
         FirstTokenHedge {
             inner,
-            shared: Arc::new(Shared::new(layer)),
+            shared,
+            _mode: PhantomData,
         }
     }
 
@@ -195,16 +213,17 @@ impl<S> FirstTokenHedge<S> {
     }
 }
 
-impl<S: Clone> Clone for FirstTokenHedge<S> {
+impl<S: Clone, M> Clone for FirstTokenHedge<S, M> {
     fn clone(&self) -> Self {
         FirstTokenHedge {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            _mode: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug> fmt::Debug for FirstTokenHedge<S> {
+impl<S: fmt::Debug, M> fmt::Debug for FirstTokenHedge<S, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FirstTokenHedge")
             .field("inner", &self.inner)
@@ -213,11 +232,36 @@ impl<S: fmt::Debug> fmt::Debug for FirstTokenHedge<S> {
     }
 }
 
-impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S>
+impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S, Respond>
 where
     S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     B: Body + Unpin,
+    B::Data: From<Bytes>,
+    B::Error: Into<BoxError>,
+    RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<HedgeBody<RB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B, RB, Respond>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        self.start(req)
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S, Fail>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Body + Unpin,
+    B::Data: From<Bytes>,
     B::Error: Into<BoxError>,
     RB: Body,
     RB::Data: From<Bytes>,
@@ -225,13 +269,30 @@ where
 {
     type Response = Response<HedgeBody<RB>>;
     type Error = BoxError;
-    type Future = ResponseFuture<S, B, RB>;
+    type Future = ResponseFuture<S, B, RB, Fail>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        self.start(req)
+    }
+}
+
+impl<S, M> FirstTokenHedge<S, M> {
+    /// Races an eligible request; passes anything else straight through.
+    fn start<B, RB>(&mut self, req: Request<B>) -> ResponseFuture<S, B, RB, M>
+    where
+        S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
+        S::Error: Into<BoxError>,
+        B: Body + Unpin,
+        B::Data: From<Bytes>,
+        B::Error: Into<BoxError>,
+        RB: Body,
+        RB::Data: From<Bytes>,
+        RB::Error: Into<BoxError>,
+    {
         let (parts, body) = req.into_parts();
         if !self.shared.eligible(&parts, &body) {
             let req = Request::from_parts(parts, ReplayBody::passthrough(body));

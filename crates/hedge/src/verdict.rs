@@ -3,9 +3,9 @@
 
 use http::{HeaderMap, StatusCode};
 use tailguard_core::headers::grpc_status;
-use tailguard_core::{Observation, UpstreamFailure};
+use tailguard_core::{GrpcCode, Observation, UpstreamFailure};
 
-use crate::layer::FirstTokenHedgeLayer;
+use crate::layer::Config;
 
 /// How informative a failed attempt is. When every attempt fails, the client gets the highest
 /// ranked failure (see [`Fault::replaces`]).
@@ -96,11 +96,7 @@ pub(crate) enum Verdict {
 /// trailers-only response) fails it when retryable and is returned as it is otherwise; any
 /// other status that is not a success is an answer about the request itself, returned as it
 /// is; a success is read on for its first token.
-pub(crate) fn of_head(
-    cfg: &FirstTokenHedgeLayer,
-    status: StatusCode,
-    headers: &HeaderMap,
-) -> Verdict {
+pub(crate) fn of_head(cfg: &Config, status: StatusCode, headers: &HeaderMap) -> Verdict {
     if cfg.retryable.contains(&status) {
         return Verdict::Fail(Fault::status(status));
     }
@@ -115,7 +111,7 @@ pub(crate) fn of_head(
 /// (this frame included). A terminal event before any token ends the attempt (it completed
 /// with no token). A stream that can no longer be judged (an event over the scanner's cap) or
 /// held (over the pre-token cap) fails open: it is committed to.
-pub(crate) fn of_data(cfg: &FirstTokenHedgeLayer, obs: &Observation, held: u64) -> Verdict {
+pub(crate) fn of_data(cfg: &Config, obs: &Observation, held: u64) -> Verdict {
     if obs.first_token {
         Verdict::Commit { token: true }
     } else if obs.error {
@@ -132,11 +128,7 @@ pub(crate) fn of_data(cfg: &FirstTokenHedgeLayer, obs: &Observation, held: u64) 
 /// Trailers, which end the body: a token they carried wins; else a gRPC error status decides
 /// as in a trailers-only head; else the stream completed (`grpc-status: 0`) or was cut short
 /// (no `grpc-status`) without a token.
-pub(crate) fn of_trailers(
-    cfg: &FirstTokenHedgeLayer,
-    obs: &Observation,
-    trailers: &HeaderMap,
-) -> Verdict {
+pub(crate) fn of_trailers(cfg: &Config, obs: &Observation, trailers: &HeaderMap) -> Verdict {
     if obs.first_token {
         return Verdict::Commit { token: true };
     }
@@ -164,7 +156,8 @@ pub(crate) fn of_end(obs: &Observation) -> Verdict {
 
 /// A gRPC status other than `OK`: retryable codes fail the attempt, others are answers about
 /// the request, returned as they are.
-fn of_grpc_error(cfg: &FirstTokenHedgeLayer, code: u16) -> Verdict {
+fn of_grpc_error(cfg: &Config, code: u16) -> Verdict {
+    let code = GrpcCode::from_u16(code).unwrap_or(GrpcCode::Unknown);
     if cfg.retryable_grpc.contains(&code) {
         Verdict::Fail(Fault::IN_BAND)
     } else {
@@ -175,6 +168,7 @@ fn of_grpc_error(cfg: &FirstTokenHedgeLayer, code: u16) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::FirstTokenHedgeLayer;
 
     fn grpc(code: &'static str) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -194,7 +188,7 @@ mod tests {
 
     #[test]
     fn heads() {
-        let cfg = FirstTokenHedgeLayer::new();
+        let cfg = FirstTokenHedgeLayer::new().config;
         let none = HeaderMap::new();
         assert_eq!(of_head(&cfg, StatusCode::OK, &none), Verdict::ReadOn);
         for s in [429, 500, 502, 503, 504] {
@@ -225,7 +219,8 @@ mod tests {
         // The configured lists, not the defaults.
         let cfg = FirstTokenHedgeLayer::new()
             .with_retryable_statuses([StatusCode::NOT_FOUND])
-            .with_retryable_grpc_codes([3]);
+            .with_retryable_grpc_codes([GrpcCode::InvalidArgument])
+            .config;
         let not_found = StatusCode::NOT_FOUND;
         assert_eq!(
             of_head(&cfg, not_found, &none),
@@ -238,7 +233,7 @@ mod tests {
 
     #[test]
     fn data_frames() {
-        let cfg = FirstTokenHedgeLayer::new().with_pre_token_cap(100);
+        let cfg = FirstTokenHedgeLayer::new().with_pre_token_cap(100).config;
         assert_eq!(of_data(&cfg, &obs(false, false), 100), Verdict::ReadOn);
         assert_eq!(of_data(&cfg, &obs(true, false), 10), TOKEN);
         // A token in the frame wins over an error event after it, and over the cap.
@@ -261,7 +256,7 @@ mod tests {
 
     #[test]
     fn trailers() {
-        let cfg = FirstTokenHedgeLayer::new();
+        let cfg = FirstTokenHedgeLayer::new().config;
         let none = HeaderMap::new();
         assert_eq!(of_trailers(&cfg, &obs(true, false), &grpc("14")), TOKEN);
         assert_eq!(

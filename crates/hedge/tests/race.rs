@@ -310,7 +310,7 @@ async fn a_status_outranks_a_stream_without_tokens_which_outranks_transport() {
 async fn every_attempt_failing_as_an_upstream_error_when_asked() {
     let up = Upstream::new(vec![Plan::status(503), Plan::status(502)]);
     let err = layer()
-        .with_failures_as_errors(true)
+        .with_error_mode()
         .layer(up)
         .oneshot(chat_request())
         .await
@@ -330,7 +330,7 @@ async fn every_attempt_failing_as_an_upstream_error_when_asked() {
     // A stream with no token is an error of its kind in this mode too.
     let up = Upstream::new(vec![Plan::items(vec![data(ROLE)])]);
     let err = layer()
-        .with_failures_as_errors(true)
+        .with_error_mode()
         .layer(up)
         .oneshot(chat_request())
         .await
@@ -349,13 +349,14 @@ async fn every_attempt_failing_in_transport_returns_the_inner_error() {
     let report = EndReport::new();
     let mut req = chat_request();
     req.extensions_mut().insert(report.clone());
-    let err = layer()
+    // Response mode keeps the inner service's error type: the error is the inner one, typed.
+    let err: TransportError = layer()
         .with_max_attempts(3)
         .layer(up.clone())
         .oneshot(req)
         .await
         .unwrap_err();
-    assert!(err.downcast_ref::<TransportError>().is_some(), "{err}");
+    assert_eq!(err.to_string(), TransportError.to_string());
     assert_eq!(up.seen().len(), 3);
     assert_eq!(
         report.get(),
@@ -859,14 +860,24 @@ async fn replica_set_sends_each_attempt_to_a_replica_not_yet_tried() {
 #[tokio::test(start_paused = true)]
 async fn request_body_error_is_reported_and_nothing_is_sent() {
     let up = Upstream::new(vec![Plan::sse(ms(10))]);
-    let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
-        Ok(http_body::Frame::data(Bytes::from_static(b"{\"a\""))),
-        Err(std::io::Error::other("client went away")),
-    ];
-    let req = Request::post("/v1/chat/completions")
-        .body(StreamBody::new(futures_util::stream::iter(chunks)))
-        .unwrap();
-    let err = layer().layer(up.clone()).oneshot(req).await.unwrap_err();
+    let failing = || {
+        let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"{\"a\""))),
+            Err(std::io::Error::other("client went away")),
+        ];
+        Request::post("/v1/chat/completions")
+            .body(StreamBody::new(futures_util::stream::iter(chunks)))
+            .unwrap()
+    };
+    // Response mode answers it with a 400; error mode returns a `RequestBodyError`.
+    let res = layer().layer(up.clone()).oneshot(failing()).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::BAD_REQUEST);
+    let err = layer()
+        .with_error_mode()
+        .layer(up.clone())
+        .oneshot(failing())
+        .await
+        .unwrap_err();
     assert!(
         err.downcast_ref::<tailguard_hedge::error::RequestBodyError>()
             .is_some()

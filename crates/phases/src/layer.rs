@@ -244,6 +244,6 @@ impl<S> Layer<S> for LatencyPhaseRecorderLayer {
     type Service = LatencyPhaseRecorder<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LatencyPhaseRecorder::new(inner, self.clone())
+        LatencyPhaseRecorder::new(inner, self)
     }
 }

@@ -58,17 +58,13 @@
 //!
 //! ## Where it goes
 //!
-//! Outermost among the layers that take time: its clock starts before admission queueing, and
-//! it creates the [`EndReport`](tailguard_core::EndReport) through which inner layers (timeouts,
-//! admission, hedging) tell it why they ended a stream. It reads [`AdmissionOutcome`],
-//! [`HedgeOutcome`], [`Priority`] and [`RequestFacts`] from the request extensions, or from the
-//! response extensions when an inner layer put them there. Layers that only classify and take
-//! no time — `PriorityClass`, whatever fills in [`RequestFacts`] — go *outside* it, so that what
-//! they write into the request extensions is there when the recorder's `call` runs:
-//!
-//! ```text
-//! PriorityClass -> LatencyPhaseRecorder -> SseIdleTimeout -> BoundedAdmission -> FirstTokenHedge -> client
-//! ```
+//! Outermost, so that its clock starts before admission queueing (where it goes in a stack, and
+//! why: [the recommended order](../tailguard/index.html#the-recommended-order), in the
+//! `tailguard` facade). It creates the [`EndReport`](tailguard_core::EndReport) through which
+//! inner layers (timeouts, admission, hedging) tell it why they ended a stream. It reads
+//! [`AdmissionOutcome`], [`HedgeOutcome`], [`Priority`] and [`RequestFacts`] from the request
+//! extensions, or from the response extensions when an inner layer put them there (as
+//! `PriorityClass` does with the `Priority`).
 //!
 //! ## What is measured
 //!

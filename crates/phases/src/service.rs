@@ -32,9 +32,13 @@ pub struct LatencyPhaseRecorder<S> {
 }
 
 impl<S> LatencyPhaseRecorder<S> {
-    /// Wraps `inner` with the configuration of `layer`.
-    pub fn new(inner: S, layer: LatencyPhaseRecorderLayer) -> Self {
-        LatencyPhaseRecorder { inner, layer }
+    /// Wraps `inner` with the configuration of `layer`, sharing its sink (the same as
+    /// `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &LatencyPhaseRecorderLayer) -> Self {
+        LatencyPhaseRecorder {
+            inner,
+            layer: layer.clone(),
+        }
     }
 
     /// The inner service.

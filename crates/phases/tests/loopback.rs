@@ -20,7 +20,7 @@ const CHAT_USAGE: &str = r#"{"model":"gpt-4o","stream":true,"stream_options":{"i
 fn recorder(layer: LatencyPhaseRecorderLayer) -> LatencyPhaseRecorder<HttpClient> {
     LatencyPhaseRecorder::new(
         client(),
-        layer
+        &layer
             .with_routes(["/v1/chat/completions", "/v1/messages"])
             .with_models(["gpt-4o", "claude-3-5-sonnet"])
             .with_upstream("mock"),
@@ -256,8 +256,10 @@ async fn grpc_stream_through_tonic() {
         .connect()
         .await
         .unwrap();
-    let svc =
-        LatencyPhaseRecorder::new(channel, layer.with_routes(["/tailguard.mock.v1.Generator"]));
+    let svc = LatencyPhaseRecorder::new(
+        channel,
+        &layer.with_routes(["/tailguard.mock.v1.Generator"]),
+    );
     let mut client = GenerateClient::new(svc);
     let mut stream = client
         .generate(GenerateRequest {

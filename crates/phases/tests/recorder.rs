@@ -161,7 +161,7 @@ trait LayerFn {
 
 impl LayerFn for tailguard_phases::LatencyPhaseRecorderLayer {
     fn layer_fn<S, F: FnOnce() -> S>(self, f: F) -> tailguard_phases::LatencyPhaseRecorder<S> {
-        tailguard_phases::LatencyPhaseRecorder::new(f(), self)
+        tailguard_phases::LatencyPhaseRecorder::new(f(), &self)
     }
 }
 

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
-use crate::layer::Classifier;
+use crate::layer::{Classifier, PriorityClassLayer};
 
 /// Classifies each request and inserts its [`Priority`](tailguard_core::Priority) and
 /// [`ClassPolicy`](tailguard_core::ClassPolicy); built by
@@ -32,6 +32,12 @@ impl<S: fmt::Debug> fmt::Debug for PriorityClass<S> {
 }
 
 impl<S> PriorityClass<S> {
+    /// Wraps `inner` with the configuration of `layer` (the same as `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &PriorityClassLayer) -> Self {
+        use tower_layer::Layer;
+        layer.layer(inner)
+    }
+
     pub(crate) fn from_classifier(inner: S, cls: Arc<Classifier>) -> Self {
         PriorityClass { inner, cls }
     }

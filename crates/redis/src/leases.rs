@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::Script;
 use tailguard_admission::LeaseBackend;
-use tailguard_admission::cluster::{BackendError, BackendFuture, LeaseId, LeaseSpec};
+use tailguard_admission::{BackendError, BackendFuture, LeaseId, LeaseSpec};
 
 use crate::Redis;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{OwnRedis, Streams, free_port, pool, redis_url, upstream};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use tailguard_admission::cluster::LeaseSpec;
+use tailguard_admission::LeaseSpec;
 use tailguard_admission::{BoundedAdmissionLayer, Cluster, FailMode, LeaseBackend};
 use tailguard_redis::{Redis, RedisLeases};
 use tower::{Layer, ServiceExt};

@@ -9,9 +9,7 @@ use http::response::Parts;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tailguard_core::headers::grpc_status;
-use tailguard_core::{
-    BoxError, Chunk, Dialect, EndReport, Framing, StreamTracker, TimeoutError, Wire,
-};
+use tailguard_core::{BoxError, Dialect, EndReport, Framing, StreamTracker, TimeoutError, Wire};
 use tokio::time::Instant;
 
 use crate::ending::{End, Failure};
@@ -27,12 +25,14 @@ const FLOOD_CHECK: u8 = 32;
 pin_project! {
     /// The response body of [`SseIdleTimeout`](crate::SseIdleTimeout).
     ///
-    /// Passes the inner body's frames through as [`Chunk::Inner`], runs the first-token, idle
+    /// Passes the inner body's frames through untouched, runs the first-token, idle
     /// and total timers on the events it finds in them, and when a timer expires or the upstream
     /// fails (a body error, a stream cut short of its terminal event, an event over the
     /// scanner's cap) drops the inner body and ends as [`OnExpiry`] says. Error responses
-    /// produced by the layer itself (a 504 before headers) are bodies of this type too, with
-    /// [`Chunk::Local`] data.
+    /// produced by the layer itself (a 504 before headers) are bodies of this type too. The data
+    /// type is the inner body's: bytes the layer produces itself (an in-band error event, the
+    /// released part of a held-back frame) are `B::Data::from(bytes)`, so `B::Data` must be
+    /// `From<Bytes>`, which every hyper, axum and tonic body's data is.
     ///
     /// Forwards `size_hint` (plus any bytes it holds back), `is_end_stream` (except that a
     /// stream cut short is not at its end until the layer has ended it) and trailers. A
@@ -144,9 +144,10 @@ impl<B: Body> SseIdleTimeoutBody<B> {
 impl<B> Body for SseIdleTimeoutBody<B>
 where
     B: Body,
+    B::Data: From<Bytes>,
     B::Error: Into<BoxError>,
 {
-    type Data = Chunk<B::Data>;
+    type Data = B::Data;
     type Error = BoxError;
 
     fn poll_frame(
@@ -182,7 +183,7 @@ where
                     match frame.into_data() {
                         Ok(data) => {
                             if let Some(data) = on_data(&mut this, data) {
-                                return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                                return Poll::Ready(Some(Ok(Frame::data(data))));
                             }
                         }
                         Err(frame) => on_non_data(&mut this, frame),

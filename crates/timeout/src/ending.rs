@@ -1,12 +1,12 @@
 //! How a stream that the layer ends finishes for the client: why it ends ([`Failure`]: a timer,
 //! or the upstream failing) and what follows the last whole event ([`End`]).
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
 use tailguard_core::render::{self, ErrorInfo, GrpcCode, RenderError};
 use tailguard_core::{
-    BoxError, Chunk, EndReason, ScanError, TimeoutError, UpstreamError, UpstreamFailure, Wire,
+    BoxError, EndReason, ScanError, TimeoutError, UpstreamError, UpstreamFailure, Wire,
 };
 
 use crate::layer::OnExpiry;
@@ -26,9 +26,9 @@ pub(crate) enum End {
 
 impl End {
     /// The next frame, leaving `Finished`.
-    pub(crate) fn take<D: Buf>(&mut self) -> Option<Result<Frame<Chunk<D>>, BoxError>> {
+    pub(crate) fn take<D: From<Bytes>>(&mut self) -> Option<Result<Frame<D>, BoxError>> {
         match std::mem::replace(self, End::Finished) {
-            End::Local(bytes) => Some(Ok(Frame::data(Chunk::Local(bytes)))),
+            End::Local(bytes) => Some(Ok(Frame::data(D::from(bytes)))),
             End::Trailers(t) => Some(Ok(Frame::trailers(t))),
             End::Error(e) => Some(Err(e)),
             End::Finished => None,

@@ -8,8 +8,7 @@
 
 use std::collections::VecDeque;
 
-use bytes::Buf;
-use tailguard_core::Chunk;
+use bytes::{Buf, Bytes};
 
 /// The queue of held-back frames, and how many bytes at its front are released for sending.
 #[derive(Debug)]
@@ -21,7 +20,7 @@ pub(crate) struct HeldBack<D> {
     release: usize,
 }
 
-impl<D: Buf> HeldBack<D> {
+impl<D> HeldBack<D> {
     /// An empty queue.
     pub(crate) fn new() -> Self {
         HeldBack {
@@ -41,14 +40,6 @@ impl<D: Buf> HeldBack<D> {
         self.len
     }
 
-    /// Queues `data` behind the bytes held back, and releases all but the last `pending` bytes
-    /// (the part of an event not complete yet).
-    pub(crate) fn push(&mut self, data: D, pending: usize) {
-        self.len += data.remaining();
-        self.queue.push_back(data);
-        self.release = self.len.saturating_sub(pending);
-    }
-
     /// Releases everything queued (the upstream ended the data of a stream whose ending is not
     /// checked: what it sent goes out as it sent it).
     pub(crate) fn release_all(&mut self) {
@@ -63,18 +54,30 @@ impl<D: Buf> HeldBack<D> {
         self.len = 0;
         self.release = 0;
     }
+}
 
+impl<D: Buf> HeldBack<D> {
+    /// Queues `data` behind the bytes held back, and releases all but the last `pending` bytes
+    /// (the part of an event not complete yet).
+    pub(crate) fn push(&mut self, data: D, pending: usize) {
+        self.len += data.remaining();
+        self.queue.push_back(data);
+        self.release = self.len.saturating_sub(pending);
+    }
+}
+
+impl<D: Buf + From<Bytes>> HeldBack<D> {
     /// The next released bytes, in order: a queued frame as it came when it is released whole,
     /// else a copy of its released front.
-    pub(crate) fn next_released(&mut self) -> Option<Chunk<D>> {
+    pub(crate) fn next_released(&mut self) -> Option<D> {
         if self.release == 0 {
             return None;
         }
         let front = self.queue.front_mut()?;
         let chunk = if front.remaining() <= self.release {
-            Chunk::Inner(self.queue.pop_front()?)
+            self.queue.pop_front()?
         } else {
-            Chunk::Local(front.copy_to_bytes(self.release))
+            D::from(front.copy_to_bytes(self.release))
         };
         let n = chunk.remaining();
         self.release = self.release.saturating_sub(n);
@@ -85,11 +88,9 @@ impl<D: Buf> HeldBack<D> {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
 
-    fn text(chunk: Chunk<Bytes>) -> String {
+    fn text(chunk: Bytes) -> String {
         let mut chunk = chunk;
         String::from_utf8(chunk.copy_to_bytes(chunk.remaining()).to_vec()).unwrap()
     }

@@ -1,10 +1,12 @@
 //! [`SseIdleTimeoutLayer`]: the configuration of the timeouts.
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
-use tailguard_core::{ClassPolicy, Deadlines, Dialect, Phase, Priority};
+use tailguard_core::{ClassPolicy, Deadlines, Dialect, Fail, Phase, Priority, Respond};
 use tokio::time::Instant;
 use tower_layer::Layer;
 
@@ -114,21 +116,6 @@ pub enum FirstTokenClock {
     FromHeaders,
 }
 
-/// What the caller gets when a timer expires *before* response headers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum BeforeHeaders {
-    /// A response (the default, because a gateway's clients expect an HTTP answer): status 504
-    /// with an OpenAI-shaped JSON error body; for a gRPC request (`content-type:
-    /// application/grpc*`) a trailers-only gRPC response with `grpc-status: 4`
-    /// (`DEADLINE_EXCEEDED`), which a gRPC client reads as that status.
-    #[default]
-    Response,
-    /// An error: the service returns a boxed [`TimeoutError`](crate::error::TimeoutError), for
-    /// stacks (tonic, `BoxError` clients) that handle errors themselves.
-    Error,
-}
-
 /// How a stream ends when a timer expires, or the upstream fails (see the
 /// [crate documentation](crate#when-the-upstream-fails)), *after* response headers.
 ///
@@ -171,7 +158,6 @@ pub(crate) struct Config {
     pub(crate) keepalive_resets_idle: bool,
     pub(crate) dialect: Dialect,
     pub(crate) on_expiry: OnExpiry,
-    pub(crate) before_headers: BeforeHeaders,
     /// `None`: per dialect (see [`SseIdleTimeoutLayer::with_require_terminal_event`]).
     pub(crate) require_terminal_event: Option<bool>,
 }
@@ -259,9 +245,47 @@ impl Config {
 /// [`Deadlines`] already there (from an outer layer) is [tightened](Deadlines::tighten), never
 /// loosened or replaced. With [`FirstTokenClock::FromHeaders`] the first-token deadline is the
 /// latest it can be, `call + head + first_token`, or none without a head timeout.
-#[derive(Clone, Debug)]
-pub struct SseIdleTimeoutLayer {
+///
+/// # Modes
+///
+/// In response mode ([`Respond`], the default, because a gateway's clients expect an HTTP
+/// answer) a timer that expires *before* response headers is answered with a response: status
+/// 504 with an OpenAI-shaped JSON error body; for a gRPC request (`content-type:
+/// application/grpc*`) a trailers-only gRPC response with `grpc-status: 4`
+/// (`DEADLINE_EXCEEDED`), which a gRPC client reads as that status. The service's error type
+/// is the inner service's, so the layer goes under axum's `Router::layer` as it is.
+///
+/// In error mode ([`Fail`], [`with_error_mode`](Self::with_error_mode)) the service returns a
+/// boxed [`TimeoutError`](crate::error::TimeoutError) instead, and its error type is
+/// [`BoxError`](crate::error::BoxError), for stacks that handle errors themselves.
+///
+/// After headers both modes end the stream as [`OnExpiry`] says.
+///
+/// # State
+///
+/// The layer holds configuration only; like every tailguard layer, one layer value is one
+/// piece of state shared by every service it builds (here there is nothing to share).
+pub struct SseIdleTimeoutLayer<M = Respond> {
     config: Arc<Config>,
+    _mode: PhantomData<fn() -> M>,
+}
+
+impl<M> Clone for SseIdleTimeoutLayer<M> {
+    fn clone(&self) -> Self {
+        SseIdleTimeoutLayer {
+            config: self.config.clone(),
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<M> fmt::Debug for SseIdleTimeoutLayer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SseIdleTimeoutLayer")
+            .field("config", &self.config)
+            .field("mode", &std::any::type_name::<M>())
+            .finish()
+    }
 }
 
 impl Default for SseIdleTimeoutLayer {
@@ -270,12 +294,13 @@ impl Default for SseIdleTimeoutLayer {
     }
 }
 
-impl SseIdleTimeoutLayer {
-    /// A layer with no timer set, [`Dialect::Auto`], first-token timing from `call`,
-    /// keepalives that do not reset the idle timer, [`OnExpiry::Auto`],
-    /// [`BeforeHeaders::Response`] and the terminal event required per dialect.
+impl SseIdleTimeoutLayer<Respond> {
+    /// A layer in response mode with no timer set, [`Dialect::Auto`], first-token timing from
+    /// `call`, keepalives that do not reset the idle timer, [`OnExpiry::Auto`] and the
+    /// terminal event required per dialect.
     pub fn new() -> Self {
         SseIdleTimeoutLayer {
+            _mode: PhantomData,
             config: Arc::new(Config {
                 defaults: Timeouts::default(),
                 per_priority: Vec::new(),
@@ -284,12 +309,23 @@ impl SseIdleTimeoutLayer {
                 keepalive_resets_idle: false,
                 dialect: Dialect::Auto,
                 on_expiry: OnExpiry::Auto,
-                before_headers: BeforeHeaders::Response,
                 require_terminal_event: None,
             }),
         }
     }
 
+    /// Switches to error mode ([`Fail`]): an expiry before headers is an `Err` holding a
+    /// [`TimeoutError`](crate::error::TimeoutError), and the service's error type is
+    /// [`BoxError`](crate::error::BoxError).
+    pub fn with_error_mode(self) -> SseIdleTimeoutLayer<Fail> {
+        SseIdleTimeoutLayer {
+            config: self.config,
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<M> SseIdleTimeoutLayer<M> {
     fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
@@ -363,12 +399,6 @@ impl SseIdleTimeoutLayer {
         self.edit(|c| c.on_expiry = on_expiry)
     }
 
-    /// Sets what the caller gets on expiry before headers (default
-    /// [`BeforeHeaders::Response`]).
-    pub fn with_before_headers(self, before_headers: BeforeHeaders) -> Self {
-        self.edit(|c| c.before_headers = before_headers)
-    }
-
     /// Whether a stream must end with its dialect's terminal event (default: per dialect, see
     /// below): OpenAI `data: [DONE]`, Anthropic `message_stop`, gRPC trailers carrying a
     /// `grpc-status`. An in-band error event of the upstream's own counts as an ending too.
@@ -398,8 +428,8 @@ impl SseIdleTimeoutLayer {
     }
 }
 
-impl<S> Layer<S> for SseIdleTimeoutLayer {
-    type Service = SseIdleTimeout<S>;
+impl<S, M> Layer<S> for SseIdleTimeoutLayer<M> {
+    type Service = SseIdleTimeout<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         SseIdleTimeout::from_config(inner, self.config.clone())

@@ -70,9 +70,11 @@
 //!
 //! ## What happens on expiry
 //!
-//! Before headers (head, or first token / total when they start at `call`): per
-//! [`BeforeHeaders`], an HTTP 504 with an OpenAI-shaped JSON error (a trailers-only
-//! `grpc-status: 4` response for gRPC requests), or a [`TimeoutError`](error::TimeoutError).
+//! Before headers (head, or first token / total when they start at `call`): in response mode
+//! (the default) an HTTP 504 with an OpenAI-shaped JSON error (a trailers-only `grpc-status: 4`
+//! response for gRPC requests); in error mode
+//! ([`with_error_mode`](SseIdleTimeoutLayer::with_error_mode)) a
+//! [`TimeoutError`](error::TimeoutError).
 //!
 //! After headers: per [`OnExpiry`] (default: per dialect), a terminal in-band error event then a
 //! clean end, gRPC trailers `grpc-status: 4`, or a body error. Bytes of an event the client has
@@ -134,13 +136,15 @@
 //!
 //! ## Composition
 //!
-//! The response body is [`SseIdleTimeoutBody<B>`] whose data is
-//! [`Chunk<B::Data>`](tailguard_core::Chunk): the inner body's data untouched, or bytes this layer
-//! produced. Stacks that require `Bytes` data (axum's `Body::new`) take it through
-//! `BodyExt::map_frame` and `Buf::copy_to_bytes`, which is zero-copy for `Bytes`; hyper and tonic
-//! take it as it is. The service's error type is [`BoxError`](error::BoxError).
+//! The response body is [`SseIdleTimeoutBody<B>`], whose data type is the inner body's
+//! (`B::Data: From<Bytes>`, which every hyper, axum and tonic body has), so the layer goes on a
+//! tonic `Channel`, a hyper client or an axum `Router` as it is. In response mode the service's
+//! error type is the inner service's; in error mode it is [`BoxError`](error::BoxError). The
+//! body's error type is [`BoxError`](error::BoxError). Where it goes in a stack:
+//! [the recommended order](../tailguard/index.html#the-recommended-order), in the `tailguard`
+//! facade.
 
-pub mod body;
+mod body;
 mod ending;
 pub mod error;
 pub mod future;
@@ -150,5 +154,6 @@ mod service;
 mod timers;
 
 pub use body::SseIdleTimeoutBody;
-pub use layer::{BeforeHeaders, FirstTokenClock, OnExpiry, SseIdleTimeoutLayer, Timeouts};
+pub use layer::{FirstTokenClock, OnExpiry, SseIdleTimeoutLayer, Timeouts};
 pub use service::SseIdleTimeout;
+pub use tailguard_core::{Fail, Respond};

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use bytes::Buf;
-use http_body_util::BodyExt;
 use tailguard_core::{EndReason, EndReport};
 use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
 use tailguard_mock::{MockServer, Script};
@@ -14,8 +12,8 @@ use tokio::time::Instant;
 use tonic::Code;
 use tower::ServiceBuilder;
 
-/// A `GenerateClient` over a tonic `Channel` wrapped in `layer`. The body's `Chunk` data is
-/// turned into `Bytes` (zero-copy) for the client, which asks for `Bytes`.
+/// A `GenerateClient` over a tonic `Channel` wrapped in `layer`, with no glue: the body keeps
+/// the `Bytes` data the client asks for, and the error type is the `Channel`'s.
 async fn client(
     server: &MockServer,
     layer: SseIdleTimeoutLayer,
@@ -23,7 +21,7 @@ async fn client(
 ) -> GenerateClient<
     impl tonic::client::GrpcService<
         tonic::body::Body,
-        Error = tailguard_core::BoxError,
+        Error = tonic::transport::Error,
         ResponseBody = impl http_body::Body<Data = bytes::Bytes, Error = tailguard_core::BoxError>
                        + Send
                        + 'static,
@@ -38,11 +36,6 @@ async fn client(
         .map_request(move |mut req: http::Request<tonic::body::Body>| {
             req.extensions_mut().insert(report.clone());
             req
-        })
-        .map_response(|res: http::Response<_>| {
-            res.map(|body: tailguard_timeout::SseIdleTimeoutBody<_>| {
-                body.map_frame(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining())))
-            })
         })
         .layer(layer)
         .service(channel);

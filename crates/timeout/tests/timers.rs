@@ -12,7 +12,7 @@ use tailguard_core::{
 };
 use tailguard_test_support::*;
 use tailguard_timeout::{
-    BeforeHeaders, FirstTokenClock, OnExpiry, SseIdleTimeoutBody, SseIdleTimeoutLayer, Timeouts,
+    FirstTokenClock, OnExpiry, SseIdleTimeoutBody, SseIdleTimeoutLayer, Timeouts,
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
@@ -284,7 +284,7 @@ async fn first_token_before_headers_names_its_phase() {
     let layer = SseIdleTimeoutLayer::new()
         .with_head_timeout(secs(10))
         .with_first_token_timeout(secs(3))
-        .with_before_headers(BeforeHeaders::Error);
+        .with_error_mode();
     let body = ScriptBody::new(vec![data(token("x"))]);
     let svc = layer.layer(upstream(secs(30), SSE, body));
     let start = Instant::now();

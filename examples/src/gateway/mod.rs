@@ -8,8 +8,7 @@
 //!
 //! The five tailguard layers in the recommended order, plus a small layer of the gateway's
 //! own: [`Drain`] ends in-flight streams in-band when the shutdown grace period
-//! is over (and turns the timeout layer's `Chunk<Bytes>` data into the `Bytes` admission's
-//! rendered refusals need).
+//! is over.
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (proxied through the stack;
 //! a non-JSON content type is a 415), `GET /v1/models`, `GET /metrics` (Prometheus text),

@@ -34,8 +34,7 @@ pub(crate) type HttpClient = Client<HttpConnector, BoxBody>;
 /// One strategy: a cloneable service from a buffered request to a streamed response.
 pub(crate) type Stack = BoxCloneService<Request<Full<Bytes>>, Response<BoxBody>, BoxError>;
 
-/// Boxes any body into [`BoxBody`], turning its data into `Bytes` (no copy for `Bytes` and
-/// for tailguard's `Chunk<Bytes>`).
+/// Boxes any body into [`BoxBody`], turning its data into `Bytes` (no copy for `Bytes`).
 pub(crate) fn box_body<B>(body: B) -> BoxBody
 where
     B: Body + Send + 'static,

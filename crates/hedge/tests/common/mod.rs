@@ -191,7 +191,7 @@ impl Drop for Guard {
 impl<B> Service<Request<ReplayBody<B>>> for Upstream
 where
     B: Body + Send + 'static,
-    B::Data: Send,
+    B::Data: From<Bytes> + Send,
     B::Error: std::fmt::Debug,
 {
     type Response = Response<AttemptBody>;
