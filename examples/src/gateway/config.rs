@@ -504,6 +504,7 @@ impl Config {
         c.capacity = a.cluster_capacity.or(f.capacity);
         c.name = pick(a.cluster_name.clone(), f.name.clone(), c.name.clone());
         c.timeout = pick(a.redis_timeout, f.timeout.map(|d| d.0), c.timeout);
+        c.lease_ttl = pick(a.cluster_lease_ttl, f.lease_ttl.map(|d| d.0), c.lease_ttl);
         if c.capacity == Some(0) {
             return err("cluster.capacity (--cluster-capacity) must be at least 1");
         }
