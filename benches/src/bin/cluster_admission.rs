@@ -15,11 +15,13 @@
 //!    script call before the request; the release is pipelined after the body, off the path).
 //! 2. **Three gateways at 1,000 requests/s**: three example gateways (`Gateway::start`, in this
 //!    process, each with its own Redis connection) in front of one mock replica (streams of
-//!    ~110 ms), each with a local capacity of 64, no hedging; `tailguard-mock`'s open-loop load
+//!    ~110 ms, 3 events), each with a local capacity of 64, no hedging; `tailguard-mock`'s open-loop load
 //!    generator sends 333 requests/s (Poisson) to each for 10 s. Run once with local limits
 //!    only and once with a shared cluster capacity of 64: the replica's high-water mark of
-//!    concurrent streams, the statuses, and Redis commands per request (`INFO commandstats`
-//!    before and after, the INFO calls themselves excluded).
+//!    concurrent streams, the statuses, and Redis work per request from `INFO commandstats`
+//!    before and after (the INFO calls excluded): *commands*, every command Redis ran, those
+//!    inside the Lua scripts included; *round trips*, the calls a gateway made (script calls,
+//!    plus one per pipelined pair of release `ZREM`s).
 //!
 //! Results: a table on stdout and `benches/results/cluster_admission.json`.
 
@@ -45,7 +47,7 @@ use tower::{Layer, ServiceExt};
 /// Requests per gate in part 1 (after as many for warm-up).
 const SEQUENTIAL: usize = 5_000;
 /// Part 2: the replica's streams (~110 ms), the rate per gateway and the window.
-const STREAM_SCRIPT: &str = "ttft=10ms,tokens=10,gap=10ms";
+const STREAM_SCRIPT: &str = "ttft=50ms,tokens=2,gap=30ms";
 const RATE_PER_GATEWAY: f64 = 1_000.0 / 3.0;
 const WINDOW: Duration = Duration::from_secs(10);
 const CAPACITY: u32 = 64;
@@ -57,6 +59,7 @@ struct Latency {
     p99_us: u64,
     p999_us: u64,
     redis_commands_per_request: f64,
+    redis_round_trips_per_request: f64,
 }
 
 #[derive(Serialize)]
@@ -69,6 +72,8 @@ struct ClusterRun {
     redis_commands: u64,
     redis_commands_per_request: f64,
     redis_commands_per_admitted: f64,
+    redis_round_trips_per_request: f64,
+    redis_round_trips_per_admitted: f64,
     ttft_p50_ms: f64,
     ttft_p99_ms: f64,
 }
@@ -155,24 +160,53 @@ fn redis() -> (String, Option<Child>) {
     (format!("redis://127.0.0.1:{port}/"), Some(child))
 }
 
-/// Redis commands run so far (`INFO commandstats`), the INFO calls excluded.
-async fn commands(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+/// Redis work so far (`INFO commandstats`, the INFO calls excluded).
+#[derive(Clone, Copy, Default)]
+struct Work {
+    /// Every command run, those inside scripts included.
+    commands: u64,
+    /// Script calls, plus one per pair of `ZREM`s (a release is one pipelined round trip).
+    round_trips: u64,
+}
+
+impl std::ops::Sub for Work {
+    type Output = Work;
+    fn sub(self, o: Work) -> Work {
+        Work {
+            commands: self.commands - o.commands,
+            round_trips: self.round_trips - o.round_trips,
+        }
+    }
+}
+
+async fn work(conn: &mut redis::aio::MultiplexedConnection) -> Work {
     let text: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
         .await
         .expect("INFO commandstats");
-    text.lines()
-        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    let mut w = Work::default();
+    for line in text.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let calls = rest
+            .split("calls=")
+            .nth(1)
+            .and_then(|c| c.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        match name {
+            "info" => continue,
+            "evalsha" | "eval" => w.round_trips += calls,
+            "zrem" => w.round_trips += calls / 2,
+            _ => {}
+        }
+        w.commands += calls;
+    }
+    w
 }
 
 /// Part 1: one request at a time through `layer`.
@@ -187,12 +221,12 @@ async fn sequential(
         ))))
     }));
     let mut hist = Histogram::<u64>::new(3).expect("histogram");
-    let mut before = 0;
+    let mut before = Work::default();
     for i in 0..2 * SEQUENTIAL {
         if i == SEQUENTIAL {
             // Let the warm-up's last releases land before counting.
             tokio::time::sleep(Duration::from_millis(100)).await;
-            before = commands(info).await;
+            before = work(info).await;
         }
         let start = Instant::now();
         let res = svc
@@ -212,13 +246,14 @@ async fn sequential(
         }
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let ops = commands(info).await - before;
+    let ops = work(info).await - before;
     Latency {
         gate,
         p50_us: hist.value_at_quantile(0.5),
         p99_us: hist.value_at_quantile(0.99),
         p999_us: hist.value_at_quantile(0.999),
-        redis_commands_per_request: ops as f64 / SEQUENTIAL as f64,
+        redis_commands_per_request: ops.commands as f64 / SEQUENTIAL as f64,
+        redis_round_trips_per_request: ops.round_trips as f64 / SEQUENTIAL as f64,
     }
 }
 
@@ -255,7 +290,7 @@ async fn three_gateways_run(
         let config = Config::resolve(Default::default(), &args).expect("config");
         gateways.push(Gateway::start(config).await.expect("gateway"));
     }
-    let before = commands(info).await;
+    let before = work(info).await;
     let loads = gateways.iter().enumerate().map(|(i, g)| {
         let config = LoadConfig::new(format!("http://{}", g.addr()))
             .rate(RATE_PER_GATEWAY)
@@ -271,7 +306,7 @@ async fn three_gateways_run(
         reports.push(l.await.expect("load task").expect("load"));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let ops = commands(info).await - before;
+    let ops = work(info).await - before;
     let mut statuses = BTreeMap::new();
     let mut ttft = Histogram::<u64>::new(3).expect("histogram");
     let mut scheduled = 0;
@@ -297,9 +332,11 @@ async fn three_gateways_run(
             "cluster" => format!("{CAPACITY} shared"),
             _ => format!("{CAPACITY} per gateway"),
         },
-        redis_commands: ops,
-        redis_commands_per_request: ops as f64 / scheduled.max(1) as f64,
-        redis_commands_per_admitted: ops as f64 / admitted as f64,
+        redis_commands: ops.commands,
+        redis_commands_per_request: ops.commands as f64 / scheduled.max(1) as f64,
+        redis_commands_per_admitted: ops.commands as f64 / admitted as f64,
+        redis_round_trips_per_request: ops.round_trips as f64 / scheduled.max(1) as f64,
+        redis_round_trips_per_admitted: ops.round_trips as f64 / admitted as f64,
         ttft_p50_ms: ms(ttft.value_at_quantile(0.5)),
         ttft_p99_ms: ms(ttft.value_at_quantile(0.99)),
     }
@@ -313,20 +350,26 @@ fn ms(us: u64) -> f64 {
 fn print(latency: &[Latency], runs: &[ClusterRun]) {
     println!("1. added latency per admitted request (one at a time, {SEQUENTIAL} requests)");
     println!(
-        "{:<8} {:>8} {:>8} {:>9} {:>14}",
-        "gate", "p50 µs", "p99 µs", "p99.9 µs", "redis cmd/req"
+        "{:<8} {:>8} {:>8} {:>9} {:>14} {:>16}",
+        "gate", "p50 µs", "p99 µs", "p99.9 µs", "redis cmd/req", "round trips/req"
     );
     for l in latency {
         println!(
-            "{:<8} {:>8} {:>8} {:>9} {:>14.2}",
-            l.gate, l.p50_us, l.p99_us, l.p999_us, l.redis_commands_per_request
+            "{:<8} {:>8} {:>8} {:>9} {:>14.2} {:>16.2}",
+            l.gate,
+            l.p50_us,
+            l.p99_us,
+            l.p999_us,
+            l.redis_commands_per_request,
+            l.redis_round_trips_per_request
         );
     }
     println!("\n2. three gateways, 1,000 requests/s for {WINDOW:?}, streams ~110 ms");
     for r in runs {
         println!(
             "{:<8} capacity {:<16} scheduled {:>6} statuses {:?} peak at replica {:>4} \
-             redis cmd/req {:.2} (/admitted {:.2}) ttft p50 {:.1} ms p99 {:.1} ms",
+             redis cmd/req {:.2} (/admitted {:.2}) round trips/req {:.2} (/admitted {:.2}) \
+             ttft p50 {:.1} ms p99 {:.1} ms",
             r.mode,
             r.capacity,
             r.scheduled,
@@ -334,6 +377,8 @@ fn print(latency: &[Latency], runs: &[ClusterRun]) {
             r.peak_concurrent_at_replica,
             r.redis_commands_per_request,
             r.redis_commands_per_admitted,
+            r.redis_round_trips_per_request,
+            r.redis_round_trips_per_admitted,
             r.ttft_p50_ms,
             r.ttft_p99_ms
         );
