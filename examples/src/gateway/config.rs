@@ -611,4 +611,25 @@ mod tests {
             .to_string();
         assert!(e.contains("key `listen`"), "{e}");
     }
+
+    #[test]
+    fn cluster_keys_from_the_file_and_flags() {
+        let text = "[cluster]\nredis = \"redis://127.0.0.1:6379/\"\ncapacity = 8\n\
+                    fail = \"closed\"\nlease_ttl = \"3s\"\n";
+        let mut args = Args::default();
+        args.cluster.cluster_lease_ttl = Some(Duration::from_secs(2));
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &args).unwrap();
+        let cluster = &c.cluster;
+        assert_eq!(cluster.redis.as_deref(), Some("redis://127.0.0.1:6379/"));
+        assert_eq!(
+            (cluster.capacity, cluster.fail),
+            (Some(8), tailguard::admission::FailMode::Closed)
+        );
+        assert_eq!(cluster.lease_ttl, Duration::from_secs(2), "the flag wins");
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &Args::default()).unwrap();
+        assert_eq!(c.cluster.lease_ttl, Duration::from_secs(3));
+        let d = Config::resolve(FileConfig::default(), &Args::default()).unwrap();
+        assert_eq!(d.cluster.lease_ttl, Duration::from_secs(10));
+        assert_eq!(d.cluster.redis, None);
+    }
 }
