@@ -19,6 +19,19 @@
 //!   Redis; a token bucket read on every decision would put a network round trip on the
 //!   first-token timer, and local buckets alone would spend the budget once per gateway.
 //!
+//! **Priority order across gateways is approximate.** Waiting stays local: each gateway queues
+//! its own requests, with its queue deadline, CoDel and priority classes, and only its next
+//! waiter (the one its local order puts first) asks Redis for a lease, when one of its own
+//! leases is released or every poll interval. A lease freed by another gateway, or expired
+//! after a crash, sends no message, so the gateways' next waiters race for it whatever their
+//! classes, and the one that asks first wins: an `interactive` request on one gateway can lose
+//! a freed unit to a `batch` request on another. Within a gateway the order is exact; across
+//! gateways the inversion is bounded by one waiter per gateway. An exact cluster-wide order
+//! would need a shared queue in Redis that every gateway polls or subscribes to (a coordination
+//! protocol of its own, and a round trip in every wake-up); per-class capacities
+//! ([`Cluster::with_class_capacity`](tailguard_admission::Cluster::with_class_capacity)) are
+//! the cluster-wide lever for classes that must keep a share.
+//!
 //! Every call is bounded by the timeout given at [`Redis::new`] (and again by the layer's own);
 //! the connection is made lazily and re-made in the background, so a gateway starts, and
 //! serves on its fallback, while Redis is down.

@@ -158,4 +158,8 @@ pub struct ClusterArgs {
     /// Timeout of each Redis call [default: 50ms].
     #[arg(long, env = "TAILGUARD_REDIS_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     pub redis_timeout: Option<Duration>,
+    /// Lifetime of an unrenewed admission lease: the longest a killed gateway's capacity stays
+    /// lost (at least 1s; renewed every third of it) [default: 10s].
+    #[arg(long, env = "TAILGUARD_CLUSTER_LEASE_TTL", value_name = "DURATION", value_parser = parse_duration)]
+    pub cluster_lease_ttl: Option<Duration>,
 }

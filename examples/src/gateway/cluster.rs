@@ -23,11 +23,14 @@ pub struct ClusterConfig {
     pub fail: FailMode,
     /// Timeout of each Redis call.
     pub timeout: Duration,
+    /// Lifetime of an unrenewed admission lease.
+    pub lease_ttl: Duration,
 }
 
 impl Default for ClusterConfig {
     /// Off; name `gateway`, fail open (local limits while Redis is unreachable), a 50 ms
-    /// timeout per Redis call (a same-datacenter round trip is well under a millisecond).
+    /// timeout per Redis call (a same-datacenter round trip is well under a millisecond),
+    /// 10 s leases.
     fn default() -> Self {
         ClusterConfig {
             redis: None,
@@ -35,6 +38,7 @@ impl Default for ClusterConfig {
             name: "gateway".to_owned(),
             fail: FailMode::Open,
             timeout: Duration::from_millis(50),
+            lease_ttl: tailguard::admission::cluster::DEFAULT_LEASE_TTL,
         }
     }
 }
@@ -69,6 +73,7 @@ impl ClusterConfig {
         let leases = Arc::new(RedisLeases::new(redis.clone(), "tailguard"));
         let cluster = Cluster::new(leases, &self.name, capacity)
             .with_timeout(self.timeout)
+            .with_lease_ttl(self.lease_ttl)
             .with_fail_mode(self.fail);
         let shared = |name: &str| {
             SharedBudget::new(Arc::new(RedisBudget::new(redis.clone(), "tailguard", name)))

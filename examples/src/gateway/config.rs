@@ -504,6 +504,7 @@ impl Config {
         c.capacity = a.cluster_capacity.or(f.capacity);
         c.name = pick(a.cluster_name.clone(), f.name.clone(), c.name.clone());
         c.timeout = pick(a.redis_timeout, f.timeout.map(|d| d.0), c.timeout);
+        c.lease_ttl = pick(a.cluster_lease_ttl, f.lease_ttl.map(|d| d.0), c.lease_ttl);
         if c.capacity == Some(0) {
             return err("cluster.capacity (--cluster-capacity) must be at least 1");
         }
@@ -609,5 +610,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("key `listen`"), "{e}");
+    }
+
+    #[test]
+    fn cluster_keys_from_the_file_and_flags() {
+        let text = "[cluster]\nredis = \"redis://127.0.0.1:6379/\"\ncapacity = 8\n\
+                    fail = \"closed\"\nlease_ttl = \"3s\"\n";
+        let mut args = Args::default();
+        args.cluster.cluster_lease_ttl = Some(Duration::from_secs(2));
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &args).unwrap();
+        let cluster = &c.cluster;
+        assert_eq!(cluster.redis.as_deref(), Some("redis://127.0.0.1:6379/"));
+        assert_eq!(
+            (cluster.capacity, cluster.fail),
+            (Some(8), tailguard::admission::FailMode::Closed)
+        );
+        assert_eq!(cluster.lease_ttl, Duration::from_secs(2), "the flag wins");
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &Args::default()).unwrap();
+        assert_eq!(c.cluster.lease_ttl, Duration::from_secs(3));
+        let d = Config::resolve(FileConfig::default(), &Args::default()).unwrap();
+        assert_eq!(d.cluster.lease_ttl, Duration::from_secs(10));
+        assert_eq!(d.cluster.redis, None);
     }
 }

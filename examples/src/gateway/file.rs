@@ -209,6 +209,8 @@ pub struct ClusterFile {
     pub fail: Option<String>,
     /// `timeout`
     pub timeout: Option<Dur>,
+    /// `lease_ttl`
+    pub lease_ttl: Option<Dur>,
 }
 
 /// The dotted key (`timeout.idle`) of the `key = value` line holding byte `offset` of `text`.
