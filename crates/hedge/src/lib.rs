@@ -40,7 +40,7 @@
 //! let res = client.oneshot(req).await?;
 //! // The first token came well within the delay: no backup was sent.
 //! let outcome = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
-//! assert_eq!((outcome.attempts, outcome.winner), (1, 0));
+//! assert_eq!((outcome.attempts, outcome.winner), (1, Some(0)));
 //! let body = res.into_body().collect().await?.to_bytes();
 //! assert!(body.ends_with(b"data: [DONE]\n\n"));
 //! # Ok(())
@@ -162,6 +162,7 @@ pub mod error;
 pub mod future;
 mod inflight;
 mod layer;
+mod metrics;
 mod race;
 mod replicas;
 mod score;

@@ -40,6 +40,7 @@ impl fmt::Debug for Shared {
 
 impl Shared {
     fn new(config: FirstTokenHedgeLayer) -> Self {
+        crate::metrics::describe();
         let rollout_threshold = if config.rollout >= 1.0 {
             u64::MAX
         } else {

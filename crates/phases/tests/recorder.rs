@@ -526,7 +526,7 @@ async fn admission_and_hedge_outcomes_from_response_extensions() {
     assert_eq!(all[0].queue_wait, Some(ms(200)));
     assert_eq!(
         all[0].hedge.as_ref().map(|h| (h.attempts, h.winner)),
-        Some((2, 1))
+        Some((2, Some(1)))
     );
     assert_eq!(all[0].labels.upstream(), "replica-b");
     assert_eq!(all[0].time_to_first_token, Some(ms(300)));

@@ -4,11 +4,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -17,8 +15,9 @@ use tailguard::core::{BoxError, ReplayBody};
 use tailguard::phases::Upstream as UpstreamLabel;
 use tower::Service;
 
-/// The request body the replicas take: the hedge's replayable body over the parsed request.
-pub type UpstreamBody = ReplayBody<Full<Bytes>>;
+/// The request body the replicas take: the hedge's replayable body over the one that core's
+/// `RequestFactsLayer` buffered (the hedge's replays share its bytes).
+pub type UpstreamBody = ReplayBody<ReplayBody<axum::body::Body>>;
 
 /// The pooled client every replica shares (its pool is keyed by authority).
 pub type HttpClient = Client<HttpConnector, UpstreamBody>;
