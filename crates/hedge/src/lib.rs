@@ -154,6 +154,7 @@
 // live, or a rendered error), `delay`, `budget`, `attempt` and `replicas`.
 mod answer;
 mod attempt;
+mod base_uri;
 mod body;
 mod budget;
 mod delay;
@@ -173,6 +174,7 @@ mod template;
 mod verdict;
 
 pub use attempt::{ATTEMPT_HEADER, Attempt, ReplicaId};
+pub use base_uri::{BaseUri, InvalidBaseUri};
 pub use body::HedgeBody;
 pub use budget::HedgeBudget;
 pub use delay::{AdaptiveDelay, DelayKey, HedgeDelay};

@@ -367,7 +367,11 @@ async fn every_attempt_failing_returns_the_documented_failure() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["retry-after"], "3");
-    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    assert_eq!(
+        outcome(&res),
+        HedgeOutcome::all_failed(2, Some(ms(500))),
+        "every attempt failed: no winner"
+    );
     let (bytes, _) = read_all(res.into_body()).await;
     assert!(String::from_utf8_lossy(&bytes).contains("\"error\""));
     assert_eq!(server.stats().requests, 2);
@@ -387,7 +391,7 @@ async fn every_attempt_failing_returns_the_documented_failure() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(outcome(&res).winner, Some(0));
+    assert_eq!(outcome(&res).winner, None, "a replayed failure is no win");
     let (bytes, _) = read_all(res.into_body()).await;
     let text = String::from_utf8_lossy(&bytes);
     assert!(text.contains("data: {\"error\""), "{text}");
@@ -645,7 +649,7 @@ async fn every_attempt_reset_before_its_first_token_gets_a_502_not_an_empty_repl
     req.extensions_mut().insert(report.clone());
     let res = layer().layer(client()).oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
-    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    assert_eq!(outcome(&res), HedgeOutcome::all_failed(2, Some(ms(500))));
     assert_eq!(
         report.get(),
         Some(EndReason::UpstreamError(UpstreamFailure::Transport))

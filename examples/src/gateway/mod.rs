@@ -214,7 +214,8 @@ impl Gateway {
             .enumerate()
             .map(|(i, (url, _))| {
                 let uri = url.parse().map_err(std::io::Error::other)?;
-                Ok(Replica::new(client.clone(), uri, format!("replica-{i}")))
+                Replica::new(client.clone(), &uri, format!("replica-{i}"))
+                    .map_err(std::io::Error::other)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
 
