@@ -119,6 +119,20 @@ impl<'de> Visitor<'de> for TextLenVisitor {
     }
 }
 
+/// Whether a `content-type` says JSON: `application/json` (with parameters, such as
+/// `; charset=utf-8`) or any `application/*+json` type, in any case. The one decision
+/// [`RequestFactsLayer`] reads a body by.
+pub fn is_json(content_type: &http::HeaderValue) -> bool {
+    let essence = content_type
+        .as_bytes()
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or(b"");
+    let essence = essence.trim_ascii().to_ascii_lowercase();
+    essence == b"application/json"
+        || (essence.starts_with(b"application/") && essence.ends_with(b"+json"))
+}
+
 /// Why a request body gave no facts.
 #[derive(Debug)]
 pub struct FactsError {
@@ -227,6 +241,20 @@ mod tests {
         let body = r#"{"model":"m", "unknown":{"deep":[1,{"content":"no"}]}}"#;
         assert_eq!(facts(body).prompt_bytes, Some(body.len() as u64));
         assert_eq!(facts(r#"{"model":null}"#).model, None);
+    }
+
+    #[test]
+    fn json_content_types() {
+        for (ct, json) in [
+            ("application/json", true),
+            ("Application/JSON; charset=utf-8", true),
+            ("application/vnd.api+json", true),
+            ("text/plain", false),
+            ("multipart/form-data; boundary=x", false),
+            ("application/jsonl", false),
+        ] {
+            assert_eq!(is_json(&http::HeaderValue::from_static(ct)), json, "{ct}");
+        }
     }
 
     #[test]

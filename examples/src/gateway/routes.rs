@@ -11,6 +11,7 @@ use axum::routing::{any, get, post};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use tailguard::core::HedgeOutcome;
+use tailguard::core::facts::is_json;
 use tailguard::core::render::{ErrorInfo, error_response};
 use tower::ServiceExt;
 
@@ -88,20 +89,6 @@ fn error(
         &ErrorInfo::new(status, message.into(), kind, code),
         Body::from,
     )
-}
-
-/// `application/json`, `application/json; charset=utf-8`, or a `+json` type.
-fn is_json(value: &HeaderValue) -> bool {
-    let essence = value
-        .to_str()
-        .unwrap_or("")
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// The LLM routes: a body that says it is something else is refused before it is read (no

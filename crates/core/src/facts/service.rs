@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode, header};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
@@ -15,6 +15,7 @@ use tower_service::Service;
 
 use crate::error::BoxError;
 use crate::ext::RequestFacts;
+use crate::facts::is_json;
 use crate::render::{ErrorInfo, error_response};
 use crate::replay::{Buffering, DEFAULT_REPLAY_CAP, ReplayBody};
 
@@ -98,15 +99,6 @@ impl<S> RequestFactsService<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-}
-
-/// `application/json`, with parameters, or any `application/*+json` type.
-fn is_json(value: &HeaderValue) -> bool {
-    let essence = value.as_bytes().split(|&b| b == b';').next().unwrap_or(b"");
-    let essence = essence.trim_ascii();
-    let lower = essence.to_ascii_lowercase();
-    lower == b"application/json"
-        || (lower.starts_with(b"application/") && lower.ends_with(b"+json"))
 }
 
 impl<S, B, RB> Service<Request<B>> for RequestFactsService<S>
