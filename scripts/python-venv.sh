@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the Python virtualenv the end-to-end client tests use (.venv at the repository root,
-# git-ignored) and installs the official `openai` and `anthropic` SDKs and pytest from PyPI into it.
-# Idempotent: an existing venv with all three packages is reused. Prints the venv's python path.
+# git-ignored) and installs the official `openai` and `anthropic` SDKs and pytest from PyPI
+# into it. Idempotent: an existing venv with all three is reused. Prints the venv's python path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
