@@ -32,8 +32,9 @@ fn print_report(r: &PhaseReport) {
             format!("{:.1}ms", d.as_secs_f64() * 1e3)
         })
     };
-    let hedge = r.hedge.as_ref().map_or("-".to_owned(), |h| {
-        format!("{} attempt(s), winner {}", h.attempts, h.winner)
+    let hedge = r.hedge.as_ref().map_or("-".to_owned(), |h| match h.winner {
+        Some(w) => format!("{} attempt(s), winner {w}", h.attempts),
+        None => format!("{} attempt(s), all failed", h.attempts),
     });
     println!(
         "\n  phase report: end={} upstream={} ttft={} total={} messages={} max_gap={} hedge: {}",

@@ -1,4 +1,5 @@
-"""The gateway driven by the official `openai` Python SDK (run by scripts/e2e.sh).
+"""The gateway driven by the official `openai` Python SDK (run by scripts/e2e.sh): chat,
+completions and the Responses API, and the un-hedged pass-through of other `/v1/*` paths.
 
 The gateway runs over embedded mock replicas with tests/python/gateway.toml. Environment:
 TAILGUARD_GATEWAY_URL (e.g. http://127.0.0.1:8080) and TAILGUARD_UPSTREAM_URL (a healthy
@@ -40,11 +41,12 @@ def stream_text(base: str, headers: dict) -> tuple[str, list, httpx.Headers]:
     return "".join(text), finish, raw.headers
 
 
-def metric(name: str) -> float:
+def metric(name: str, label: str = "") -> float:
+    """The sum of the samples of `name` (those with `label`, e.g. `route="other"`, when given)."""
     body = httpx.get(f"{GATEWAY}/metrics", timeout=5.0).text
     total = 0.0
     for line in body.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -224,3 +226,77 @@ def test_a_non_json_body_is_refused_with_415():
     )
     assert res.status_code == 415
     assert res.json()["error"]["code"] == "unsupported_media_type"
+
+
+# ---- issue 16: the Responses API and the un-hedged pass-through ----------------------------
+
+
+def responses_text(base: str, headers: dict) -> tuple[str, list, httpx.Headers]:
+    raw = client(base).responses.with_raw_response.create(
+        model=MODEL, input="Hello!", stream=True, extra_headers=headers
+    )
+    text = []
+    ended = []
+    for event in raw.parse():
+        if event.type == "response.output_text.delta":
+            text.append(event.delta)
+        elif event.type in ("response.completed", "response.incomplete", "response.failed"):
+            ended.append(event.response)
+    return "".join(text), ended, raw.headers
+
+
+def test_streamed_responses_are_the_upstreams_stream():
+    want, _, _ = responses_text(UPSTREAM, {"x-mock-script": SCRIPT})
+    got, ended, headers = responses_text(GATEWAY, {"x-mock-script": SCRIPT})
+    assert want
+    assert got == want
+    assert [r.status for r in ended] == ["completed"]
+    assert ended[0].output_text == got
+    assert headers["x-tailguard-hedge"] == "attempts=1; winner=0"
+
+
+def test_the_responses_stream_helper_assembles_the_answer():
+    # The SDK's stream helper checks the event order (created, output item, content part,
+    # deltas) while it accumulates the response.
+    with client(GATEWAY).responses.stream(
+        model=MODEL, input="Hello!", extra_headers={"x-mock-script": SCRIPT}
+    ) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.status == "completed"
+    assert final.output_text == "".join(deltas)
+    assert final.usage.output_tokens == 8
+
+
+def test_responses_hedge_bypasses_a_slow_primary():
+    want, _, _ = responses_text(UPSTREAM, {"x-mock-script": SCRIPT})
+    started = time.monotonic()
+    got, ended, headers = responses_text(
+        GATEWAY, {"x-mock-script": SCRIPT, "x-mock-script-0": "ttft=3s"}
+    )
+    assert time.monotonic() - started < 2.5
+    assert got == want
+    assert [r.status for r in ended] == ["completed"]
+    assert headers["x-tailguard-hedge"] == "attempts=2; winner=1"
+
+
+def test_a_non_streamed_response_is_not_hedged():
+    # `stream` absent: the request facts say non-streamed, so the hedge leaves it alone.
+    raw = client(GATEWAY).responses.with_raw_response.create(
+        model=MODEL, input="Hello!", max_output_tokens=3, extra_headers={"x-mock-script": SCRIPT}
+    )
+    res = raw.parse()
+    assert res.status == "completed"
+    assert res.output_text == "Hello there,"
+    assert "x-tailguard-hedge" not in raw.headers
+
+
+def test_other_v1_paths_pass_through_unhedged_as_route_other():
+    before = metric("tailguard_requests_total", 'route="other"')
+    res = httpx.get(f"{GATEWAY}/v1/files", timeout=5.0)
+    # The mock has no such route: its own 404 comes back through the gateway.
+    assert res.status_code == 404
+    assert res.json()["error"]["message"] == "no such route"
+    assert "x-tailguard-hedge" not in res.headers
+    assert res.headers["x-request-id"]
+    assert metric("tailguard_requests_total", 'route="other"') == before + 1

@@ -303,7 +303,7 @@ async fn hedge_outcome_from_first_token_hedge() {
     let r = reports.one();
     assert_eq!(r.end_reason, EndReason::Completed);
     let h = r.hedge.expect("hedge outcome");
-    assert_eq!((h.attempts, h.winner), (2, 1));
+    assert_eq!((h.attempts, h.winner), (2, Some(1)));
     assert_eq!(r.time_to_first_token, Some(ms(110)));
     let hedged: Vec<_> = snap
         .snapshot()

@@ -19,8 +19,45 @@ pub(crate) struct ClassMetrics {
     pub(crate) queue_wait: Histogram,
 }
 
+/// Help text and units of every admission metric, for exporters that print them (Prometheus
+/// `# HELP`); sent to the recorder whenever a class registers its handles.
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "tailguard_admission_in_flight",
+        Unit::Count,
+        "Capacity units held by admitted requests"
+    );
+    describe_gauge!(
+        "tailguard_admission_queued",
+        Unit::Count,
+        "Requests waiting in the admission queue"
+    );
+    describe_counter!(
+        "tailguard_admission_admitted_total",
+        Unit::Count,
+        "Requests admitted, at once or after queueing"
+    );
+    describe_counter!(
+        "tailguard_admission_rejected_total",
+        Unit::Count,
+        "Requests refused by admission, by reason"
+    );
+    describe_histogram!(
+        "tailguard_admission_queue_wait_seconds",
+        Unit::Seconds,
+        "Time admitted requests waited in the admission queue"
+    );
+    describe_counter!(
+        "tailguard_admission_cluster_errors_total",
+        Unit::Count,
+        "Cluster lease backend errors, by the mode the gate fell back to"
+    );
+}
+
 impl ClassMetrics {
     pub(crate) fn new(priority: &str) -> Self {
+        describe();
         let p = priority.to_owned();
         let admitted = |path: &'static str| {
             metrics::counter!(

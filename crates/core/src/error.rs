@@ -115,15 +115,21 @@ impl TimeoutError {
 
 impl fmt::Display for TimeoutError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} timeout after {:?} (limit {:?}, {} events seen",
-            self.phase, self.elapsed, self.limit, self.events
-        )?;
-        if let Some(since) = self.since_last_event {
-            write!(f, ", {since:?} since the last event")?;
+        // Says which duration is which: the gap the idle limit measures, or the time since the
+        // request started that every other limit measures.
+        let (phase, limit, elapsed, events) = (self.phase, self.limit, self.elapsed, self.events);
+        match self.since_last_event {
+            Some(gap) => write!(
+                f,
+                "{phase} timeout: {gap:?} since the last event (limit {limit:?}); \
+                 {elapsed:?} into the request, {events} events seen"
+            ),
+            None => write!(
+                f,
+                "{phase} timeout: {elapsed:?} into the request (limit {limit:?}); \
+                 {events} events seen"
+            ),
         }
-        f.write_str(")")
     }
 }
 
@@ -323,7 +329,16 @@ mod tests {
         );
         assert_eq!(
             e.to_string(),
-            "idle timeout after 9s (limit 5s, 12 events seen, 5s since the last event)"
+            "idle timeout: 5s since the last event (limit 5s); 9s into the request, 12 events seen"
+        );
+        let first = TimeoutError::new(
+            Phase::FirstToken,
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            first.to_string(),
+            "first token timeout: 5s into the request (limit 5s); 0 events seen"
         );
         let t = e.downcast_ref::<TimeoutError>().expect("downcast");
         assert_eq!(t.phase(), Phase::Idle);

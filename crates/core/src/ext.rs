@@ -272,8 +272,9 @@ impl AdmissionOutcome {
 pub struct HedgeOutcome {
     /// Attempts sent, the primary included (1 when no hedge was sent).
     pub attempts: u8,
-    /// Index of the attempt whose response reached the client (0 = the primary).
-    pub winner: u8,
+    /// Index of the attempt whose answer reached the client (0 = the primary); `None` when
+    /// every attempt failed (the client got the most informative failure, which is no win).
+    pub winner: Option<u8>,
     /// The hedge delay in force for this request (`None` when the request was not eligible or
     /// the adaptive estimate had too few samples).
     pub delay: Option<Duration>,
@@ -286,9 +287,17 @@ impl HedgeOutcome {
     pub fn new(attempts: u8, winner: u8, delay: Option<Duration>) -> Self {
         HedgeOutcome {
             attempts,
-            winner,
+            winner: Some(winner),
             delay,
             budget_exhausted: false,
+        }
+    }
+
+    /// An outcome with `attempts` sent, every one failed, and the `delay` used.
+    pub fn all_failed(attempts: u8, delay: Option<Duration>) -> Self {
+        HedgeOutcome {
+            winner: None,
+            ..HedgeOutcome::new(attempts, 0, delay)
         }
     }
 

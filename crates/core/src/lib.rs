@@ -15,7 +15,9 @@
 //! * [`error`]: concrete, downcastable error types;
 //! * [`render`]: one place that turns an error into an HTTP response, an in-band event or gRPC
 //!   trailers;
-//! * [`replay`]: request bodies buffered once so they can be sent twice.
+//! * [`replay`]: request bodies buffered once so they can be sent twice;
+//! * [`facts`]: [`RequestFacts`] read from OpenAI and Anthropic request JSON, and
+//!   [`RequestFactsLayer`], which reads them once per request and hands the buffered body on.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -41,6 +43,7 @@
 pub mod classify;
 pub mod error;
 pub mod ext;
+pub mod facts;
 pub mod headers;
 mod mode;
 pub mod render;
@@ -56,6 +59,7 @@ pub use ext::{
     AdmissionOutcome, ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, Priority,
     RequestFacts, UpstreamFailure,
 };
+pub use facts::{FactsError, RequestFactsLayer, RequestFactsService};
 pub use mode::{Fail, Respond};
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};

@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -106,6 +106,25 @@ impl<B> ReplayBody<B> {
             frames: Vec::new(),
             len: 0,
         }
+    }
+
+    /// For a replayable body: its bytes in one piece, and the body (replaying that one piece
+    /// when it was buffered in several frames; trailers kept).
+    pub(crate) fn contiguous(self) -> Option<(Bytes, Self)> {
+        let Inner::Replay { buf, .. } = &self.inner else {
+            return None;
+        };
+        if let [] | [_] = buf.frames.as_slice() {
+            let bytes = buf.frames.first().cloned().unwrap_or_default();
+            return Some((bytes, self));
+        }
+        let mut joined = BytesMut::with_capacity(buf.len);
+        for frame in &buf.frames {
+            joined.extend_from_slice(frame);
+        }
+        let joined = joined.freeze();
+        let body = replay(vec![joined.clone()], buf.trailers.clone(), buf.len);
+        Some((joined, body))
     }
 
     /// Whether [`try_clone`](ReplayBody::try_clone) succeeds.
@@ -284,6 +303,11 @@ where
 }
 
 impl<B> Buffering<B> {
+    /// The cap this future buffers up to.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
+    }
+
     fn finish(&mut self, trailers: Option<HeaderMap>) -> ReplayBody<B> {
         self.body = None;
         replay(std::mem::take(&mut self.frames), trailers, self.len)

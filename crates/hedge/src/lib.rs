@@ -40,7 +40,7 @@
 //! let res = client.oneshot(req).await?;
 //! // The first token came well within the delay: no backup was sent.
 //! let outcome = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
-//! assert_eq!((outcome.attempts, outcome.winner), (1, 0));
+//! assert_eq!((outcome.attempts, outcome.winner), (1, Some(0)));
 //! let body = res.into_body().collect().await?.to_bytes();
 //! assert!(body.ends_with(b"data: [DONE]\n\n"));
 //! # Ok(())
@@ -146,6 +146,7 @@
 // live, or a rendered error), `delay`, `budget`, `attempt` and `replicas`.
 mod answer;
 mod attempt;
+mod base_uri;
 mod body;
 mod budget;
 mod delay;
@@ -154,6 +155,7 @@ pub mod error;
 pub mod future;
 mod inflight;
 mod layer;
+mod metrics;
 mod race;
 mod replicas;
 mod score;
@@ -164,6 +166,7 @@ mod template;
 mod verdict;
 
 pub use attempt::{ATTEMPT_HEADER, Attempt, ReplicaId};
+pub use base_uri::{BaseUri, InvalidBaseUri};
 pub use body::HedgeBody;
 pub use budget::HedgeBudget;
 pub use delay::{AdaptiveDelay, DelayKey, HedgeDelay};

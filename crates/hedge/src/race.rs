@@ -171,9 +171,13 @@ where
         req
     }
 
-    fn outcome(&self, winner: u8) -> HedgeOutcome {
-        HedgeOutcome::new(self.sent, winner, self.delay)
-            .with_budget_exhausted(self.budget_exhausted)
+    /// What the hedge did: `winner` is `None` when every attempt failed.
+    fn outcome(&self, winner: Option<u8>) -> HedgeOutcome {
+        let outcome = match winner {
+            Some(w) => HedgeOutcome::new(self.sent, w, self.delay),
+            None => HedgeOutcome::all_failed(self.sent, self.delay),
+        };
+        outcome.with_budget_exhausted(self.budget_exhausted)
     }
 
     /// Sends attempt number `self.sent` on the (ready) service.
@@ -339,7 +343,7 @@ where
         );
         let forward = self.forward(attempt.report);
         let mut res = stream.into_response(None, forward);
-        res.extensions_mut().insert(self.outcome(index));
+        res.extensions_mut().insert(self.outcome(Some(index)));
         res
     }
 
@@ -372,7 +376,7 @@ where
             outer.report(reason);
         }
         answer.map(|mut res| {
-            res.extensions_mut().insert(self.outcome(index));
+            res.extensions_mut().insert(self.outcome(None));
             res
         })
     }

@@ -41,6 +41,7 @@ impl fmt::Debug for Shared {
 
 impl Shared {
     pub(crate) fn new(config: Config) -> Self {
+        crate::metrics::describe();
         let rollout_threshold = if config.rollout >= 1.0 {
             u64::MAX
         } else {

@@ -290,7 +290,7 @@ async fn tower_hedge_does_not_hedge_a_slow_first_token() {
         .await
         .unwrap();
     assert!(start.elapsed() < ms(700));
-    assert_eq!(outcome(&res).winner, 1);
+    assert_eq!(outcome(&res).winner, Some(1));
     let _ = read_all(res.into_body()).await;
     assert_eq!(server.stats().requests, 2);
 }
@@ -330,18 +330,18 @@ async fn primary_503_sends_the_backup_at_once() {
 async fn primary_reset_sends_the_backup_at_once() {
     let (gap, _, o) = failover("reset=before_headers, head_delay=20ms").await;
     assert!(gap >= ms(20) && gap < ms(30), "{gap:?}");
-    assert_eq!(o.winner, 1);
+    assert_eq!(o.winner, Some(1));
     // A reset after the head, before any token.
     let (gap, _, o) = failover("reset=0, ttft=60ms").await;
     assert!(gap >= ms(60) && gap < ms(70), "{gap:?}");
-    assert_eq!(o.winner, 1);
+    assert_eq!(o.winner, Some(1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn primary_in_band_error_sends_the_backup_at_once() {
     let (gap, bytes, o) = failover("error_after=0, ttft=70ms").await;
     assert!(gap >= ms(70) && gap < ms(80), "{gap:?}");
-    assert_eq!(o.winner, 1);
+    assert_eq!(o.winner, Some(1));
     assert!(!String::from_utf8_lossy(&bytes).contains("error"));
 }
 
@@ -366,7 +366,11 @@ async fn every_attempt_failing_returns_the_documented_failure() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["retry-after"], "3");
-    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    assert_eq!(
+        outcome(&res),
+        HedgeOutcome::all_failed(2, Some(ms(500))),
+        "every attempt failed: no winner"
+    );
     let (bytes, _) = read_all(res.into_body()).await;
     assert!(String::from_utf8_lossy(&bytes).contains("\"error\""));
     assert_eq!(server.stats().requests, 2);
@@ -386,7 +390,7 @@ async fn every_attempt_failing_returns_the_documented_failure() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(outcome(&res).winner, 0);
+    assert_eq!(outcome(&res).winner, None, "a replayed failure is no win");
     let (bytes, _) = read_all(res.into_body()).await;
     let text = String::from_utf8_lossy(&bytes);
     assert!(text.contains("data: {\"error\""), "{text}");
@@ -512,7 +516,7 @@ async fn anthropic_stream_is_hedged_on_its_first_content_delta() {
         .oneshot(post("/v1/messages", MESSAGES, &[]))
         .await
         .unwrap();
-    assert_eq!(outcome(&res).winner, 1);
+    assert_eq!(outcome(&res).winner, Some(1));
     let (bytes, _) = read_all(res.into_body()).await;
     assert_eq!(bytes, expected);
     assert!(String::from_utf8_lossy(&bytes).contains("message_start"));
@@ -635,7 +639,7 @@ async fn every_attempt_reset_before_its_first_token_gets_a_502_not_an_empty_repl
     req.extensions_mut().insert(report.clone());
     let res = layer().layer(client()).oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
-    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    assert_eq!(outcome(&res), HedgeOutcome::all_failed(2, Some(ms(500))));
     assert_eq!(
         report.get(),
         Some(EndReason::UpstreamError(UpstreamFailure::Transport))
@@ -712,7 +716,7 @@ async fn an_outage_leaves_the_adaptive_delay_alone_and_the_next_hedge_is_in_time
         .expect("a first token within the budget")
         .unwrap();
     let o = outcome(&res);
-    assert_eq!((o.attempts, o.winner), (2, 1));
+    assert_eq!((o.attempts, o.winner), (2, Some(1)));
     let delay = o.delay.unwrap();
     assert!(delay < ms(100), "the estimate was left alone: {delay:?}");
     assert!(start.elapsed() < ms(300), "{:?}", start.elapsed());

@@ -261,7 +261,10 @@ async fn every_attempt_failing_returns_the_latest_error_status_and_reports_it() 
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["x-which"], "1");
     assert_eq!(res.headers()["retry-after"], "7");
-    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
+    assert_eq!(
+        outcome(&res),
+        Some(HedgeOutcome::all_failed(2, Some(ms(500))))
+    );
     assert_eq!(
         report.get(),
         Some(EndReason::UpstreamError(UpstreamFailure::Status(
@@ -283,7 +286,10 @@ async fn an_in_band_error_outranks_a_status_and_is_replayed_whole() {
     let up = Upstream::new(vec![in_band.clone(), Plan::status(502)]);
     let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 0, Some(ms(500)))));
+    assert_eq!(
+        outcome(&res),
+        Some(HedgeOutcome::all_failed(2, Some(ms(500))))
+    );
     let (got, _, err) = frames(res.into_body()).await;
     assert!(!err);
     assert_eq!(got, in_band.frames(), "the rest of the stream follows live");
@@ -296,7 +302,10 @@ async fn a_status_outranks_a_stream_without_tokens_which_outranks_transport() {
     let no_token = Plan::items(vec![data(ROLE), data(DONE)]);
     let up = Upstream::new(vec![no_token.clone(), Plan::transport_error()]);
     let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
-    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 0, Some(ms(500)))));
+    assert_eq!(
+        outcome(&res),
+        Some(HedgeOutcome::all_failed(2, Some(ms(500))))
+    );
     let (status, e) = openai_error(res).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(e["code"], "upstream_no_token");

@@ -40,6 +40,7 @@ impl Ctx {
         Bytes::from_static(match self.api {
             Api::Chat | Api::Completions => b"data: ",
             Api::Anthropic => b"event: content_block_delta\ndata: ",
+            Api::Responses => b"event: response.output_text.delta\ndata: ",
             Api::OllamaGenerate | Api::OllamaChat => b"",
             Api::Grpc => &[0, 0xff, 0xff, 0xff, 0xff],
         })

@@ -93,6 +93,7 @@ pub(crate) async fn handle(
         (&Method::POST, "/v1/chat/completions") => Api::Chat,
         (&Method::POST, "/v1/completions") => Api::Completions,
         (&Method::POST, "/v1/messages" | "/anthropic/v1/messages") => Api::Anthropic,
+        (&Method::POST, "/v1/responses") => Api::Responses,
         (&Method::POST, GENERATE_PATH) => Api::Grpc,
         (&Method::POST, "/api/generate") => Api::OllamaGenerate,
         (&Method::POST, "/api/chat") => Api::OllamaChat,
@@ -241,6 +242,7 @@ fn context(api: Api, index: u64, params: &Params, script: &Script, tokens: u32) 
         Api::Chat => "chatcmpl",
         Api::Completions => "cmpl",
         Api::Anthropic => "msg",
+        Api::Responses => "resp",
         Api::Grpc | Api::OllamaGenerate | Api::OllamaChat => "gen",
     };
     Ctx {
@@ -397,6 +399,7 @@ fn parse_params(api: Api, body: &[u8]) -> Option<Params> {
     let max_tokens = v
         .get("max_tokens")
         .or_else(|| v.get("max_completion_tokens"))
+        .or_else(|| v.get("max_output_tokens"))
         .or_else(|| v.pointer("/options/num_predict"))
         .and_then(|m| m.as_u64())
         .map(|m| u32::try_from(m).unwrap_or(u32::MAX));
@@ -431,6 +434,7 @@ fn prompt_words(v: &serde_json::Value) -> u64 {
     }
     v.get("messages")
         .or_else(|| v.get("prompt"))
+        .or_else(|| v.get("input"))
         .map(words)
         .unwrap_or(0)
 }

@@ -1,7 +1,8 @@
 //! tailguard-mock: a scriptable mock LLM upstream and an open-loop load generator.
 //!
 //! [`MockServer`] is one replica on `127.0.0.1` (HTTP/1.1 and HTTP/2 on one port) that speaks
-//! OpenAI chat/completions SSE, Anthropic messages SSE, Ollama-style NDJSON and a gRPC
+//! OpenAI chat/completions SSE, OpenAI Responses API SSE, Anthropic messages SSE, Ollama-style
+//! NDJSON and a gRPC
 //! server-streaming `Generate` service, and misbehaves on command: a [`Script`] sets the delay before headers, the time to
 //! first token (fixed or drawn from a seeded [`Latency`] distribution), the number of tokens
 //! and the gaps between them, stalls, keepalive comments, error statuses with `Retry-After`,
@@ -85,6 +86,7 @@ mod latency;
 pub mod load;
 mod options;
 mod producer;
+mod responses;
 mod rng;
 mod script;
 mod server;

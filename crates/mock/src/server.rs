@@ -46,6 +46,7 @@ pub(crate) struct Inner {
 /// | `POST /v1/chat/completions` | OpenAI chat; `"stream": true` streams SSE, `stream_options.include_usage` adds the usage chunk |
 /// | `POST /v1/completions` | OpenAI legacy completions (`choices[].text`) |
 /// | `POST /v1/messages` (also `/anthropic/v1/messages`) | Anthropic messages SSE (streamed when `"stream": true`) |
+/// | `POST /v1/responses` | OpenAI Responses API: named `response.*` events (streamed when `"stream": true`), `max_output_tokens` caps tokens |
 /// | `GET /v1/models` | a one-model list |
 /// | `POST /tailguard.mock.v1.Generator/Generate` | gRPC server streaming (HTTP/2), see [`grpc`](crate::grpc) |
 /// | `POST /api/generate`, `POST /api/chat` | Ollama-style NDJSON (`application/x-ndjson`; streamed unless `"stream": false`); `options.num_predict` caps tokens |

@@ -148,6 +148,7 @@ mod metric_names;
 mod metrics_sink;
 mod recording;
 mod report;
+mod report_fmt;
 mod request_id;
 mod service;
 mod sink;

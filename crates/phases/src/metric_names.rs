@@ -93,7 +93,7 @@ pub mod buckets {
 /// | output events per streamed request | `tailguard_output_events` | `tailguard.output_events` | `tailguard.output_events` | histogram |
 /// | usage the stream reported | `tailguard_usage_tokens` | `gen_ai.client.token.usage` | `gen_ai.client.token.usage` | histogram |
 /// | attempts per hedge-eligible request | `tailguard_hedge_attempts` | `tailguard.hedge.attempts` | `tailguard.hedge.attempts` | histogram |
-/// | requests with a hedge sent | `tailguard_hedged_requests_total` | `tailguard.hedged_requests` | `tailguard.hedged_requests` | counter |
+/// | requests with a hedge sent and an attempt won, by winner | `tailguard_hedged_requests_total` | `tailguard.hedged_requests` | `tailguard.hedged_requests` | counter |
 ///
 /// The metrics recorded at the end of a request carry the first six labels below, and under the
 /// OpenTelemetry schemes the operation and the provider too, and the error type when the request

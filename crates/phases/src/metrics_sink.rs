@@ -140,7 +140,7 @@ impl MetricsSink {
             r.describe_counter(
                 d(n.hedged_requests),
                 Some(Unit::Count),
-                "Requests for which a hedge was sent, by winner".into(),
+                "Requests for which a hedge was sent and an attempt won, by winner".into(),
             );
         });
     }
@@ -204,12 +204,11 @@ impl MetricsSink {
             }
             if let Some(h) = &rep.hedge {
                 record(Metric::HedgeAttempts, f64::from(h.attempts));
-                if h.attempts > 1 {
-                    count(if h.winner == 0 {
-                        Metric::HedgedPrimary
-                    } else {
-                        Metric::HedgedHedge
-                    });
+                // A request whose every attempt failed has no winner to count.
+                match h.winner {
+                    Some(0) if h.attempts > 1 => count(Metric::HedgedPrimary),
+                    Some(_) if h.attempts > 1 => count(Metric::HedgedHedge),
+                    _ => {}
                 }
             }
         });

@@ -78,6 +78,31 @@ async fn exact_phases_of_a_scripted_stream() {
     assert_eq!(r.labels.route(), "/v1/chat/completions");
     assert_eq!(r.labels.model(), "gpt-4o");
     assert_eq!(r.labels.upstream(), "vllm-a");
+    // The log line, and the flat record of the `serde` feature.
+    let line = r.to_string();
+    assert!(line.starts_with("request_id="), "{line}");
+    assert!(
+        line.ends_with(
+            " route=/v1/chat/completions model=gpt-4o upstream=vllm-a priority=interactive \
+             streamed=true status=200 end_reason=completed queue_wait=- \
+             time_to_headers=0.050000s ttft=0.150000s total=0.210000s output_events=4 events=8"
+        ),
+        "{line}"
+    );
+    #[cfg(feature = "serde")]
+    {
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["ttft"], 0.15);
+        assert_eq!(v["total"], 0.21);
+        assert_eq!(v["output_events"], 4);
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["end_reason"], "completed");
+        assert_eq!(
+            (v["requested_model"].as_str(), v["max_tokens"].as_u64()),
+            (Some("gpt-4o-2024-08-06"), Some(64))
+        );
+        assert!(v["hedge_attempts"].is_null() && v["queue_wait"].is_null());
+    }
     assert_eq!(r.labels.priority(), "interactive");
     assert!(r.labels.streamed());
     assert_eq!(r.facts.as_ref().unwrap().max_tokens, Some(64));
@@ -526,7 +551,7 @@ async fn admission_and_hedge_outcomes_from_response_extensions() {
     assert_eq!(all[0].queue_wait, Some(ms(200)));
     assert_eq!(
         all[0].hedge.as_ref().map(|h| (h.attempts, h.winner)),
-        Some((2, 1))
+        Some((2, Some(1)))
     );
     assert_eq!(all[0].labels.upstream(), "replica-b");
     assert_eq!(all[0].time_to_first_token, Some(ms(300)));

@@ -39,6 +39,12 @@ impl<S> PriorityClass<S> {
     }
 
     pub(crate) fn from_classifier(inner: S, cls: Arc<Classifier>) -> Self {
+        // Help text for exporters that print it (Prometheus `# HELP`).
+        metrics::describe_counter!(
+            "tailguard_priority_classified_total",
+            metrics::Unit::Count,
+            "Requests classified, by priority class and by what decided it"
+        );
         PriorityClass { inner, cls }
     }
 

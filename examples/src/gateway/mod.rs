@@ -1,7 +1,7 @@
 //! An OpenAI-compatible LLM gateway guarded by every tailguard layer.
 //!
 //! ```text
-//! client ─▶ axum router ─▶ LatencyPhaseRecorder ─▶ PriorityClass
+//! client ─▶ axum router ─▶ RequestFacts ─▶ LatencyPhaseRecorder ─▶ PriorityClass
 //!        ─▶ BoundedAdmission ─▶ Drain ─▶ SseIdleTimeout ─▶ FirstTokenHedge ─▶ ReplicaSet
 //!        ─▶ pooled hyper client ─▶ upstream replicas
 //! ```
@@ -10,18 +10,22 @@
 //! own: [`Drain`] ends in-flight streams in-band when the shutdown grace period
 //! is over.
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (proxied through the stack;
-//! a non-JSON content type is a 415), `GET /v1/models`, `GET /metrics` (Prometheus text),
-//! `GET /healthz`. Hop-by-hop headers are dropped both ways ([`strip_hop_by_hop`]).
+//! Routes ([`HEDGED_ROUTES`]): OpenAI's `POST /v1/chat/completions`, `POST /v1/completions`
+//! and `POST /v1/responses`, and Anthropic's `POST /v1/messages`, proxied through the stack
+//! and hedged (a non-JSON content type is a 415); `GET /v1/models`; every other `/v1/*`
+//! request (any method) proxied through the same stack un-hedged, with the route label
+//! `other`; `GET /metrics` (Prometheus text), `GET /healthz`. Hop-by-hop headers are dropped
+//! both ways ([`strip_hop_by_hop`]).
 //!
 //! The server is hyper's, driven by [`serve`]: `TCP_NODELAY` on every accepted connection
 //! (and on the upstream pool's, [`upstream_client`]), a connection cap, a header-read timeout
 //! against slowloris clients and an idle keep-alive timeout.
 //!
-//! The handler parses the request body once (it needs the JSON anyway to answer a malformed
-//! request with a 400) and puts what it learnt into core's
-//! [`RequestFacts`](tailguard::core::RequestFacts): model, `max_tokens`, `stream` and prompt bytes, which the recorder labels
-//! by, the hedge reads (a non-streamed request is not hedged) and admission may cost by.
+//! Core's [`RequestFactsLayer`](tailguard::core::RequestFactsLayer) reads each JSON request
+//! body once (answering a malformed one with a 400) and puts what it learnt into
+//! [`RequestFacts`](tailguard::core::RequestFacts): model, `max_tokens`, `stream` and prompt
+//! bytes, which the recorder labels by, the hedge reads (a non-streamed request is not
+//! hedged) and admission may cost by; the hedge replays that one buffer.
 
 mod args;
 mod cluster;
@@ -37,11 +41,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::{HeaderName, Request, Response};
-use http_body_util::Full;
 use tailguard::admission::BoundedAdmissionLayer;
-use tailguard::core::{BoxError, ClassPolicy, Priority};
+use tailguard::core::{BoxError, ClassPolicy, Priority, RequestFacts, RequestFactsLayer};
 use tailguard::hedge::{
     Ejection, FirstTokenHedgeLayer, HedgeBudget, HedgeDelay, ReplicaSet, Routing,
 };
@@ -69,20 +71,37 @@ pub use upstream::{
     HttpClient, Replica, UpstreamBody, strip_hop_by_hop, upstream_client, upstream_connector,
 };
 
-/// The response header that tells the client what the hedge did: `attempts=2; winner=1`.
+/// The response header that tells the client what the hedge did: `attempts=2; winner=1`
+/// (`winner=none` when every attempt failed).
 pub const HEDGE_HEADER: &str = "x-tailguard-hedge";
 
-/// The routes whose requests go through the stack (bounded `route` labels).
-pub const PROXIED_ROUTES: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+/// The LLM routes the hedge races (bounded `route` labels; any other path is `other`).
+pub const HEDGED_ROUTES: [&str; 4] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+];
 
 /// The whole stack as one cloneable service.
-pub type Stack = BoxCloneSyncService<Request<Full<Bytes>>, Response<Body>, BoxError>;
+pub type Stack = BoxCloneSyncService<Request<Body>, Response<Body>, BoxError>;
+
+/// The hedge's eligibility: a `POST` to one of the [`HEDGED_ROUTES`] that did not ask for a
+/// non-streamed answer.
+fn hedged(parts: &http::request::Parts) -> bool {
+    parts.method == http::Method::POST
+        && HEDGED_ROUTES.contains(&parts.uri.path())
+        && parts
+            .extensions
+            .get::<RequestFacts>()
+            .is_none_or(|f| f.stream != Some(false))
+}
 
 /// Builds the tailguard stack over `replicas`, configured by `config`; in-flight streams end
 /// in-band when `drain` turns `true`.
 pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiver<bool>) -> Stack {
     let recorder = LatencyPhaseRecorderLayer::new()
-        .with_routes(PROXIED_ROUTES)
+        .with_routes(HEDGED_ROUTES)
         .with_models(config.models.clone())
         .with_upstream("gateway");
 
@@ -138,7 +157,8 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
             HedgeDelaySetting::Fixed(d) => HedgeDelay::fixed(d),
         })
         .with_budget(shared.hedge)
-        .with_failover_budget(shared.failover);
+        .with_failover_budget(shared.failover)
+        .with_predicate(hedged);
     // Each attempt of a request goes to a replica no earlier attempt went to; primaries to the
     // replica with the shortest expected wait for a first token.
     let routing = if h.least_wait {
@@ -158,6 +178,7 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     let hedged = tower::Layer::layer(&hedge, set);
 
     let stack = ServiceBuilder::new()
+        .layer(RequestFactsLayer::new().with_max_body(config.max_request_bytes))
         .map_response(|res: Response<_>| res.map(Body::new))
         .layer(recorder)
         // PriorityClass also copies the class into the response, where the recorder (which
@@ -192,18 +213,20 @@ impl Gateway {
             .enumerate()
             .map(|(i, (url, _))| {
                 let uri = url.parse().map_err(std::io::Error::other)?;
-                Ok(Replica::new(client.clone(), uri, format!("replica-{i}")))
+                Replica::new(client.clone(), &uri, format!("replica-{i}"))
+                    .map_err(std::io::Error::other)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
 
         let (stop, stop_rx) = watch::channel(false);
         let (drain_tx, drain_rx) = watch::channel(false);
+        // The recorder first: the layers describe their metrics to it as they are built.
+        let metrics = metrics_handle();
         let router = routes::router(routes::App {
             models_from: replicas.first().cloned(),
             stack: build_stack(&config, replicas, drain_rx),
             models: config.models.clone().into(),
-            max_request_bytes: config.max_request_bytes,
-            metrics: metrics_handle(),
+            metrics,
         });
         let listener = TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;

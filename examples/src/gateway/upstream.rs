@@ -4,21 +4,21 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
-use http::uri::{PathAndQuery, Uri};
+use http::uri::Uri;
 use http::{Request, Response};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tailguard::core::{BoxError, ReplayBody};
+use tailguard::hedge::{BaseUri, InvalidBaseUri};
 use tailguard::phases::Upstream as UpstreamLabel;
 use tower::Service;
 
-/// The request body the replicas take: the hedge's replayable body over the parsed request.
-pub type UpstreamBody = ReplayBody<Full<Bytes>>;
+/// The request body the replicas take: the hedge's replayable body over the one that core's
+/// `RequestFactsLayer` buffered (the hedge's replays share its bytes).
+pub type UpstreamBody = ReplayBody<ReplayBody<axum::body::Body>>;
 
 /// The pooled client every replica shares (its pool is keyed by authority).
 pub type HttpClient = Client<HttpConnector, UpstreamBody>;
@@ -70,25 +70,27 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// A replica: sends requests to `base` (scheme and authority), keeping their path and query, and
-/// labels the response with its name for the recorder's bounded `upstream` label. The request
-/// goes out as HTTP/1.1 (an HTTP/2 client's too); hop-by-hop headers are dropped from it
-/// before it leaves and from the response as it comes back.
+/// A replica: the shared client aimed at `base` by the hedge's [`BaseUri`] (scheme, authority
+/// and path prefix), labelling the response with its name for the recorder's bounded
+/// `upstream` label. The request goes out as HTTP/1.1 (an HTTP/2 client's too); hop-by-hop
+/// headers are dropped from it before it leaves and from the response as it comes back.
 #[derive(Clone, Debug)]
 pub struct Replica {
-    client: HttpClient,
-    base: Uri,
+    client: BaseUri<HttpClient>,
     label: Arc<str>,
 }
 
 impl Replica {
-    /// A replica at `base`, named `label`.
-    pub fn new(client: HttpClient, base: Uri, label: impl Into<Arc<str>>) -> Self {
-        Replica {
-            client,
-            base,
+    /// A replica at `base`, named `label`; `base` needs a scheme and an authority.
+    pub fn new(
+        client: HttpClient,
+        base: &Uri,
+        label: impl Into<Arc<str>>,
+    ) -> Result<Self, InvalidBaseUri> {
+        Ok(Replica {
+            client: BaseUri::new(client, base)?,
             label: label.into(),
-        }
+        })
     }
 }
 
@@ -105,23 +107,13 @@ impl Service<Request<UpstreamBody>> for Replica {
     }
 
     fn call(&mut self, mut req: Request<UpstreamBody>) -> Self::Future {
-        let mut parts = self.base.clone().into_parts();
-        parts.path_and_query = Some(
-            req.uri()
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
-        let uri = Uri::from_parts(parts);
-        let client = self.client.clone();
+        // The pool speaks HTTP/1.1 to the upstreams, whatever the client spoke.
+        *req.version_mut() = http::Version::HTTP_11;
+        strip_hop_by_hop(req.headers_mut());
+        let response = self.client.call(req);
         let label = self.label.clone();
         Box::pin(async move {
-            *req.uri_mut() = uri?;
-            req.headers_mut().remove(header::HOST);
-            // The pool speaks HTTP/1.1 to the upstreams, whatever the client spoke.
-            *req.version_mut() = http::Version::HTTP_11;
-            strip_hop_by_hop(req.headers_mut());
-            let mut res = client.request(req).await?;
+            let mut res = response.await?;
             strip_hop_by_hop(res.headers_mut());
             res.extensions_mut().insert(UpstreamLabel::new(label));
             Ok(res)
