@@ -13,6 +13,8 @@ use http::StatusCode;
 
 use crate::error::OverloadReason;
 
+pub use crate::deadline::Deadlines;
+
 /// The class a request belongs to: an ordered level and a name.
 ///
 /// A greater [`level`](Priority::level) is more important; the lowest class is shed first.
@@ -137,6 +139,8 @@ pub struct ClassPolicy {
     pub first_token_timeout: Option<Duration>,
     /// Longest allowed gap between progress events after the first token.
     pub idle_timeout: Option<Duration>,
+    /// Longest allowed gap in which no bytes at all arrive, after response headers.
+    pub liveness_timeout: Option<Duration>,
     /// Deadline for the whole stream.
     pub total_timeout: Option<Duration>,
     /// Share of admission capacity reserved for this class under contention, in `0.0..=1.0`.
@@ -173,6 +177,12 @@ impl ClassPolicy {
         self
     }
 
+    /// Sets the liveness timeout of this class.
+    pub fn with_liveness_timeout(mut self, d: Duration) -> Self {
+        self.liveness_timeout = Some(d);
+        self
+    }
+
     /// Sets the total deadline of this class.
     pub fn with_total_timeout(mut self, d: Duration) -> Self {
         self.total_timeout = Some(d);
@@ -201,6 +211,8 @@ pub struct RequestFacts {
     pub stream: Option<bool>,
     /// Size of the prompt in bytes (the request body, or the prompt text alone).
     pub prompt_bytes: Option<u64>,
+    /// Size of the prompt in tokens, when whoever parsed the request counted them.
+    pub prompt_tokens: Option<u64>,
 }
 
 impl RequestFacts {
@@ -230,6 +242,12 @@ impl RequestFacts {
     /// Sets the prompt size in bytes.
     pub fn with_prompt_bytes(mut self, bytes: u64) -> Self {
         self.prompt_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets the prompt size in tokens.
+    pub fn with_prompt_tokens(mut self, tokens: u64) -> Self {
+        self.prompt_tokens = Some(tokens);
         self
     }
 }
@@ -266,7 +284,8 @@ impl AdmissionOutcome {
     }
 }
 
-/// What the hedge did with a request; inserted into response extensions by `FirstTokenHedge`.
+/// What the hedge did with a request, and what its losing attempts cost; inserted into response
+/// extensions by `FirstTokenHedge`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HedgeOutcome {
@@ -279,16 +298,48 @@ pub struct HedgeOutcome {
     pub delay: Option<Duration>,
     /// Whether a hedge was wanted but refused by the budget.
     pub budget_exhausted: bool,
+    /// Whether a backup was wanted but not sent because the request's deadline left less time
+    /// than the expected time to first token: a backup that could not have won.
+    pub deadline_skipped: bool,
+    /// Every attempt other than the winner, in the order they were sent, with how long it ran
+    /// before it was cancelled (or failed).
+    pub losers: Vec<LoserRun>,
+    /// Request body bytes sent on the losing attempts: the prefill the hedge paid for.
+    pub wasted_prompt_bytes: u64,
+    /// Prompt tokens sent on the losing attempts, when [`RequestFacts::prompt_tokens`] was known.
+    pub wasted_prompt_tokens: Option<u64>,
+}
+
+/// One losing attempt of a hedged request: its index and how long it ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoserRun {
+    /// The attempt's index (0 = the primary).
+    pub attempt: u8,
+    /// From when it was sent until it was cancelled or failed.
+    pub ran: Duration,
+}
+
+impl LoserRun {
+    /// Attempt `attempt`, which ran for `ran`.
+    pub fn new(attempt: u8, ran: Duration) -> Self {
+        LoserRun { attempt, ran }
+    }
 }
 
 impl HedgeOutcome {
-    /// An outcome with `attempts` sent, `winner` committed and the `delay` used.
+    /// An outcome with `attempts` sent, `winner` committed and the `delay` used, no loser
+    /// recorded.
     pub fn new(attempts: u8, winner: u8, delay: Option<Duration>) -> Self {
         HedgeOutcome {
             attempts,
             winner,
             delay,
             budget_exhausted: false,
+            deadline_skipped: false,
+            losers: Vec::new(),
+            wasted_prompt_bytes: 0,
+            wasted_prompt_tokens: None,
         }
     }
 
@@ -296,6 +347,32 @@ impl HedgeOutcome {
     pub fn with_budget_exhausted(mut self, exhausted: bool) -> Self {
         self.budget_exhausted = exhausted;
         self
+    }
+
+    /// Marks that a backup was skipped because it could not have won before the deadline.
+    pub fn with_deadline_skipped(mut self, skipped: bool) -> Self {
+        self.deadline_skipped = skipped;
+        self
+    }
+
+    /// Sets the losing attempts and the prompt each was sent (`prompt_bytes` of body, and
+    /// `prompt_tokens` when known): the wasted totals are those times the number of losers.
+    pub fn with_losers(
+        mut self,
+        losers: Vec<LoserRun>,
+        prompt_bytes: u64,
+        prompt_tokens: Option<u64>,
+    ) -> Self {
+        let n = losers.len() as u64;
+        self.wasted_prompt_bytes = prompt_bytes.saturating_mul(n);
+        self.wasted_prompt_tokens = prompt_tokens.map(|t| t.saturating_mul(n));
+        self.losers = losers;
+        self
+    }
+
+    /// How long the losing attempts ran in all.
+    pub fn loser_time(&self) -> Duration {
+        self.losers.iter().map(|l| l.ran).sum()
     }
 }
 
@@ -344,6 +421,8 @@ pub enum EndReason {
     FirstTokenTimeout,
     /// A gap between progress events after the first token was too long.
     IdleTimeout,
+    /// No bytes at all (not even a keepalive) arrived for too long after response headers.
+    LivenessTimeout,
     /// The total deadline of the stream passed.
     Deadline,
     /// The upstream failed.
@@ -362,6 +441,7 @@ impl EndReason {
             EndReason::HeadTimeout => "head_timeout",
             EndReason::FirstTokenTimeout => "first_token_timeout",
             EndReason::IdleTimeout => "idle_timeout",
+            EndReason::LivenessTimeout => "liveness_timeout",
             EndReason::Deadline => "deadline",
             EndReason::UpstreamError(_) => "upstream_error",
             EndReason::ClientDisconnect => "client_disconnect",
@@ -389,7 +469,8 @@ impl fmt::Display for EndReason {
 /// * **Who writes it.** A layer that ends a stream (or a request) for a reason of its own clones
 ///   the report out of the request extensions in `call` and [`report`](EndReport::report)s that
 ///   reason: `SseIdleTimeout` the timeout that fired ([`EndReason::HeadTimeout`],
-///   [`EndReason::FirstTokenTimeout`], [`EndReason::IdleTimeout`], [`EndReason::Deadline`]),
+///   [`EndReason::FirstTokenTimeout`], [`EndReason::IdleTimeout`],
+///   [`EndReason::LivenessTimeout`], [`EndReason::Deadline`]),
 ///   `BoundedAdmission` [`EndReason::Rejected`] for a request it refuses, `FirstTokenHedge`
 ///   [`EndReason::UpstreamError`] when every attempt failed before its first token. The hedge
 ///   gives each attempt it races a report of its own and forwards the winner's reason to the
@@ -426,54 +507,6 @@ impl EndReport {
         extensions
             .get::<EndReport>()
             .is_some_and(|r| r.report(reason))
-    }
-}
-
-/// The deadlines of one request: the one source of "time left" that every layer reads.
-///
-/// The layer that decides a request's limits (`SseIdleTimeout`, from its configuration, the
-/// request's class and its overrides) puts this into the request extensions before it calls the
-/// inner service; a layer inside it (the hedge) reads it to stay within what is left: a hedge
-/// delay never runs past the first-token deadline, and no backup is sent that could not win. A
-/// layer that learns of a tighter deadline (a client's own deadline, say) tightens it with
-/// [`Deadlines::tighten`], never loosens it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Deadlines {
-    /// When the first token must have arrived.
-    pub first_token: Option<tokio::time::Instant>,
-    /// When the whole stream must have ended.
-    pub total: Option<tokio::time::Instant>,
-}
-
-impl Deadlines {
-    /// Time left until the first-token deadline (or the total one, if that is earlier) at `now`;
-    /// `None` when neither is set, zero once passed.
-    pub fn first_token_left(&self, now: tokio::time::Instant) -> Option<Duration> {
-        let at = match (self.first_token, self.total) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
-        Some(at.saturating_duration_since(now))
-    }
-
-    /// Time left until the total deadline at `now`; `None` when it is not set.
-    pub fn total_left(&self, now: tokio::time::Instant) -> Option<Duration> {
-        Some(self.total?.saturating_duration_since(now))
-    }
-
-    /// Keeps the earlier of each pair of deadlines.
-    pub fn tighten(&mut self, other: Deadlines) {
-        fn min(
-            a: Option<tokio::time::Instant>,
-            b: Option<tokio::time::Instant>,
-        ) -> Option<tokio::time::Instant> {
-            match (a, b) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-        }
-        self.first_token = min(self.first_token, other.first_token);
-        self.total = min(self.total, other.total);
     }
 }
 

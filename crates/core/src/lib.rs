@@ -12,6 +12,8 @@
 //!   per response;
 //! * [`ext`]: the extension types layers exchange ([`Priority`], [`ClassPolicy`],
 //!   [`RequestFacts`], [`AdmissionOutcome`], [`HedgeOutcome`], [`EndReason`], [`EndReport`]);
+//! * [`deadline`]: the time left of a request ([`Deadlines`]), the client's own deadline
+//!   ([`ClientDeadline`]: `grpc-timeout` or an HTTP header) and the budget sent on upstream;
 //! * [`error`]: concrete, downcastable error types;
 //! * [`render`]: one place that turns an error into an HTTP response, an in-band event or gRPC
 //!   trailers;
@@ -40,6 +42,7 @@
 
 pub mod body;
 pub mod classify;
+pub mod deadline;
 pub mod error;
 pub mod ext;
 pub mod headers;
@@ -50,12 +53,13 @@ pub mod tracker;
 
 pub use body::Chunk;
 pub use classify::{Class, Classify, Dialect, Framing, Wire};
+pub use deadline::ClientDeadline;
 pub use error::{
     BoxError, OverloadReason, Overloaded, Phase, ScanError, TimeoutError, UpstreamError,
 };
 pub use ext::{
-    AdmissionOutcome, ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, Priority,
-    RequestFacts, UpstreamFailure,
+    AdmissionOutcome, ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, LoserRun,
+    Priority, RequestFacts, UpstreamFailure,
 };
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};

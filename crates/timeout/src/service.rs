@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, Deadlines, EndReport};
+use tailguard_core::{BoxError, EndReport};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -77,15 +77,7 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let start = Instant::now();
-        let timeouts = self.config.resolve(&req);
-        let deadlines = self.config.deadlines(&timeouts, start);
-        match req.extensions_mut().get_mut::<Deadlines>() {
-            Some(outer) => outer.tighten(deadlines),
-            None if deadlines != Deadlines::default() => {
-                req.extensions_mut().insert(deadlines);
-            }
-            None => {}
-        }
+        let timeouts = self.config.prepare(&mut req, start);
         let report = req.extensions().get::<EndReport>().cloned();
         let grpc = req
             .headers()
