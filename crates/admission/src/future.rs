@@ -110,7 +110,9 @@ impl Refusal {
         units: u32,
     ) -> Self {
         let status = match r.reason {
-            OverloadReason::QueueTimeout | OverloadReason::ClusterUnavailable => {
+            OverloadReason::QueueTimeout
+            | OverloadReason::DeadlineTooShort
+            | OverloadReason::ClusterUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             _ => cfg_full_status,
