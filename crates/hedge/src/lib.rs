@@ -156,6 +156,7 @@ mod answer;
 mod attempt;
 mod body;
 mod budget;
+mod cost;
 mod delay;
 mod eject;
 pub mod error;
