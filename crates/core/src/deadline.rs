@@ -174,10 +174,17 @@ impl ClientDeadline {
 
     /// Reads the client's deadline of `req` once: the first call (at `now`, the arrival)
     /// tightens the request's [`Deadlines`] with it and records what [`propagate`] sends on;
-    /// later calls, from layers further in, do nothing. Layers that act on the time left call
-    /// this before they read [`Deadlines`], so any subset of them works.
+    /// later calls, from layers further in, read nothing again but may add what they send on
+    /// (`grpc-timeout`, or their header when [`with_propagation`](Self::with_propagation) is
+    /// set). Layers that act on the time left call this before they read [`Deadlines`], so any
+    /// subset of them works.
     pub fn accept<B>(&self, req: &mut Request<B>, now: Instant) {
-        if req.extensions().get::<Accepted>().is_some() {
+        if let Some(a) = req.extensions_mut().get_mut::<Accepted>() {
+            // Read already; a layer further in may still ask for the budget to be sent on.
+            a.grpc |= self.grpc;
+            if self.propagate_header && a.header.is_none() {
+                a.header = self.header.clone();
+            }
             return;
         }
         let total = self.read(req.headers()).and_then(|d| now.checked_add(d));
