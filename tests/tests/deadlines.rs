@@ -51,7 +51,9 @@ fn stack(reports: &Recorded<PhaseReport>) -> Stack {
         )
         .layer(
             FirstTokenHedgeLayer::new()
-                .with_delay(HedgeDelay::Adaptive(AdaptiveDelay::new().with_min_samples(3)))
+                .with_delay(HedgeDelay::Adaptive(
+                    AdaptiveDelay::new().with_min_samples(3),
+                ))
                 .with_budget(HedgeBudget::unlimited()),
         )
         .service(client_of::<ReplayBody<Full<Bytes>>>())
@@ -93,10 +95,7 @@ fn budget_ms(headers: &http::HeaderMap) -> u64 {
 async fn a_two_second_deadline_over_a_congested_primary_ends_at_two_seconds_without_a_backup() {
     let (server, svc, reports) = warmed_up().await;
     // The primary is congested (10 s to its first token); a backup would take 1.5 s.
-    let headers = [
-        ("x-request-timeout", "2"),
-        ("x-mock-script-0", "ttft=10s"),
-    ];
+    let headers = [("x-request-timeout", "2"), ("x-mock-script-0", "ttft=10s")];
     let start = Instant::now();
     let res = svc.oneshot(chat(&server.url(), &headers)).await.unwrap();
     // The hedge holds the head until a first token, so the deadline passes before headers:

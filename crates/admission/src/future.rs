@@ -112,9 +112,7 @@ impl Refusal {
         let status = match r.reason {
             OverloadReason::QueueTimeout
             | OverloadReason::DeadlineTooShort
-            | OverloadReason::ClusterUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            | OverloadReason::ClusterUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => cfg_full_status,
         };
         Refusal {

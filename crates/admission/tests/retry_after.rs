@@ -301,7 +301,11 @@ async fn a_deadline_shorter_than_the_expected_wait_is_refused_at_once() {
     let (reason, after) = refused(&svc, with_deadline("short", "2")).await;
     assert_eq!(reason, OverloadReason::DeadlineTooShort);
     assert!(after >= 5, "Retry-After {after}");
-    let res = svc.clone().oneshot(with_deadline("short2", "2s")).await.unwrap();
+    let res = svc
+        .clone()
+        .oneshot(with_deadline("short2", "2s"))
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(h.queued(), 0, "never queued");
     // A 12 s deadline is queued, and waits no longer than it: refused at 12 s, not at 30 s.

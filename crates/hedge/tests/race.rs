@@ -9,8 +9,8 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use tailguard_core::{
-    ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, LoserRun, Priority,
-    RequestFacts, UpstreamFailure,
+    ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, LoserRun, Priority, RequestFacts,
+    UpstreamFailure,
 };
 use tailguard_hedge::{
     AdaptiveDelay, FirstTokenHedgeLayer, HedgeBody, HedgeBudget, HedgeDelay, OPT_OUT_HEADER,
