@@ -62,6 +62,15 @@
 //!   for replay and sends each attempt to another replica (with a `ReplicaSet`, or any router
 //!   that reads the `Attempt` extension).
 //!
+//! **A client's deadline** (`grpc-timeout`, or `x-request-timeout` on HTTP) is read by the
+//! first layer that acts on the time left — `BoundedAdmission` in this order, else
+//! `SseIdleTimeout` — through one function, `tailguard_core::ClientDeadline::accept`, which the
+//! others then find done. Reading it there anchors it at arrival, so time spent queued counts
+//! against it, and any subset of the layers still honours it. It only ever tightens the
+//! request's `Deadlines`, the one source of time left: admission refuses at once what cannot be
+//! served in time, the timeouts fire at it, the hedge sends no backup that could not win, and
+//! every attempt carries the budget left upstream.
+//!
 //! One piece of glue is needed: admission renders its refusals into the body type under it, so
 //! that body's data must be `From<Bytes>`, and the timeout layer yields `Chunk<Bytes>`; a
 //! `map_response` between them turns the data into `Bytes` without copying (see below). Any
