@@ -222,10 +222,10 @@ pub fn propagate<B>(req: &mut Request<B>, now: Instant) {
             req.headers_mut()
                 .insert(GRPC_TIMEOUT, grpc_timeout_value(left));
         }
-    } else if let Some(name) = accepted.header.clone() {
-        if let Ok(v) = HeaderValue::try_from(format!("{}ms", left.as_millis())) {
-            req.headers_mut().insert(name, v);
-        }
+    } else if let Some(name) = accepted.header.clone()
+        && let Ok(v) = HeaderValue::try_from(format!("{}ms", left.as_millis()))
+    {
+        req.headers_mut().insert(name, v);
     }
 }
 

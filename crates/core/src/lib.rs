@@ -14,6 +14,8 @@
 //!   [`RequestFacts`], [`AdmissionOutcome`], [`HedgeOutcome`], [`EndReason`], [`EndReport`]);
 //! * [`deadline`]: the time left of a request ([`Deadlines`]), the client's own deadline
 //!   ([`ClientDeadline`]: `grpc-timeout` or an HTTP header) and the budget sent on upstream;
+//! * [`outcome`]: what admission and the hedge did ([`AdmissionOutcome`], [`HedgeOutcome`]
+//!   with the cost of its losing attempts);
 //! * [`error`]: concrete, downcastable error types;
 //! * [`render`]: one place that turns an error into an HTTP response, an in-band event or gRPC
 //!   trailers;
@@ -46,6 +48,7 @@ pub mod deadline;
 pub mod error;
 pub mod ext;
 pub mod headers;
+pub mod outcome;
 pub mod render;
 pub mod replay;
 pub mod scan;

@@ -241,7 +241,7 @@ where
             metrics::counter!("tailguard_hedge_deadline_skipped_total").increment(1);
             tracing::debug!(
                 trigger = trigger.as_str(),
-                "tailguard-hedge: too little time left for a backup to win, none sent"
+                "tailguard-hedge: no time to win"
             );
             return;
         }
@@ -444,8 +444,8 @@ where
                     }
                     Step::Failed(failure) => {
                         let attempt = self.attempts.remove(i);
-                        let now = Instant::now();
-                        self.costs.ended(attempt.index, attempt.sent_at, now);
+                        self.costs
+                            .ended(attempt.index, attempt.sent_at, Instant::now());
                         self.fail(attempt.index, failure, attempt.report);
                         progressed = true;
                     }

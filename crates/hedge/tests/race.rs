@@ -20,11 +20,7 @@ use tower::{Layer, ServiceExt};
 
 /// The outcome without its cost fields (those are checked in `losing_attempts_are_costed`).
 fn outcome<B>(res: &http::Response<B>) -> Option<HedgeOutcome> {
-    let mut o = res.extensions().get::<HedgeOutcome>().cloned()?;
-    o.losers.clear();
-    o.wasted_prompt_bytes = 0;
-    o.wasted_prompt_tokens = None;
-    Some(o)
+    outcome_without_costs(res)
 }
 
 /// A rendered OpenAI error answer: its status, and the `error` object of its JSON body (which
