@@ -390,6 +390,24 @@ pub(crate) fn within(
     }
 }
 
+/// Polls the sleep in `timer` (armed, or re-armed, for `at`); `true` once `at` has passed.
+pub(crate) fn poll_sleep(
+    timer: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    at: Instant,
+    cx: &mut std::task::Context<'_>,
+) -> bool {
+    let timer = match timer {
+        Some(t) => {
+            if t.deadline() != at {
+                t.as_mut().reset(at);
+            }
+            t
+        }
+        None => timer.insert(Box::pin(tokio::time::sleep_until(at))),
+    };
+    std::future::Future::poll(timer.as_mut(), cx).is_ready()
+}
+
 /// Whether a backup sent at `now` could still win: not when the first-token time `deadlines`
 /// leave is shorter than the `expected` time to first token (the median of the estimate);
 /// always without either.

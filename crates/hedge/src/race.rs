@@ -211,21 +211,11 @@ where
         let Some(at) = self.hedge_at else {
             return false;
         };
-        let timer = match &mut self.timer {
-            Some(t) => {
-                if t.deadline() != at {
-                    t.as_mut().reset(at);
-                }
-                t
-            }
-            None => self.timer.insert(Box::pin(tokio::time::sleep_until(at))),
-        };
-        if timer.as_mut().poll(cx).is_ready() {
+        let fired = delay::poll_sleep(&mut self.timer, at, cx);
+        if fired {
             self.hedge_at = None;
-            true
-        } else {
-            false
         }
+        fired
     }
 
     /// Decides to send another attempt, if none is waiting to go out, attempts remain and the
