@@ -130,6 +130,27 @@ def test_idle_timeout_raises_api_error():
     assert "".join(text) == want  # the three tokens, then the error
 
 
+def test_a_client_deadline_header_ends_the_stream_in_band():
+    # The SDK's own `timeout` sends no header, so the deadline is set explicitly: 0.5 s for a
+    # stream that would take 2 s. The gateway ends it at the deadline with an in-band error.
+    headers = {"x-mock-script": "ttft=10ms,tokens=20,gap=100ms", "x-request-timeout": "0.5"}
+    start = time.monotonic()
+    stream = client(GATEWAY).chat.completions.create(
+        model=MODEL, messages=MESSAGES, stream=True, extra_headers=headers
+    )
+    text = []
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+    elapsed = time.monotonic() - start
+    assert not isinstance(err.value, openai.APIStatusError)  # in-band, after a 200
+    assert err.value.body["code"] == "deadline_exceeded"
+    assert err.value.body["type"] == "timeout_error"
+    assert 0 < len(text) < 20
+    assert elapsed < 1.5, elapsed
+
+
 def test_admission_rejects_with_retry_after():
     # Capacity 2, no queue: two long streams hold both permits until they end.
     slow = {"x-mock-script": "ttft=10ms,tokens=2000,gap=20ms"}

@@ -111,9 +111,9 @@ impl Refusal {
         units: u32,
     ) -> Self {
         let status = match r.reason {
-            OverloadReason::QueueTimeout | OverloadReason::ClusterUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            OverloadReason::QueueTimeout
+            | OverloadReason::DeadlineTooShort
+            | OverloadReason::ClusterUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => cfg_full_status,
         };
         Refusal {

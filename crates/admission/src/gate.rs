@@ -254,12 +254,13 @@ impl Shared {
     }
 
     /// Decides on an arriving request of class `priority` (the default class when `None`)
-    /// carrying an optional reserved `share` for its class.
+    /// carrying an optional reserved `share` for its class, with `left` until its deadline.
     pub(crate) fn acquire(
         self: &Arc<Self>,
         priority: Option<&Priority>,
         share: Option<f64>,
         units: u32,
+        left: Option<Duration>,
     ) -> Acquire {
         self.locked(|st, deferred| {
             let now = Instant::now();
@@ -276,21 +277,30 @@ impl Shared {
                 let r = self.refuse(st, class, OverloadReason::QueueFull, now, units);
                 return Acquire::Rejected(r);
             }
-            self.enqueue(st, class, units, now, deferred)
+            if let Some(left) = left
+                && (left.is_zero() || self.expected_wait(st, class, now, units) > left)
+            {
+                let r = self.refuse(st, class, OverloadReason::DeadlineTooShort, now, units);
+                return Acquire::Rejected(r);
+            }
+            self.enqueue(st, class, units, now, left, deferred)
         })
     }
 
-    /// Queues an arrival that does not fit at once; when that overfills the queue, evicts the
-    /// newest waiter of a lower class or refuses the arrival.
+    /// Queues an arrival that does not fit at once, waiting at most `left` (its deadline); when
+    /// that overfills the queue, evicts the newest waiter of a lower class or refuses the
+    /// arrival.
     fn enqueue(
         self: &Arc<Self>,
         st: &mut State,
         class: usize,
         units: u32,
         now: Instant,
+        left: Option<Duration>,
         deferred: &mut Deferred,
     ) -> Acquire {
-        let deadline = now + st.queue.allowed_wait(now, &self.cfg);
+        let allowed = st.queue.allowed_wait(now, &self.cfg);
+        let deadline = now + left.map_or(allowed, |l| l.min(allowed));
         let (seq, rx) = st.queue.push(class, units, now);
         // The arrival is queued first so that it competes in order: if it is admitted at once
         // (it outranks every waiter and fits), nobody is evicted.
@@ -346,6 +356,12 @@ impl Shared {
     /// The `Retry-After` of a refused request of `units` in `class` ([`drain::retry_after`]).
     fn retry_after(&self, st: &State, class: usize, now: Instant, units: u32) -> Duration {
         drain::retry_after(&st.queue, &st.holds, self.cfg.capacity, class, units, now)
+    }
+
+    /// How long a request of `units` in `class` arriving now can expect to wait
+    /// ([`drain::expected_wait`]).
+    fn expected_wait(&self, st: &State, class: usize, now: Instant, units: u32) -> Duration {
+        drain::expected_wait(&st.queue, &st.holds, self.cfg.capacity, class, units, now)
     }
 
     /// Admits waiters in the queue's order while the next one fits.
@@ -471,7 +487,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..5_000 {
                         let p = (i % 7 == t).then_some(&batch);
-                        let permit = match g.acquire(p, None, 1) {
+                        let permit = match g.acquire(p, None, 1, None) {
                             Acquire::Admitted(permit) => permit,
                             Acquire::Queued(q) => {
                                 queued.fetch_add(1, Ordering::Relaxed);

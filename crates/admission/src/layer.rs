@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::StatusCode;
-use tailguard_core::{Fail, Priority, Respond};
+use tailguard_core::{ClientDeadline, Fail, Priority, Respond};
 use tower_layer::Layer;
 
 use crate::cluster::Cluster;
@@ -66,6 +66,7 @@ pub(crate) struct Config {
     pub(crate) cost: Cost,
     pub(crate) outcome: bool,
     pub(crate) cluster: Option<Cluster>,
+    pub(crate) client_deadline: ClientDeadline,
 }
 
 impl Config {
@@ -138,6 +139,7 @@ impl BoundedAdmissionLayer<Respond> {
                 cost: Cost::unit(),
                 outcome: true,
                 cluster: None,
+                client_deadline: ClientDeadline::new(),
             },
             gate: Arc::default(),
             _flavour: PhantomData,
@@ -173,6 +175,17 @@ impl<M> BoundedAdmissionLayer<M> {
     /// comes from the observed hold times (see the [crate docs](crate#retry-after)).
     pub fn with_queue_timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.queue_timeout = timeout)
+    }
+
+    /// Sets how the client's own deadline is read (default [`ClientDeadline::new`]:
+    /// `grpc-timeout`, and `x-request-timeout` on HTTP). A request whose [`Deadlines`] leave
+    /// less time than it is expected to wait in the queue is refused at once with 503
+    /// (`deadline_too_short`) and a `Retry-After`, and no request waits in the queue past the
+    /// time its deadlines leave. See [Deadlines](crate#deadlines).
+    ///
+    /// [`Deadlines`]: tailguard_core::Deadlines
+    pub fn with_client_deadline(self, client_deadline: ClientDeadline) -> Self {
+        self.with(|c| c.client_deadline = client_deadline)
     }
 
     /// Sets (`Some`) or disables (`None`) CoDel deadline shrinking: a request arriving at a

@@ -99,6 +99,19 @@
 //!
 //! One layer value is one gate: clones of the layer and every service it builds share it.
 //!
+//! ## Deadlines
+//!
+//! A request's time left is read from core's [`Deadlines`](tailguard_core::Deadlines) in its
+//! extensions, after the client's own deadline (`grpc-timeout`, or `x-request-timeout` on
+//! HTTP; see [`ClientDeadline`](tailguard_core::ClientDeadline) and
+//! [`with_client_deadline`](BoundedAdmissionLayer::with_client_deadline)) has been read at
+//! arrival. A request that does not fit at once and whose deadline leaves less time than the
+//! wait it can expect in the queue (the estimate behind `Retry-After`, unrounded) is refused at
+//! once with **503** `deadline_too_short` (gRPC `DEADLINE_EXCEEDED`) and a `Retry-After`,
+//! instead of timing out in the queue; one that is queued waits at most the time its deadline
+//! leaves (then it is refused as `queue_timeout`). A request admitted at once is never refused
+//! for its deadline: the timeout layer inside ends it on time.
+//!
 //! ## Retry-After
 //!
 //! `Retry-After` says how long until a refused request, sent again, can be admitted: by then

@@ -15,6 +15,7 @@ pub(crate) struct ClassMetrics {
     rejected_queue_full: Counter,
     rejected_queue_timeout: Counter,
     rejected_evicted: Counter,
+    rejected_deadline: Counter,
     rejected_cluster: Counter,
     pub(crate) queue_wait: Histogram,
 }
@@ -81,6 +82,7 @@ impl ClassMetrics {
             rejected_queue_full: rejected(OverloadReason::QueueFull),
             rejected_queue_timeout: rejected(OverloadReason::QueueTimeout),
             rejected_evicted: rejected(OverloadReason::Evicted),
+            rejected_deadline: rejected(OverloadReason::DeadlineTooShort),
             rejected_cluster: rejected(OverloadReason::ClusterUnavailable),
             queue_wait: metrics::histogram!(
                 "tailguard_admission_queue_wait_seconds",
@@ -89,12 +91,13 @@ impl ClassMetrics {
         }
     }
 
-    /// Counts one refusal. The gate refuses only for these four reasons.
+    /// Counts one refusal. The gate refuses only for these five reasons.
     pub(crate) fn rejected(&self, reason: OverloadReason) {
         match reason {
             OverloadReason::QueueFull => self.rejected_queue_full.increment(1),
             OverloadReason::QueueTimeout => self.rejected_queue_timeout.increment(1),
             OverloadReason::Evicted => self.rejected_evicted.increment(1),
+            OverloadReason::DeadlineTooShort => self.rejected_deadline.increment(1),
             OverloadReason::ClusterUnavailable => self.rejected_cluster.increment(1),
             _ => {}
         }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, ClassPolicy, EndReason, EndReport, Fail, Priority, Respond};
+use tailguard_core::{
+    BoxError, ClassPolicy, Deadlines, EndReason, EndReport, Fail, Priority, Respond,
+};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -88,19 +90,23 @@ impl<S, M> BoundedAdmission<S, M> {
 
     /// Weighs the request, asks the gate, and starts the response future in the state the
     /// gate decided: called, waiting in the queue, or refused.
-    fn start<ReqB>(&mut self, req: Request<ReqB>) -> State<S, ReqB>
+    fn start<ReqB>(&mut self, mut req: Request<ReqB>) -> State<S, ReqB>
     where
         S: Service<Request<ReqB>> + Clone,
     {
         let cfg = self.shared.config();
+        let now = Instant::now();
+        cfg.client_deadline.accept(&mut req, now);
         let (parts, body) = req.into_parts();
         let units = self.shared.units_for(cfg.cost.units(&parts));
         let req = Request::from_parts(parts, body);
         let ext = req.extensions();
+        let left = ext.get::<Deadlines>().and_then(|d| d.total_left(now));
         let acquired = self.shared.acquire(
             ext.get::<Priority>(),
             ext.get::<ClassPolicy>().and_then(|p| p.reserved_share),
             units,
+            left,
         );
         match acquired {
             Acquire::Admitted(permit) if cfg.cluster.is_none() => State::called(
@@ -112,7 +118,7 @@ impl<S, M> BoundedAdmission<S, M> {
                 // Cluster mode: the ready service goes with the request to the lease step.
                 let clone = self.inner.clone();
                 let svc = std::mem::replace(&mut self.inner, clone);
-                let deadline = Instant::now() + cfg.queue_timeout;
+                let deadline = now + left.map_or(cfg.queue_timeout, |l| l.min(cfg.queue_timeout));
                 let flavour = (cfg.full_status, cfg.outcome);
                 State::admitted(svc, req, permit, Duration::ZERO, deadline, flavour)
             }

@@ -21,17 +21,20 @@ pub enum Phase {
     FirstToken,
     /// A gap between progress events after the first token.
     Idle,
+    /// A gap in which no bytes at all arrived (keepalives count), after response headers.
+    Liveness,
     /// The whole request, through the end of the body.
     Total,
 }
 
 impl Phase {
-    /// A bounded label: `"head"`, `"first_token"`, `"idle"` or `"total"`.
+    /// A bounded label: `"head"`, `"first_token"`, `"idle"`, `"liveness"` or `"total"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Phase::Head => "head",
             Phase::FirstToken => "first_token",
             Phase::Idle => "idle",
+            Phase::Liveness => "liveness",
             Phase::Total => "total",
         }
     }
@@ -42,6 +45,7 @@ impl Phase {
             Phase::Head => crate::EndReason::HeadTimeout,
             Phase::FirstToken => crate::EndReason::FirstTokenTimeout,
             Phase::Idle => crate::EndReason::IdleTimeout,
+            Phase::Liveness => crate::EndReason::LivenessTimeout,
             Phase::Total => crate::EndReason::Deadline,
         }
     }
@@ -147,19 +151,24 @@ pub enum OverloadReason {
     Evicted,
     /// The request's cost can never fit the configured capacity.
     TooCostly,
+    /// The request's deadline leaves less time than it would wait in the queue, so it was
+    /// refused at once instead of timing out there.
+    DeadlineTooShort,
     /// The store of the cluster-wide admission limit is unreachable and the gate is configured
     /// to refuse (fail closed) rather than fall back to its local limit.
     ClusterUnavailable,
 }
 
 impl OverloadReason {
-    /// A bounded label: `"queue_full"`, `"queue_timeout"`, `"evicted"`, `"too_costly"` or `"cluster_unavailable"`.
+    /// A bounded label: `"queue_full"`, `"queue_timeout"`, `"evicted"`, `"too_costly"`,
+    /// `"deadline_too_short"` or `"cluster_unavailable"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             OverloadReason::QueueFull => "queue_full",
             OverloadReason::QueueTimeout => "queue_timeout",
             OverloadReason::Evicted => "evicted",
             OverloadReason::TooCostly => "too_costly",
+            OverloadReason::DeadlineTooShort => "deadline_too_short",
             OverloadReason::ClusterUnavailable => "cluster_unavailable",
         }
     }
@@ -172,6 +181,9 @@ impl fmt::Display for OverloadReason {
             OverloadReason::QueueTimeout => "the queue deadline passed",
             OverloadReason::Evicted => "evicted by a more important request",
             OverloadReason::TooCostly => "the request costs more than the capacity allows",
+            OverloadReason::DeadlineTooShort => {
+                "the request's deadline is shorter than the expected queue wait"
+            }
             OverloadReason::ClusterUnavailable => "the cluster admission store is unreachable",
         })
     }

@@ -172,6 +172,7 @@ impl RenderError for TimeoutError {
             Phase::Head => "head_timeout",
             Phase::FirstToken => "first_token_timeout",
             Phase::Idle => "idle_timeout",
+            Phase::Liveness => "liveness_timeout",
             Phase::Total => "deadline_exceeded",
         };
         ErrorInfo::new(
@@ -199,6 +200,7 @@ impl RenderError for Overloaded {
         );
         info.grpc = match self.reason() {
             OverloadReason::QueueTimeout => GrpcCode::Unavailable,
+            OverloadReason::DeadlineTooShort => GrpcCode::DeadlineExceeded,
             _ => GrpcCode::ResourceExhausted,
         };
         if let Some(after) = self.retry_after() {

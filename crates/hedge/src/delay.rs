@@ -323,6 +323,16 @@ impl Estimator {
         h.total = h.total.saturating_add(1);
     }
 
+    /// The expected time to first token, the median of the window (within the bounds); `None`
+    /// while the window holds fewer than the minimum samples.
+    pub(crate) fn expected(&self, now: Instant) -> Option<Duration> {
+        let st = self.state(now);
+        let samples = st.current.total.saturating_add(st.previous.total);
+        (samples >= self.config.min_samples.max(1)).then(|| {
+            kaplan_meier(&st.current, &st.previous, 0.5).clamp(self.config.min, self.config.max)
+        })
+    }
+
     /// The delay in force, `None` while the window holds fewer than the minimum samples.
     pub(crate) fn current(&self, now: Instant) -> Option<Duration> {
         let st = self.state(now);
@@ -377,6 +387,38 @@ pub(crate) fn within(
         None => Some(delay),
         Some(left) if left.is_zero() => None,
         Some(left) => Some(delay.min(left / 2)),
+    }
+}
+
+/// Polls the sleep in `timer` (armed, or re-armed, for `at`); `true` once `at` has passed.
+pub(crate) fn poll_sleep(
+    timer: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    at: Instant,
+    cx: &mut std::task::Context<'_>,
+) -> bool {
+    let timer = match timer {
+        Some(t) => {
+            if t.deadline() != at {
+                t.as_mut().reset(at);
+            }
+            t
+        }
+        None => timer.insert(Box::pin(tokio::time::sleep_until(at))),
+    };
+    std::future::Future::poll(timer.as_mut(), cx).is_ready()
+}
+
+/// Whether a backup sent at `now` could still win: not when the first-token time `deadlines`
+/// leave is shorter than the `expected` time to first token (the median of the estimate);
+/// always without either.
+pub(crate) fn could_win(
+    deadlines: Option<&Deadlines>,
+    expected: Option<Duration>,
+    now: Instant,
+) -> bool {
+    match (deadlines.and_then(|d| d.first_token_left(now)), expected) {
+        (Some(left), Some(expected)) => left >= expected,
+        _ => true,
     }
 }
 
@@ -605,6 +647,27 @@ mod tests {
         );
         // Past the deadline: no backup for the delay.
         assert_eq!(within(d, Some(&three), now + Duration::from_secs(3)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backup_could_win_only_with_the_expected_ttft_left() {
+        let now = Instant::now();
+        let e = Estimator::new(AdaptiveDelay::new().with_min_samples(3), Arc::from("t"));
+        assert_eq!(e.expected(now), None, "too few samples");
+        for ms in [1000, 1500, 4000] {
+            e.record(Duration::from_millis(ms), false, now);
+        }
+        let expected = e.expected(now).unwrap();
+        let ms = expected.as_millis();
+        assert!((1440..=1560).contains(&ms), "the median, {ms} ms");
+        let left = |s: u64| Deadlines {
+            first_token: None,
+            total: Some(now + Duration::from_secs(s)),
+        };
+        assert!(could_win(Some(&left(2)), Some(expected), now));
+        assert!(!could_win(Some(&left(1)), Some(expected), now));
+        assert!(could_win(Some(&left(1)), None, now), "no estimate");
+        assert!(could_win(None, Some(expected), now), "no deadline");
     }
 
     #[tokio::test(start_paused = true)]

@@ -186,3 +186,21 @@ fn read_until_token<RB: Body>(
         }
     }
 }
+
+/// What caused an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Trigger {
+    Primary,
+    Delay,
+    Failure,
+}
+
+impl Trigger {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Primary => "primary",
+            Trigger::Delay => "delay",
+            Trigger::Failure => "failure",
+        }
+    }
+}

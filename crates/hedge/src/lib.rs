@@ -86,7 +86,22 @@
 //! A request whose extensions carry core's [`Deadlines`](tailguard_core::Deadlines) (a timeout
 //! layer outside sets them) waits at most half of the first-token time it has left before each
 //! backup, so a backup always has at least as long as the attempt before it had (see
-//! [`HedgeDelay`]).
+//! [`HedgeDelay`]). With an adaptive delay, a backup (delay-triggered or a failover) is not
+//! sent when the first-token time left is shorter than the expected time to first token (the
+//! median of the estimate, once it has its minimum samples): it could not win and would only
+//! add load; [`HedgeOutcome::deadline_skipped`](tailguard_core::HedgeOutcome) says so. Every
+//! attempt carries the budget left when it is sent (`grpc-timeout`, or the configured HTTP
+//! header, see [`ClientDeadline`](tailguard_core::ClientDeadline)), so a deadline-aware
+//! upstream can drop work nobody waits for.
+//!
+//! ## What hedging costs
+//!
+//! The [`HedgeOutcome`](tailguard_core::HedgeOutcome) in the response extensions records, beside
+//! the attempts sent and the winner, every losing attempt with how long it ran before it was
+//! cancelled (or failed), the request body bytes sent on the losing attempts, and the prompt
+//! tokens sent on them when the request's [`RequestFacts`](tailguard_core::RequestFacts) know
+//! its `prompt_tokens`: the prefill the hedge paid for. `LatencyPhaseRecorder` turns them into
+//! per-upstream counters and puts them on the request's log line.
 //!
 //! ## Composition
 //!
@@ -149,6 +164,7 @@ mod attempt;
 mod base_uri;
 mod body;
 mod budget;
+mod cost;
 mod delay;
 mod eject;
 pub mod error;

@@ -13,37 +13,20 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use tailguard_core::replay::Buffering;
-use tailguard_core::{BoxError, Deadlines, EndReport, HedgeOutcome, ReplayBody};
+use tailguard_core::{BoxError, Deadlines, EndReport, HedgeOutcome, ReplayBody, deadline};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::answer::{self, Escape};
 use crate::attempt::Attempt;
 use crate::body::{Forward, HedgeBody};
+use crate::cost::Costs;
 use crate::delay::{self, Estimator};
 use crate::error::RequestBodyError;
-use crate::inflight::{Failure, InFlight, Step, Streaming};
+use crate::inflight::{Failure, InFlight, Step, Streaming, Trigger};
 use crate::score::Settle;
 use crate::service::Shared;
 use crate::template::Template;
-
-/// What caused an attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Trigger {
-    Primary,
-    Delay,
-    Failure,
-}
-
-impl Trigger {
-    fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Primary => "primary",
-            Trigger::Delay => "delay",
-            Trigger::Failure => "failure",
-        }
-    }
-}
 
 /// A deadline that does not come (about 30 years).
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -95,6 +78,9 @@ where
     pending_send: Option<Trigger>,
     best: Option<Kept<RB, S::Error>>,
     budget_exhausted: bool,
+    /// A backup was skipped: it could not have won before the deadline.
+    deadline_skipped: bool,
+    costs: Costs,
 }
 
 impl<S, B, RB> fmt::Debug for Race<S, B, RB>
@@ -128,7 +114,10 @@ where
         let cap = shared.config.replay_cap;
         let outer_report = parts.extensions.get::<EndReport>().cloned();
         let deadlines = parts.extensions.get::<Deadlines>().copied();
+        let costs = Costs::new(&parts);
         Race {
+            costs,
+            deadline_skipped: false,
             outer_report,
             deadlines,
             shared,
@@ -171,13 +160,17 @@ where
         req
     }
 
-    /// What the hedge did: `winner` is `None` when every attempt failed.
+    /// What the hedge did: `winner` is `None` when every attempt failed (then every attempt
+    /// is a loser).
     fn outcome(&self, winner: Option<u8>) -> HedgeOutcome {
         let outcome = match winner {
             Some(w) => HedgeOutcome::new(self.sent, w, self.delay),
             None => HedgeOutcome::all_failed(self.sent, self.delay),
-        };
-        outcome.with_budget_exhausted(self.budget_exhausted)
+        }
+        .with_budget_exhausted(self.budget_exhausted)
+        .with_deadline_skipped(self.deadline_skipped);
+        let bytes = self.body.as_ref().and_then(ReplayBody::replay_len);
+        self.costs.outcome(outcome, winner, bytes)
     }
 
     /// Sends attempt number `self.sent` on the (ready) service.
@@ -187,7 +180,8 @@ where
         };
         let index = self.sent;
         let report = self.outer_report.as_ref().map(|_| EndReport::new());
-        let req = self.request(index, body, report.as_ref());
+        let mut req = self.request(index, body, report.as_ref());
+        deadline::propagate(&mut req, now);
         let fut = self.service.call(req);
         self.ready = false;
         self.attempts.push(InFlight::new(index, now, report, fut));
@@ -223,21 +217,11 @@ where
         let Some(at) = self.hedge_at else {
             return false;
         };
-        let timer = match &mut self.timer {
-            Some(t) => {
-                if t.deadline() != at {
-                    t.as_mut().reset(at);
-                }
-                t
-            }
-            None => self.timer.insert(Box::pin(tokio::time::sleep_until(at))),
-        };
-        if timer.as_mut().poll(cx).is_ready() {
+        let fired = delay::poll_sleep(&mut self.timer, at, cx);
+        if fired {
             self.hedge_at = None;
-            true
-        } else {
-            false
         }
+        fired
     }
 
     /// Decides to send another attempt, if none is waiting to go out, attempts remain and the
@@ -246,9 +230,20 @@ where
         if self.pending_send.is_some() || self.sent >= self.shared.config.max_attempts {
             return;
         }
+        let now = Instant::now();
+        let expected = self.estimator.as_ref().and_then(|e| e.expected(now));
+        if !delay::could_win(self.deadlines.as_ref(), expected, now) {
+            self.deadline_skipped = true;
+            metrics::counter!("tailguard_hedge_deadline_skipped_total").increment(1);
+            tracing::debug!(
+                trigger = trigger.as_str(),
+                "tailguard-hedge: no time to win"
+            );
+            return;
+        }
         // Failovers draw on a budget of their own (counted there).
         let failover = trigger == Trigger::Failure;
-        if !self.shared.budget.withdraw(failover, Instant::now()) {
+        if !self.shared.budget.withdraw(failover, now) {
             self.budget_exhausted = true;
             tracing::debug!(
                 trigger = trigger.as_str(),
@@ -287,6 +282,7 @@ where
     /// first token, so that how long each had waited is a censored TTFT sample.
     fn cancel_all(&mut self, now: Instant, censor: bool) {
         for attempt in self.attempts.drain(..) {
+            self.costs.ended(attempt.index, attempt.sent_at, now);
             let waited = now.saturating_duration_since(attempt.sent_at);
             if let Some(e) = self.estimator.as_ref().filter(|_| censor) {
                 e.record(waited, true, now);
@@ -446,6 +442,8 @@ where
                     }
                     Step::Failed(failure) => {
                         let attempt = self.attempts.remove(i);
+                        self.costs
+                            .ended(attempt.index, attempt.sent_at, Instant::now());
                         self.fail(attempt.index, failure, attempt.report);
                         progressed = true;
                     }

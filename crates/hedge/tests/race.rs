@@ -9,7 +9,7 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use tailguard_core::{
-    ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, Priority, RequestFacts,
+    ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, LoserRun, Priority, RequestFacts,
     UpstreamFailure,
 };
 use tailguard_hedge::{
@@ -18,8 +18,9 @@ use tailguard_hedge::{
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
+/// The outcome without its cost fields (those are checked in `losing_attempts_are_costed`).
 fn outcome<B>(res: &http::Response<B>) -> Option<HedgeOutcome> {
-    res.extensions().get::<HedgeOutcome>().cloned()
+    outcome_without_costs(res)
 }
 
 /// A rendered OpenAI error answer: its status, and the `error` object of its JSON body (which
@@ -105,6 +106,40 @@ async fn fast_primary_sends_no_backup_and_frames_pass_unchanged() {
         &seen[0].body[..],
         br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn losing_attempts_are_costed() {
+    // Two slow attempts, the third wins: both losers ran until the winner's first token.
+    let up = Upstream::new(vec![
+        Plan::sse(ms(10_000)),
+        Plan::sse(ms(10_000)),
+        split_stream(ms(50)),
+    ]);
+    let mut req = chat_request();
+    req.extensions_mut()
+        .insert(RequestFacts::new().with_prompt_tokens(7));
+    let layer = layer().with_max_attempts(3);
+    let res = layer.layer(up.clone()).oneshot(req).await.unwrap();
+    let o = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
+    assert_eq!((o.attempts, o.winner), (3, 2));
+    // Sent at 0, 500 and 1000 ms; the winner's first token at 1055 ms.
+    assert_eq!(
+        o.losers,
+        [LoserRun::new(0, ms(1055)), LoserRun::new(1, ms(555))]
+    );
+    assert_eq!(o.loser_time(), ms(1610));
+    let body = up.seen()[0].body.len() as u64;
+    assert!(body > 0);
+    assert_eq!(o.wasted_prompt_bytes, 2 * body);
+    assert_eq!(o.wasted_prompt_tokens, Some(14));
+
+    // No loser, no waste; no facts, no tokens.
+    let up = Upstream::new(vec![split_stream(ms(50))]);
+    let res = layer.layer(up).oneshot(chat_request()).await.unwrap();
+    let o = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
+    assert_eq!((o.losers.len(), o.wasted_prompt_bytes), (0, 0));
+    assert_eq!(o.wasted_prompt_tokens, None);
 }
 
 #[tokio::test(start_paused = true)]

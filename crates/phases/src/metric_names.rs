@@ -94,6 +94,9 @@ pub mod buckets {
 /// | usage the stream reported | `tailguard_usage_tokens` | `gen_ai.client.token.usage` | `gen_ai.client.token.usage` | histogram |
 /// | attempts per hedge-eligible request | `tailguard_hedge_attempts` | `tailguard.hedge.attempts` | `tailguard.hedge.attempts` | histogram |
 /// | requests with a hedge sent and an attempt won, by winner | `tailguard_hedged_requests_total` | `tailguard.hedged_requests` | `tailguard.hedged_requests` | counter |
+/// | how long each losing attempt ran | `tailguard_hedge_loser_duration_seconds` | `tailguard.hedge.loser.duration` | `tailguard.hedge.loser.duration` | histogram |
+/// | request body bytes sent on losing attempts | `tailguard_hedge_wasted_prompt_bytes_total` | `tailguard.hedge.wasted_prompt.bytes` | `tailguard.hedge.wasted_prompt.bytes` | counter |
+/// | prompt tokens sent on losing attempts (when known) | `tailguard_hedge_wasted_prompt_tokens_total` | `tailguard.hedge.wasted_prompt.tokens` | `tailguard.hedge.wasted_prompt.tokens` | counter |
 ///
 /// The metrics recorded at the end of a request carry the first six labels below, and under the
 /// OpenTelemetry schemes the operation and the provider too, and the error type when the request
@@ -138,7 +141,7 @@ pub mod buckets {
 /// * `error.type` (conditionally required on the durations, if the operation ended in an
 ///   error): set on every metric of a request that did not complete, never on a `completed`
 ///   one, to its end reason: `head_timeout`, `first_token_timeout`, `idle_timeout`,
-///   `deadline`, `client_disconnect`, `rejected`, `upstream_error_4xx`, `upstream_error_5xx`,
+///   `liveness_timeout`, `deadline`, `client_disconnect`, `rejected`, `upstream_error_4xx`, `upstream_error_5xx`,
 ///   `upstream_error_other_status`, `upstream_error_transport`, `upstream_error_in_band`,
 ///   `upstream_error_protocol`, `upstream_error_truncated` (or `upstream_error` for a class
 ///   this version does not know);
@@ -180,6 +183,13 @@ pub struct MetricNames {
     pub hedge_attempts: &'static str,
     /// Counter of requests for which a hedge was sent.
     pub hedged_requests: &'static str,
+    /// Histogram of how long each losing hedge attempt ran before it was cancelled or failed.
+    pub hedge_loser_duration: &'static str,
+    /// Counter of request body bytes sent on losing hedge attempts.
+    pub hedge_wasted_prompt_bytes: &'static str,
+    /// Counter of prompt tokens sent on losing hedge attempts (when the request's facts know
+    /// them).
+    pub hedge_wasted_prompt_tokens: &'static str,
     /// Label key: route.
     pub route_label: &'static str,
     /// Label key: model.
@@ -233,6 +243,9 @@ impl MetricNames {
             usage_tokens: "tailguard_usage_tokens",
             hedge_attempts: "tailguard_hedge_attempts",
             hedged_requests: "tailguard_hedged_requests_total",
+            hedge_loser_duration: "tailguard_hedge_loser_duration_seconds",
+            hedge_wasted_prompt_bytes: "tailguard_hedge_wasted_prompt_bytes_total",
+            hedge_wasted_prompt_tokens: "tailguard_hedge_wasted_prompt_tokens_total",
             route_label: "route",
             model_label: "model",
             upstream_label: "upstream",
@@ -281,6 +294,9 @@ impl MetricNames {
             usage_tokens: otel::CLIENT_TOKEN_USAGE,
             hedge_attempts: "tailguard.hedge.attempts",
             hedged_requests: "tailguard.hedged_requests",
+            hedge_loser_duration: "tailguard.hedge.loser.duration",
+            hedge_wasted_prompt_bytes: "tailguard.hedge.wasted_prompt.bytes",
+            hedge_wasted_prompt_tokens: "tailguard.hedge.wasted_prompt.tokens",
             route_label: "http.route",
             model_label: "gen_ai.request.model",
             upstream_label: "tailguard.upstream",
@@ -297,7 +313,7 @@ impl MetricNames {
 
     /// Every histogram name with its recommended [`buckets`]: the convention's boundaries for a
     /// name the OpenTelemetry conventions define (whichever field carries it), else tailguard's.
-    pub fn histogram_buckets(&self) -> [(&'static str, &'static [f64]); 9] {
+    pub fn histogram_buckets(&self) -> [(&'static str, &'static [f64]); 10] {
         let pick =
             |name: &'static str, ours: &'static [f64]| (name, convention(name).unwrap_or(ours));
         [
@@ -310,6 +326,7 @@ impl MetricNames {
             pick(self.output_events, buckets::TOKENS),
             pick(self.usage_tokens, buckets::TOKENS),
             pick(self.hedge_attempts, buckets::TOKENS),
+            pick(self.hedge_loser_duration, buckets::TIME_TO_FIRST_TOKEN),
         ]
     }
 }

@@ -124,6 +124,10 @@ impl MetricsSink {
                     n.time_per_output_token,
                     "(total - TTFT) / (output events - 1)",
                 ),
+                (
+                    n.hedge_loser_duration,
+                    "How long each losing hedge attempt ran before it was cancelled",
+                ),
             ] {
                 r.describe_histogram(d(name), Some(Unit::Seconds), help.into());
             }
@@ -141,6 +145,16 @@ impl MetricsSink {
                 d(n.hedged_requests),
                 Some(Unit::Count),
                 "Requests for which a hedge was sent and an attempt won, by winner".into(),
+            );
+            r.describe_counter(
+                d(n.hedge_wasted_prompt_bytes),
+                Some(Unit::Bytes),
+                "Request body bytes sent on losing hedge attempts".into(),
+            );
+            r.describe_counter(
+                d(n.hedge_wasted_prompt_tokens),
+                Some(Unit::Count),
+                "Prompt tokens sent on losing hedge attempts".into(),
             );
         });
     }
@@ -172,10 +186,11 @@ impl MetricsSink {
     /// Records every metric of `rep`, whose keys are `keys`.
     fn emit(&self, rep: &PhaseReport, keys: &[Key]) {
         self.with(|r| {
-            let count = |m: Metric| {
+            let add = |m: Metric, n: u64| {
                 r.register_counter(&keys[m as usize], &METADATA)
-                    .increment(1)
+                    .increment(n)
             };
+            let count = |m: Metric| add(m, 1);
             let record = |m: Metric, value: f64| {
                 r.register_histogram(&keys[m as usize], &METADATA)
                     .record(value);
@@ -210,6 +225,15 @@ impl MetricsSink {
                     Some(_) if h.attempts > 1 => count(Metric::HedgedHedge),
                     _ => {}
                 }
+                for l in &h.losers {
+                    record(Metric::HedgeLoserDuration, l.ran.as_secs_f64());
+                }
+                if h.wasted_prompt_bytes > 0 {
+                    add(Metric::HedgeWastedPromptBytes, h.wasted_prompt_bytes);
+                }
+                if let Some(t) = h.wasted_prompt_tokens.filter(|&t| t > 0) {
+                    add(Metric::HedgeWastedPromptTokens, t);
+                }
             }
         });
     }
@@ -242,10 +266,13 @@ enum Metric {
     HedgeAttempts,
     HedgedPrimary,
     HedgedHedge,
+    HedgeLoserDuration,
+    HedgeWastedPromptBytes,
+    HedgeWastedPromptTokens,
 }
 
 impl Metric {
-    const ALL: [Metric; 12] = [
+    const ALL: [Metric; 15] = [
         Metric::Requests,
         Metric::RequestDuration,
         Metric::QueueWait,
@@ -258,6 +285,9 @@ impl Metric {
         Metric::HedgeAttempts,
         Metric::HedgedPrimary,
         Metric::HedgedHedge,
+        Metric::HedgeLoserDuration,
+        Metric::HedgeWastedPromptBytes,
+        Metric::HedgeWastedPromptTokens,
     ];
 
     /// The metric's name, and the label it adds to the report's labels, if any.
@@ -276,6 +306,9 @@ impl Metric {
             Metric::HedgeAttempts => (n.hedge_attempts, None),
             Metric::HedgedPrimary => (n.hedged_requests, label(n.winner_label, "primary")),
             Metric::HedgedHedge => (n.hedged_requests, label(n.winner_label, "hedge")),
+            Metric::HedgeLoserDuration => (n.hedge_loser_duration, None),
+            Metric::HedgeWastedPromptBytes => (n.hedge_wasted_prompt_bytes, None),
+            Metric::HedgeWastedPromptTokens => (n.hedge_wasted_prompt_tokens, None),
         }
     }
 }

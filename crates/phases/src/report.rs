@@ -164,7 +164,8 @@ pub struct PhaseReport {
     pub usage: Option<Usage>,
     /// What admission did (queue wait, rejection).
     pub admission: Option<AdmissionOutcome>,
-    /// What the hedge did (attempts, winner).
+    /// What the hedge did (attempts, winner) and what its losing attempts cost (how long each
+    /// ran, the prompt bytes and tokens sent on them).
     pub hedge: Option<HedgeOutcome>,
     /// The request's class, when one was assigned.
     pub priority: Option<Priority>,
@@ -219,6 +220,7 @@ mod tests {
             EndReason::HeadTimeout,
             EndReason::FirstTokenTimeout,
             EndReason::IdleTimeout,
+            EndReason::LivenessTimeout,
             EndReason::Deadline,
             EndReason::ClientDisconnect,
             EndReason::Rejected,

@@ -161,5 +161,9 @@ fn request_span(id: Option<&RequestId>, route: &str, facts: Option<&RequestFacts
         prompt_bytes = Empty,
         hedge_attempts = Empty,
         hedge_winner = Empty,
+        hedge_losers_ran_s = Empty,
+        hedge_wasted_prompt_bytes = Empty,
+        hedge_wasted_prompt_tokens = Empty,
+        hedge_deadline_skipped = Empty,
     )
 }

@@ -10,8 +10,8 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Empty, Full};
 use tailguard_core::{
-    AdmissionOutcome, EndReason, EndReport, HedgeOutcome, OverloadReason, Priority, RequestFacts,
-    UpstreamFailure,
+    AdmissionOutcome, EndReason, EndReport, HedgeOutcome, LoserRun, OverloadReason, Priority,
+    RequestFacts, UpstreamFailure,
 };
 use tailguard_phases::{MetricNames, MetricsSink, RequestId, Route, Upstream};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
@@ -573,6 +573,70 @@ async fn admission_and_hedge_outcomes_from_response_extensions() {
     assert_eq!(hedged.label("winner"), Some("hedge"));
     assert_eq!(hedged.counter(), 1);
     assert_secs(&metric(&seen, "tailguard_hedge_attempts").hist(), &[2.0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedge_costs_reach_the_report_and_the_metrics_per_upstream() {
+    let (layer, reports, snap) = layer();
+    let svc = layer.layer_fn(|| {
+        service_fn(|_req: Request<Empty<Bytes>>| async {
+            let mut res = sse(ScriptBody::new([data(TOKEN), data(DONE)]));
+            let losers = vec![LoserRun::new(0, ms(120)), LoserRun::new(1, ms(80))];
+            res.extensions_mut()
+                .insert(HedgeOutcome::new(3, 2, Some(ms(40))).with_losers(losers, 500, Some(30)));
+            res.extensions_mut().insert(Upstream::new("replica-b"));
+            Ok::<_, Infallible>(res)
+        })
+    });
+    let res = svc.oneshot(Request::new(Empty::new())).await.unwrap();
+    drain(res.into_body()).await.unwrap();
+
+    let r = reports.one();
+    let h = r.hedge.unwrap();
+    assert_eq!((h.attempts, h.winner), (3, 2));
+    assert_eq!(h.loser_time(), ms(200));
+    assert_eq!(
+        h.wasted_prompt_bytes, 1000,
+        "two losers sent 500 bytes each"
+    );
+    assert_eq!(h.wasted_prompt_tokens, Some(60));
+    assert!(!h.deadline_skipped);
+
+    let seen = snapshot(&snap);
+    let bytes = metric(&seen, "tailguard_hedge_wasted_prompt_bytes_total");
+    assert_eq!(bytes.label("upstream"), Some("replica-b"));
+    assert_eq!(bytes.counter(), 1000);
+    let tokens = metric(&seen, "tailguard_hedge_wasted_prompt_tokens_total");
+    assert_eq!(tokens.label("upstream"), Some("replica-b"));
+    assert_eq!(tokens.counter(), 60);
+    assert_secs(
+        &metric(&seen, "tailguard_hedge_loser_duration_seconds").hist(),
+        &[0.12, 0.08],
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_nobody_hedged_wastes_nothing() {
+    let (layer, _reports, snap) = layer();
+    let svc = layer.layer_fn(|| {
+        service_fn(|_req: Request<Empty<Bytes>>| async {
+            let mut res = sse(ScriptBody::new([data(TOKEN), data(DONE)]));
+            res.extensions_mut()
+                .insert(HedgeOutcome::new(1, 0, None).with_losers(Vec::new(), 500, Some(30)));
+            Ok::<_, Infallible>(res)
+        })
+    });
+    let res = svc.oneshot(Request::new(Empty::new())).await.unwrap();
+    drain(res.into_body()).await.unwrap();
+    let seen = snapshot(&snap);
+    for name in [
+        "tailguard_hedge_wasted_prompt_bytes_total",
+        "tailguard_hedge_wasted_prompt_tokens_total",
+        "tailguard_hedge_loser_duration_seconds",
+    ] {
+        assert!(seen.iter().all(|s| s.name != name), "{name} recorded");
+    }
+    assert_secs(&metric(&seen, "tailguard_hedge_attempts").hist(), &[1.0]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -69,6 +69,15 @@
 //! every layer keeps its body's data type (`B::Data: From<Bytes>`, which every hyper, axum and
 //! tonic body has) and, in its default mode, the inner service's error type.
 //!
+//! **A client's deadline** (`grpc-timeout`, or `x-request-timeout` on HTTP) is read by the
+//! first layer that acts on the time left — `BoundedAdmission` in this order, else
+//! `SseIdleTimeout` — through one function, `tailguard_core::ClientDeadline::accept`, which the
+//! others then find done. Reading it there anchors it at arrival, so time spent queued counts
+//! against it, and any subset of the layers still honours it. It only ever tightens the
+//! request's `Deadlines`, the one source of time left: admission refuses at once what cannot be
+//! served in time, the timeouts fire at it, the hedge sends no backup that could not win, and
+//! every attempt carries the budget left upstream.
+//!
 //! The example gateway (`cargo run --release --example gateway`, `examples/src/gateway`) runs
 //! exactly this stack over a pooled hyper client and embedded mock replicas;
 //! `examples/examples/axum_router.rs` puts it on an existing axum `Router`.

@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http::response::Parts;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -91,7 +91,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
     /// A body that yields `bytes` and ends (the layer's own error responses).
     pub(crate) fn local(bytes: Bytes) -> Self {
         let now = Instant::now();
-        let timers = Timers::new(&Timeouts::new(), now, now, false);
+        let timers = Timers::new(&Timeouts::new(), (now, now), now, false);
         let end = if bytes.is_empty() {
             End::Finished
         } else {
@@ -113,11 +113,13 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         start: Instant,
         report: Option<EndReport>,
     ) -> Self {
+        let now = Instant::now();
         let first_token_from = match config.first_token_clock {
-            FirstTokenClock::FromHeaders => Instant::now(),
+            FirstTokenClock::FromHeaders => now,
             _ => start,
         };
-        let timers = Timers::new(t, start, first_token_from, config.keepalive_resets_idle);
+        let clocks = (start, now);
+        let timers = Timers::new(t, clocks, first_token_from, config.keepalive_resets_idle);
         let headers = &parts.headers;
         let dialect = config.dialect.resolve(headers);
         let stream = parts.status.is_success() && Dialect::Auto.resolve_stream(headers).is_some();
@@ -238,7 +240,7 @@ fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<B::Data
         return Some(data);
     };
     let obs = tracker.observe(&data);
-    this.timers.as_mut().observe(&obs);
+    this.timers.as_mut().observe(&obs, data.remaining());
     *this.terminal |= obs.done || obs.error;
     if let Some(err) = obs.scan_error {
         // An event over the scanner's cap: the stream cannot be followed any further. The
@@ -318,7 +320,7 @@ fn expire<B: Body>(this: &mut BodyProj<'_, B>, expired: Expired) {
     let events = this.tracker.as_ref().map_or(0, StreamTracker::events);
     let elapsed = now.saturating_duration_since(this.timers.start());
     let mut err = TimeoutError::new(phase, limit, elapsed).with_events(events);
-    if let Some(last) = this.timers.last_progress() {
+    if let Some(last) = this.timers.last_activity(phase) {
         err = err.with_since_last_event(now.saturating_duration_since(last));
     }
     fail(this, Failure::timeout(err));

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
-use tailguard_core::{ClassPolicy, Deadlines, Dialect, Fail, Phase, Priority, Respond};
+use tailguard_core::{
+    ClassPolicy, ClientDeadline, Deadlines, Dialect, Fail, Phase, Priority, Respond,
+};
 use tokio::time::Instant;
 use tower_layer::Layer;
 
 use crate::service::SseIdleTimeout;
 
-/// The four timers of one request; each is optional.
+/// The five timers of one request; each is optional.
 ///
 /// Used three ways: as the layer's defaults, as per-[`Priority`] defaults
 /// ([`SseIdleTimeoutLayer::with_priority_timeouts`]), and as a per-request override inserted into
@@ -28,6 +30,8 @@ pub struct Timeouts {
     pub first_token: Option<Duration>,
     /// The longest gap between progress events after the first token.
     pub idle: Option<Duration>,
+    /// The longest gap in which no bytes at all arrive (keepalives count), from the headers.
+    pub liveness: Option<Duration>,
     /// From `call` until the end of the body.
     pub total: Option<Duration>,
 }
@@ -56,6 +60,12 @@ impl Timeouts {
         self
     }
 
+    /// Sets the liveness timeout.
+    pub fn with_liveness(mut self, d: Duration) -> Self {
+        self.liveness = Some(d);
+        self
+    }
+
     /// Sets the total deadline.
     pub fn with_total(mut self, d: Duration) -> Self {
         self.total = Some(d);
@@ -68,6 +78,7 @@ impl Timeouts {
             Phase::Head => self.head,
             Phase::FirstToken => self.first_token,
             Phase::Idle => self.idle,
+            Phase::Liveness => self.liveness,
             _ => self.total,
         }
     }
@@ -77,6 +88,7 @@ impl Timeouts {
             Phase::Head => &mut self.head,
             Phase::FirstToken => &mut self.first_token,
             Phase::Idle => &mut self.idle,
+            Phase::Liveness => &mut self.liveness,
             _ => &mut self.total,
         }
     }
@@ -87,6 +99,7 @@ impl Timeouts {
             head: self.head.or(other.head),
             first_token: self.first_token.or(other.first_token),
             idle: self.idle.or(other.idle),
+            liveness: self.liveness.or(other.liveness),
             total: self.total.or(other.total),
         }
     }
@@ -96,6 +109,7 @@ impl Timeouts {
             head: p.head_timeout,
             first_token: p.first_token_timeout,
             idle: p.idle_timeout,
+            liveness: p.liveness_timeout,
             total: p.total_timeout,
         }
     }
@@ -160,6 +174,7 @@ pub(crate) struct Config {
     pub(crate) on_expiry: OnExpiry,
     /// `None`: per dialect (see [`SseIdleTimeoutLayer::with_require_terminal_event`]).
     pub(crate) require_terminal_event: Option<bool>,
+    pub(crate) client_deadline: ClientDeadline,
 }
 
 impl Config {
@@ -190,6 +205,25 @@ impl Config {
             t = t.or(*pt);
         }
         t.or(self.defaults)
+    }
+
+    /// The timers of a request that starts at `start`, after its client's deadline and any
+    /// [`Deadlines`] already in its extensions: the first-token (from `call`) and total limits
+    /// shrink to the time left. Leaves the tightened deadlines in the extensions and the budget
+    /// left in the outgoing headers.
+    pub(crate) fn prepare<B>(&self, req: &mut http::Request<B>, start: Instant) -> Timeouts {
+        self.client_deadline.accept(req, start);
+        let mut t = self.resolve(req);
+        Deadlines::tighten_in(req.extensions_mut(), self.deadlines(&t, start));
+        if let Some(d) = req.extensions().get::<Deadlines>() {
+            t.total = d.total_left(start).or(t.total);
+            if self.first_token_clock == FirstTokenClock::FromCall {
+                let left = d.first_token.map(|at| at.saturating_duration_since(start));
+                t.first_token = left.or(t.first_token);
+            }
+        }
+        tailguard_core::deadline::propagate(req, start);
+        t
     }
 
     /// The first-token and total deadlines of a request that started at `start` with timers
@@ -296,8 +330,9 @@ impl Default for SseIdleTimeoutLayer {
 
 impl SseIdleTimeoutLayer<Respond> {
     /// A layer in response mode with no timer set, [`Dialect::Auto`], first-token timing from
-    /// `call`, keepalives that do not reset the idle timer, [`OnExpiry::Auto`] and the
-    /// terminal event required per dialect.
+    /// `call`, keepalives that do not reset the idle timer, [`OnExpiry::Auto`], the terminal
+    /// event required per dialect and the client's deadline honoured
+    /// ([`ClientDeadline::new`]).
     pub fn new() -> Self {
         SseIdleTimeoutLayer {
             _mode: PhantomData,
@@ -310,6 +345,7 @@ impl SseIdleTimeoutLayer<Respond> {
                 dialect: Dialect::Auto,
                 on_expiry: OnExpiry::Auto,
                 require_terminal_event: None,
+                client_deadline: ClientDeadline::new(),
             }),
         }
     }
@@ -350,6 +386,24 @@ impl<M> SseIdleTimeoutLayer<M> {
     /// Sets the default deadline for the whole request, body included (default: none).
     pub fn with_total_timeout(self, d: Duration) -> Self {
         self.edit(|c| c.defaults.total = Some(d))
+    }
+
+    /// Sets the default longest gap in which no bytes at all arrive, after response headers
+    /// (default: none). Unlike the idle timer, every byte resets it: keepalive comments, pings,
+    /// empty events, part of an event. Pair a short liveness limit with a long idle one to
+    /// catch a silent connection quickly while a slow generation that sends keepalives gets
+    /// the longer progress limit. Its end reason is
+    /// [`LivenessTimeout`](tailguard_core::EndReason::LivenessTimeout).
+    pub fn with_liveness_timeout(self, d: Duration) -> Self {
+        self.edit(|c| c.defaults.liveness = Some(d))
+    }
+
+    /// Sets how the client's own deadline is read and sent on (default
+    /// [`ClientDeadline::new`]: `grpc-timeout`, and `x-request-timeout` on HTTP, read; only
+    /// `grpc-timeout` sent on). The first-token and total timers of a request are the minimum
+    /// of their own limit and the time its [`Deadlines`] leave.
+    pub fn with_client_deadline(self, client_deadline: ClientDeadline) -> Self {
+        self.edit(|c| c.client_deadline = client_deadline)
     }
 
     /// Sets all default timers at once (fields left `None` switch that timer off).

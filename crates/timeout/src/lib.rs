@@ -48,7 +48,7 @@
 //! classified by [`tailguard_core`]: tokens, meta events (a role-only first chunk), keepalives
 //! (`:` comments, `event: ping`), the end, and in-band errors.
 //!
-//! ## The four timers
+//! ## The five timers
 //!
 //! All optional, all independent; set the layer's defaults with the `with_*` methods, per
 //! [`Priority`](tailguard_core::Priority) with
@@ -61,7 +61,26 @@
 //! * **idle**: after the first token, the longest allowed gap between *progress* events (any
 //!   event that is not a keepalive). Keepalives do not reset it unless
 //!   [`with_keepalive_resets_idle`](SseIdleTimeoutLayer::with_keepalive_resets_idle) says so.
+//!   The progress clock: it catches a stalled generation behind `: ping` comments.
+//! * **liveness**: from the headers, the longest allowed gap in which *no bytes at all* arrive;
+//!   any bytes reset it (comments, pings, empty events, part of an event). The liveness clock:
+//!   a short limit catches a silent connection quickly while a slow generation that still sends
+//!   keepalives gets the longer idle limit. Its end reason is `liveness_timeout` and its
+//!   in-band message begins `liveness timeout`, distinct from the idle timer's.
 //! * **total**: from `call` until the end of the body.
+//!
+//! ## The client's deadline
+//!
+//! A client that says how long an answer is still worth waiting for — `grpc-timeout` on a gRPC
+//! request, a header (default `x-request-timeout`: seconds, `2.5`, or a duration, `1500ms`) on
+//! the others; see [`ClientDeadline`](tailguard_core::ClientDeadline) and
+//! [`with_client_deadline`](SseIdleTimeoutLayer::with_client_deadline) — tightens the request's
+//! total deadline. It is read once, by the first layer that looks (admission, when it is
+//! outside this one, so the time queued counts), and can only shorten the configured limits:
+//! the first-token and total timers are the minimum of their own limit and the time left. A
+//! client's deadline that passes is a total timeout (end reason `deadline`). The budget left is
+//! written into the outgoing request (`grpc-timeout` by default; the HTTP header when
+//! propagation is on), and the hedge rewrites it for every attempt it sends.
 //!
 //! The request's effective first-token and total deadlines go to the inner service as a
 //! [`Deadlines`](tailguard_core::Deadlines) in the request extensions (tightening one already

@@ -126,15 +126,7 @@ impl<S, M> SseIdleTimeout<S, M> {
         S: Service<Request<ReqBody>>,
     {
         let start = Instant::now();
-        let timeouts = self.config.resolve(&req);
-        let deadlines = self.config.deadlines(&timeouts, start);
-        match req.extensions_mut().get_mut::<Deadlines>() {
-            Some(outer) => outer.tighten(deadlines),
-            None if deadlines != Deadlines::default() => {
-                req.extensions_mut().insert(deadlines);
-            }
-            None => {}
-        }
+        let timeouts = self.config.prepare(&mut req, start);
         let report = req.extensions().get::<EndReport>().cloned();
         let grpc = req
             .headers()

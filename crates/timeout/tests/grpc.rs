@@ -158,3 +158,32 @@ async fn a_grpc_reset_mid_stream_is_unavailable_with_every_message_before_it() {
         ))
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_timeout_ends_the_call_at_the_clients_deadline_and_travels_on() {
+    // The first token never comes; the layer's own limits are far away.
+    let server = MockServer::start(Script::new().ttft(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let report = EndReport::new();
+    let layer = SseIdleTimeoutLayer::new()
+        .with_first_token_timeout(Duration::from_secs(30))
+        .with_total_timeout(Duration::from_secs(300));
+    let mut client = client(&server, layer, report.clone()).await;
+    let mut req = tonic::Request::new(request());
+    req.set_timeout(Duration::from_secs(2));
+    let start = Instant::now();
+    let status = match client.generate(req).await {
+        Ok(res) => res.into_inner().message().await.unwrap_err(),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().starts_with("total timeout"), "{status:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(report.get(), Some(EndReason::Deadline));
+    server.wait_idle().await;
+    let stats = server.stats();
+    // The upstream was told the budget left, in gRPC's own header.
+    assert_eq!(stats.log[0].headers["grpc-timeout"], "2000m");
+    assert_eq!(stats.cancelled, 1);
+}

@@ -96,6 +96,18 @@ pub struct Args {
     /// Longest gap between events after the first token (keepalives do not count), or `off` [default: 15s].
     #[arg(long, env = "TAILGUARD_TIMEOUT_IDLE", value_name = "DURATION", value_parser = parse_timer)]
     pub timeout_idle: Option<Timer>,
+    /// Longest gap in which no bytes at all arrive after the headers (keepalives count), or
+    /// `off` [default: off].
+    #[arg(long, env = "TAILGUARD_TIMEOUT_LIVENESS", value_name = "DURATION", value_parser = parse_timer)]
+    pub timeout_liveness: Option<Timer>,
+    /// Header a client's own deadline is read from (seconds, `2.5`, or `1500ms`), or `off`;
+    /// gRPC requests use `grpc-timeout` [default: x-request-timeout].
+    #[arg(long, env = "TAILGUARD_DEADLINE_HEADER", value_name = "NAME")]
+    pub deadline_header: Option<String>,
+    /// Send the budget left on upstream in that header: `on` or `off` (`grpc-timeout` always
+    /// is) [default: off].
+    #[arg(long, env = "TAILGUARD_PROPAGATE_DEADLINE", value_name = "ON_OFF")]
+    pub propagate_deadline: Option<String>,
     /// Deadline for the whole request, body included, or `off` [default: 600s].
     #[arg(long, env = "TAILGUARD_TIMEOUT_TOTAL", value_name = "DURATION", value_parser = parse_timer)]
     pub timeout_total: Option<Timer>,

@@ -13,7 +13,8 @@ use tailguard::core::Priority;
 
 use super::args::Args;
 use super::cluster::ClusterConfig;
-use super::file::{FileConfig, HedgeDelaySetting, Timer, key_at, parse_fail};
+use super::file::{FileConfig, HedgeDelaySetting, key_at, parse_fail};
+pub use super::timeout_config::TimeoutConfig;
 
 /// The resolved configuration.
 #[derive(Clone, Debug)]
@@ -66,19 +67,6 @@ pub struct HedgeConfig {
     pub outlier_ejection: bool,
     /// Most concurrent attempts per replica (`None`: no limit).
     pub replica_slots: Option<u32>,
-}
-
-/// `SseIdleTimeout` settings (`None`: the timer is off).
-#[derive(Clone, Debug)]
-pub struct TimeoutConfig {
-    /// Until response headers.
-    pub head: Option<Duration>,
-    /// Until the first token.
-    pub first_token: Option<Duration>,
-    /// Between progress events after the first token.
-    pub idle: Option<Duration>,
-    /// The whole request.
-    pub total: Option<Duration>,
 }
 
 /// `BoundedAdmission` settings.
@@ -135,12 +123,7 @@ impl Default for Config {
     ///   layer's own defaults;
     /// * hedge routing: load-aware primaries, outlier ejection, failover budget **20%**, no
     ///   slot limit (the layers' own defaults);
-    /// * timeouts: head **30 s**, the first-token limit: the hedge holds the response head
-    ///   until a first token, and some servers send headers only when a slot frees, so a
-    ///   shorter head limit would end requests that are merely queued; first token
-    ///   **30 s** (long prompts take time to prefill), idle **15 s** (a decoding server sends
-    ///   tokens every few tens of ms, so 15 s of silence is a stall, not a slow token), total
-    ///   **600 s** (long generations);
+    /// * timeouts and the client's deadline: see [`TimeoutConfig::default`];
     /// * admission: capacity **64** (a typical vLLM replica runs tens of sequences), queue
     ///   **128**, queue timeout **2 s** (past that a client is better off retrying elsewhere);
     /// * priority: header `x-priority`, default class `standard`, `interactive` keeps **50%** of
@@ -165,12 +148,7 @@ impl Default for Config {
                 outlier_ejection: true,
                 replica_slots: None,
             },
-            timeout: TimeoutConfig {
-                head: Some(Duration::from_secs(30)),
-                first_token: Some(Duration::from_secs(30)),
-                idle: Some(Duration::from_secs(15)),
-                total: Some(Duration::from_secs(600)),
-            },
+            timeout: TimeoutConfig::default(),
             admission: AdmissionConfig {
                 capacity: 64,
                 queue_len: 128,
@@ -211,7 +189,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+pub(super) fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
@@ -404,30 +382,6 @@ impl Config {
         Ok(())
     }
 
-    fn resolve_timeout(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
-        let t = &mut self.timeout;
-        t.head = pick(args.timeout_head, file.timeout.head, Timer(t.head)).0;
-        t.first_token = pick(
-            args.timeout_first_token,
-            file.timeout.first_token,
-            Timer(t.first_token),
-        )
-        .0;
-        t.idle = pick(args.timeout_idle, file.timeout.idle, Timer(t.idle)).0;
-        t.total = pick(args.timeout_total, file.timeout.total, Timer(t.total)).0;
-        for (key, v) in [
-            ("timeout.head (--timeout-head)", t.head),
-            ("timeout.first_token (--timeout-first-token)", t.first_token),
-            ("timeout.idle (--timeout-idle)", t.idle),
-            ("timeout.total (--timeout-total)", t.total),
-        ] {
-            if v == Some(Duration::ZERO) {
-                return err(format!("{key} must be longer than 0 (or `off`)"));
-            }
-        }
-        Ok(())
-    }
-
     fn resolve_admission(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
         let a = &mut self.admission;
         a.capacity = pick(args.admission_capacity, file.admission.capacity, a.capacity);
@@ -552,7 +506,7 @@ impl Config {
 }
 
 /// The flag's value, else the file's, else the default.
-fn pick<T>(arg: Option<T>, file: Option<T>, default: T) -> T {
+pub(super) fn pick<T>(arg: Option<T>, file: Option<T>, default: T) -> T {
     arg.or(file).unwrap_or(default)
 }
 
@@ -584,7 +538,7 @@ fn parse_upstream(u: &str) -> Result<Uri, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::file::{parse_duration, parse_timer};
+    use crate::gateway::file::{Timer, parse_duration, parse_timer};
 
     #[test]
     fn durations() {
@@ -631,5 +585,39 @@ mod tests {
         let d = Config::resolve(FileConfig::default(), &Args::default()).unwrap();
         assert_eq!(d.cluster.lease_ttl, Duration::from_secs(10));
         assert_eq!(d.cluster.redis, None);
+    }
+
+    #[test]
+    fn the_deadline_header_liveness_and_propagation_keys() {
+        use clap::Parser;
+        let args = Args::parse_from(["gateway"]);
+        let c = Config::resolve(FileConfig::default(), &args).unwrap();
+        assert_eq!(c.timeout.liveness, None);
+        assert_eq!(
+            c.timeout.deadline_header.as_ref().map(|h| h.as_str()),
+            Some("x-request-timeout")
+        );
+        assert!(!c.timeout.propagate_deadline);
+
+        let text = "[timeout]\nliveness = \"5s\"\ndeadline_header = \"x-deadline\"\npropagate_deadline = true\n";
+        let file = Config::parse_file(text).unwrap();
+        let c = Config::resolve(file, &args).unwrap();
+        assert_eq!(c.timeout.liveness, Some(Duration::from_secs(5)));
+        assert_eq!(c.timeout.client_deadline().header().unwrap(), "x-deadline");
+        assert!(c.timeout.propagate_deadline);
+
+        let args = Args::parse_from([
+            "gateway",
+            "--deadline-header",
+            "off",
+            "--propagate-deadline",
+            "on",
+        ]);
+        let c = Config::resolve(FileConfig::default(), &args).unwrap();
+        assert_eq!(c.timeout.client_deadline().header(), None);
+        assert!(c.timeout.propagate_deadline);
+        let args = Args::parse_from(["gateway", "--deadline-header", "bad header"]);
+        let e = Config::resolve(FileConfig::default(), &args).unwrap_err();
+        assert!(e.to_string().contains("timeout.deadline_header"), "{e}");
     }
 }

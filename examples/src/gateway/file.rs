@@ -155,8 +155,14 @@ pub struct TimeoutFile {
     pub first_token: Option<Timer>,
     /// `idle`
     pub idle: Option<Timer>,
+    /// `liveness`
+    pub liveness: Option<Timer>,
     /// `total`
     pub total: Option<Timer>,
+    /// `deadline_header` (a header name, or `off`)
+    pub deadline_header: Option<String>,
+    /// `propagate_deadline`
+    pub propagate_deadline: Option<bool>,
 }
 
 /// `[admission]`

@@ -35,6 +35,7 @@ mod file;
 mod metrics;
 mod routes;
 mod serve;
+mod timeout_config;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -122,9 +123,11 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     }
 
     let a = &config.admission;
+    let t = &config.timeout;
     let admission = BoundedAdmissionLayer::new(a.capacity)
         .with_queue_len(a.queue_len)
-        .with_queue_timeout(a.queue_timeout);
+        .with_queue_timeout(a.queue_timeout)
+        .with_client_deadline(t.client_deadline());
     let h = &config.hedge;
     let shared = config.cluster.apply(
         Shared {
@@ -135,8 +138,7 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         a.capacity,
     );
 
-    let t = &config.timeout;
-    let mut timeout = SseIdleTimeoutLayer::new();
+    let mut timeout = SseIdleTimeoutLayer::new().with_client_deadline(t.client_deadline());
     if let Some(d) = t.head {
         timeout = timeout.with_head_timeout(d);
     }
@@ -145,6 +147,9 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     }
     if let Some(d) = t.idle {
         timeout = timeout.with_idle_timeout(d);
+    }
+    if let Some(d) = t.liveness {
+        timeout = timeout.with_liveness_timeout(d);
     }
     if let Some(d) = t.total {
         timeout = timeout.with_total_timeout(d);

@@ -300,3 +300,16 @@ pub fn chat_request() -> Request<Full<Bytes>> {
         &[],
     )
 }
+
+/// The hedge outcome of `res` without its cost fields (how long losers ran, the prompt they
+/// were sent), which depend on timing the race tests check on their own.
+pub fn outcome_without_costs<B>(res: &http::Response<B>) -> Option<tailguard_core::HedgeOutcome> {
+    let mut o = res
+        .extensions()
+        .get::<tailguard_core::HedgeOutcome>()
+        .cloned()?;
+    o.losers.clear();
+    o.wasted_prompt_bytes = 0;
+    o.wasted_prompt_tokens = None;
+    Some(o)
+}
