@@ -58,7 +58,8 @@ async fn chat(State(up): State<Upstreams>, mut req: Request) -> Result<Response,
 
 fn print_report(r: &PhaseReport) {
     let hedge = r.hedge.as_ref().map_or("-".to_owned(), |h| {
-        format!("{} attempt(s), winner {}", h.attempts, h.winner)
+        let winner = h.winner.map_or("none".to_owned(), |w| w.to_string());
+        format!("{} attempt(s), winner {winner}", h.attempts)
     });
     println!(
         "\n\nphase report: end={} ttft={:?} total={:?} tokens={} hedge: {hedge}",

@@ -95,7 +95,7 @@
 //!   capacity among several gateways through a [`LeaseBackend`] (`tailguard-redis` implements
 //!   one on Redis): each admitted request also holds a lease of the cluster-wide capacity,
 //!   renewed while its body streams. Waiting stays local; when the backend is unreachable the
-//!   gate falls back to its local limits or refuses with 503 ([`FailMode`]). See [`cluster`].
+//!   gate falls back to its local limits or refuses with 503 ([`FailMode`]). See [`Cluster`].
 //!
 //! One layer value is one gate: clones of the layer and every service it builds share it.
 //!

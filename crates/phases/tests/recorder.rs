@@ -593,7 +593,7 @@ async fn hedge_costs_reach_the_report_and_the_metrics_per_upstream() {
 
     let r = reports.one();
     let h = r.hedge.unwrap();
-    assert_eq!((h.attempts, h.winner), (3, 2));
+    assert_eq!((h.attempts, h.winner), (3, Some(2)));
     assert_eq!(h.loser_time(), ms(200));
     assert_eq!(
         h.wasted_prompt_bytes, 1000,

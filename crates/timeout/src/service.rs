@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, Deadlines, EndReport, Fail, Respond};
+use tailguard_core::{BoxError, EndReport, Fail, Respond};
 use tokio::time::Instant;
 use tower_service::Service;
 

@@ -38,7 +38,7 @@ impl Default for ClusterConfig {
             name: "gateway".to_owned(),
             fail: FailMode::Open,
             timeout: Duration::from_millis(50),
-            lease_ttl: tailguard::admission::cluster::DEFAULT_LEASE_TTL,
+            lease_ttl: tailguard::admission::DEFAULT_LEASE_TTL,
         }
     }
 }
