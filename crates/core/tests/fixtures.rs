@@ -143,13 +143,16 @@ fn non_streamed_json_first_byte_is_the_token() {
 fn llmock_usage_chunk_is_read() {
     let s = all_splits("llmock-openai-chat-stream-usage.sse", SSE, true);
     assert!(s.done);
-    assert_eq!(s.meta, 1, "role chunk with empty content: {s:?}");
+    // With usage on (the recorder's mode) the finish-only chunk is meta too, not output.
+    assert_eq!(s.meta, 2, "role chunk and finish-only chunk: {s:?}");
     let usage = s.usage.expect("usage");
     assert_eq!(usage.prompt_tokens, Some(5));
     assert_eq!(usage.completion_tokens, Some(12));
     let without = all_splits("llmock-openai-chat-stream-usage.sse", SSE, false);
     assert_eq!(without.usage, None);
     assert_eq!(without.events, s.events);
+    assert_eq!(without.meta, 1, "role chunk with empty content: {without:?}");
+    assert_eq!(without.tokens, s.tokens + 1, "the finish chunk is progress");
 }
 
 #[test]

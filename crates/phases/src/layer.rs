@@ -23,7 +23,8 @@ use crate::sink::{PhaseSink, Sinks, TracingSink};
 ///
 /// * dialect [`Dialect::Auto`]: the framing follows each response's `content-type`, which is
 ///   right for any mix of OpenAI, Anthropic, gRPC and NDJSON upstreams;
-/// * usage extraction on: billing needs it (see
+/// * usage extraction on: billing needs it, and it makes the output count exact (a finish-only
+///   chunk is not output; see
 ///   [`StreamTracker::with_usage`](tailguard_core::StreamTracker::with_usage));
 /// * sinks: a [`MetricsSink`] (the [`MetricNames::tailguard`](crate::MetricNames::tailguard)
 ///   scheme, to the `metrics` facade's recorder) and a [`TracingSink`]: with no recorder and no

@@ -153,7 +153,9 @@ pub struct PhaseReport {
     /// Time until the frame carrying the stream's terminal event was handed on, when
     /// [`done_seen`](PhaseReport::done_seen); else time until the request ended.
     pub total: Duration,
-    /// Output (token) events of a streamed response.
+    /// Output (token) events of a streamed response. With usage extraction on (the default) a
+    /// chunk that carries only the finish reason is not output; with it off such a chunk counts
+    /// (the tracker then reads only the first bytes of each event after the first token).
     pub output_events: u64,
     /// Events of every class (tokens, meta, keepalives, done, error).
     pub events: u64,

@@ -71,18 +71,17 @@ async fn openai_stream_exact_phases() {
     assert_eq!(r.time_to_headers, Some(ms(30)));
     // The role-only chunk right after the head and the keepalives do not count.
     assert_eq!(r.time_to_first_token, Some(ms(130)));
-    // After the first token the core classifies from syntax alone, so the finish chunk
-    // (`"delta":{}` with `finish_reason`) is an output event too: 5 tokens + 1.
-    assert_eq!(r.output_events, 6);
-    // Four 20 ms gaps, then the finish chunk in a frame of its own at the same instant.
-    assert_eq!(r.gaps.count, 5);
+    // The finish chunk (`"delta":{}` with `finish_reason`) is not output: 5 tokens.
+    assert_eq!(r.output_events, 5);
+    // Four 20 ms gaps between the tokens.
+    assert_eq!(r.gaps.count, 4);
     assert_eq!(
         (r.gaps.min, r.gaps.max, r.gaps.sum),
-        (ms(0), ms(20), ms(80))
+        (ms(20), ms(20), ms(80))
     );
     assert_eq!(r.total, ms(210));
-    // (210 - 130) / (6 - 1)
-    assert_eq!(r.time_per_output_token, Some(ms(16)));
+    // (210 - 130) / (5 - 1)
+    assert_eq!(r.time_per_output_token, Some(ms(20)));
     assert!(r.done_seen);
     assert_eq!(r.labels.model(), "gpt-4o");
     assert_eq!(r.labels.route(), "/v1/chat/completions");
@@ -94,13 +93,13 @@ async fn openai_stream_exact_phases() {
     );
     assert_secs(
         &metric(&all, "tailguard_inter_token_gap_seconds").hist(),
-        &[0.02, 0.02, 0.02, 0.02, 0.0],
+        &[0.02, 0.02, 0.02, 0.02],
     );
     assert_secs(
         &metric(&all, "tailguard_request_duration_seconds").hist(),
         &[0.21],
     );
-    assert_secs(&metric(&all, "tailguard_output_events").hist(), &[6.0]);
+    assert_secs(&metric(&all, "tailguard_output_events").hist(), &[5.0]);
     // The upstream saw the generated request id.
     let stats = server.stats();
     assert_eq!(stats.completed, 1);
