@@ -151,7 +151,10 @@ fn llmock_usage_chunk_is_read() {
     let without = all_splits("llmock-openai-chat-stream-usage.sse", SSE, false);
     assert_eq!(without.usage, None);
     assert_eq!(without.events, s.events);
-    assert_eq!(without.meta, 1, "role chunk with empty content: {without:?}");
+    assert_eq!(
+        without.meta, 1,
+        "role chunk with empty content: {without:?}"
+    );
     assert_eq!(without.tokens, s.tokens + 1, "the finish chunk is progress");
 }
 
