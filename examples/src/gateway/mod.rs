@@ -21,10 +21,9 @@
 //! (and on the upstream pool's, [`upstream_client`]), a connection cap, a header-read timeout
 //! against slowloris clients and an idle keep-alive timeout.
 //!
-//! Core's [`RequestFactsLayer`](tailguard::core::RequestFactsLayer) reads each JSON request
-//! body once (answering a malformed one with a 400) and puts what it learnt into
-//! [`RequestFacts`](tailguard::core::RequestFacts): model, `max_tokens`, `stream` and prompt
-//! bytes, which the recorder labels by, the hedge reads (a non-streamed request is not
+//! Core's [`RequestFactsLayer`] reads each JSON request body once (answering a malformed one
+//! with a 400) and puts what it learnt into [`RequestFacts`]: model, `max_tokens`, `stream` and
+//! prompt bytes, which the recorder labels by, the hedge reads (a non-streamed request is not
 //! hedged) and admission may cost by; the hedge replays that one buffer.
 
 mod args;
