@@ -13,6 +13,7 @@ use tokio::time::sleep;
 
 use crate::body::MockBody;
 use crate::grpc::{GENERATE_PATH, decode_request};
+use crate::latency::MAX_LATENCY;
 use crate::producer::{self, Job};
 use crate::rng::{SplitMix64, mix};
 use crate::script::{Reset, Script};
@@ -192,7 +193,14 @@ async fn generate(
     // Draw everything random up front, in a fixed order, so a request's behaviour depends only
     // on the seed and its index.
     let fail = script.status.is_some() && rng.next_f64() < script.status_fraction;
-    let ttft = script.ttft.sample(&mut rng);
+    let prefill = script
+        .prefill_per_token
+        .saturating_mul(u32::try_from(params.prompt_tokens).unwrap_or(u32::MAX));
+    let ttft = script
+        .ttft
+        .sample(&mut rng)
+        .saturating_add(prefill)
+        .min(MAX_LATENCY);
 
     if !script.head_delay.is_zero() {
         sleep(script.head_delay).await;
@@ -308,15 +316,15 @@ async fn non_streamed(
     } = job;
     // The permit is held until the response is built; the handler future owns it, so a client
     // that goes away while waiting releases it.
-    let _permit = if script.single_slot || inner.options.head_after_slot {
-        inner.slot.clone().acquire_owned().await.ok()
+    let _slot = if inner.takes_slot(&script) {
+        inner.slot.clone().acquire().await
     } else {
         None
     };
     sleep(ttft).await;
     for i in 0..=tokens {
         if i > 0 && i < tokens {
-            sleep(script.gap.sample(&mut rng)).await;
+            sleep(inner.decode_gap(script.gap.sample(&mut rng))).await;
         }
         if let Some((n, pause)) = script.stall_after
             && n == i

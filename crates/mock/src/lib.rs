@@ -90,6 +90,7 @@ mod responses;
 mod rng;
 mod script;
 mod server;
+mod slots;
 pub mod sse;
 mod stats;
 mod syntax;

@@ -78,15 +78,23 @@ struct ServeArgs {
     /// is counted as served late).
     #[arg(long)]
     prefill_cancelled: bool,
+    /// A batching server with this many concurrent slots: every request takes one, first come
+    /// first served; decode gaps grow mildly with the batch.
+    #[arg(long, value_name = "SLOTS")]
+    batching: Option<u32>,
 }
 
 impl ServeArgs {
     fn options(&self) -> ReplicaOptions {
-        ReplicaOptions::new()
+        let options = ReplicaOptions::new()
             .head_after_slot(self.head_after_slot)
             .interrupt(self.interrupt)
             .keep_alive_timeout(self.keep_alive_timeout)
-            .prefill_cancelled(self.prefill_cancelled)
+            .prefill_cancelled(self.prefill_cancelled);
+        match self.batching {
+            Some(k) => options.batching(k),
+            None => options,
+        }
     }
 }
 

@@ -14,12 +14,14 @@ pub const UVICORN_KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// The replica's one generation slot (first come, first served) is taken by requests whose
 /// script has [`single_slot`](crate::Script::single_slot): they get their head at once and
 /// their first token only when the slot frees, so short requests queue behind a long prompt.
+/// A [`batching`](Self::batching) replica has K slots instead, taken by every request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplicaOptions {
     pub(crate) head_after_slot: bool,
     pub(crate) interrupt: bool,
     pub(crate) keep_alive_timeout: Option<Duration>,
     pub(crate) prefill_cancelled: bool,
+    pub(crate) batch_slots: Option<u32>,
 }
 
 impl ReplicaOptions {
@@ -66,6 +68,19 @@ impl ReplicaOptions {
         self
     }
 
+    /// A batching server (vLLM, TGI, SGLang, llama.cpp's server with `--parallel`) with `slots`
+    /// concurrent sequences: every generation request takes one of them, first come first served.
+    /// With a slot free its first token comes after its script's TTFT plus its prefill
+    /// ([`Script::prefill_per_token`](crate::Script::prefill_per_token)); otherwise the wait for
+    /// a slot comes first. Its decode gaps grow mildly with the batch: a gap is the script's gap
+    /// times `1 + 0.25 × busy / slots` (25% slower with every slot busy). The response head
+    /// comes at once (unless [`head_after_slot`](Self::head_after_slot)). Change the number of
+    /// slots mid-run with [`MockServer::set_slots`](crate::MockServer::set_slots).
+    pub fn batching(mut self, slots: u32) -> Self {
+        self.batch_slots = Some(slots);
+        self
+    }
+
     /// A streamed request whose client goes away before its first token is noticed only when
     /// that token is due: it still waits for the slot and its TTFT (the prefill), holds the
     /// slot meanwhile and stays in flight, and is counted in
@@ -78,7 +93,8 @@ impl ReplicaOptions {
 }
 
 impl std::fmt::Display for ReplicaOptions {
-    /// `head_after_slot=false,interrupt=true,keep_alive_timeout=5s,prefill_cancelled=false`.
+    /// `head_after_slot=false,interrupt=true,keep_alive_timeout=5s,prefill_cancelled=false`,
+    /// then `,batching=K` when batching.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -89,6 +105,10 @@ impl std::fmt::Display for ReplicaOptions {
             Some(d) => write!(f, "{}", crate::syntax::DurationFmt(d))?,
             None => f.write_str("none")?,
         }
-        write!(f, ",prefill_cancelled={}", self.prefill_cancelled)
+        write!(f, ",prefill_cancelled={}", self.prefill_cancelled)?;
+        match self.batch_slots {
+            Some(k) => write!(f, ",batching={k}"),
+            None => Ok(()),
+        }
     }
 }

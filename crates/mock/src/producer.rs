@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::body::{Item, MockBody};
@@ -15,6 +15,7 @@ use crate::faults::filler;
 use crate::rng::SplitMix64;
 use crate::script::{Cut, Reset, Script};
 use crate::server::Inner;
+use crate::slots::Slot;
 use crate::stats::{InFlight, Outcome, Recorder, RequestGuard};
 use crate::wire::{self, Api, Ctx};
 
@@ -49,7 +50,7 @@ pub(crate) fn spawn(
     let abort = abort.filter(|_| job.script.rst);
     let producer = Producer {
         tx,
-        slot: job.script.single_slot || replica.options.head_after_slot,
+        slot: replica.takes_slot(&job.script),
         job,
         recorder: guard.recorder(),
         index: guard.index(),
@@ -70,7 +71,7 @@ struct Producer {
     recorder: Recorder,
     index: u64,
     replica: Arc<Inner>,
-    /// Takes the replica's one slot.
+    /// Takes one of the replica's slots.
     slot: bool,
     /// Released when the response head may be sent.
     head: Option<oneshot::Sender<()>>,
@@ -96,7 +97,9 @@ impl Producer {
         let n = self.job.tokens;
         for i in 0..=n {
             if i > 0 && i < n {
-                let gap = self.job.script.gap.sample(&mut self.job.rng);
+                let gap = self
+                    .replica
+                    .decode_gap(self.job.script.gap.sample(&mut self.job.rng));
                 self.wait(gap).await?;
             }
             if let Some((k, pause)) = self.job.script.stall_after
@@ -117,13 +120,13 @@ impl Producer {
         self.epilogue().await
     }
 
-    /// The head, the meta events, the slot and the TTFT; returns the slot's permit.
-    async fn prelude(&mut self) -> Result<Option<OwnedSemaphorePermit>, Gone> {
+    /// The head, the meta events, the slot and the TTFT; returns the slot.
+    async fn prelude(&mut self) -> Result<Option<Slot>, Gone> {
         let slot = self.replica.slot.clone();
         let mut permit = None;
         if self.slot && self.replica.options.head_after_slot {
             // No bytes before the head, so no keepalives while waiting for it.
-            permit = slot.clone().acquire_owned().await.ok();
+            permit = slot.clone().acquire().await;
         }
         if let Some(head) = self.head.take() {
             let _ = head.send(());
@@ -139,7 +142,7 @@ impl Producer {
             self.preamble().await?;
         }
         if self.slot && permit.is_none() {
-            permit = self.during(slot.acquire_owned()).await?.ok();
+            permit = self.during(slot.acquire()).await?;
         }
         self.wait(self.job.ttft).await?;
         if !self.job.script.early_meta {

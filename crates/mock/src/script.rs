@@ -70,6 +70,7 @@ pub struct Script {
     pub(crate) ttft: Latency,
     pub(crate) tokens: u32,
     pub(crate) gap: Latency,
+    pub(crate) prefill_per_token: Duration,
     pub(crate) stall_after: Option<(u32, Option<Duration>)>,
     pub(crate) keepalive_every: Option<Duration>,
     pub(crate) status: Option<StatusCode>,
@@ -110,6 +111,7 @@ impl Script {
             ttft: Latency::default(),
             tokens: DEFAULT_TOKENS,
             gap: Latency::default(),
+            prefill_per_token: Duration::ZERO,
             stall_after: None,
             keepalive_every: None,
             status: None,
@@ -152,6 +154,15 @@ impl Script {
     /// distribution.
     pub fn gap(mut self, l: impl Into<Latency>) -> Self {
         self.gap = l.into();
+        self
+    }
+
+    /// Prefill time per prompt token (default 0), added to the TTFT: a request's first token
+    /// comes `ttft + prefill_per_token × prompt tokens` after it starts generating (after its
+    /// slot, when it takes one). Prompt tokens are the whitespace-separated words of the
+    /// request's `messages`/`prompt`/`input` (gRPC: of its prompt).
+    pub fn prefill_per_token(mut self, d: Duration) -> Self {
+        self.prefill_per_token = d;
         self
     }
 

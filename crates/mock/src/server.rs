@@ -14,13 +14,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::sleep;
 
 use crate::handle::handle;
 use crate::options::ReplicaOptions;
 use crate::script::Script;
+use crate::slots::{FULL_BATCH_GAP_GROWTH, Slots};
 use crate::stats::{Shared, Stats};
 
 /// What the connections and requests of one replica share.
@@ -29,11 +30,26 @@ pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
     pub(crate) script: Mutex<Script>,
     pub(crate) queue: Mutex<VecDeque<Script>>,
-    /// The one generation slot.
-    pub(crate) slot: Arc<Semaphore>,
+    /// The generation slots: one, or K when batching.
+    pub(crate) slot: Arc<Slots>,
     pub(crate) options: ReplicaOptions,
     /// Index of the newest generation request (for `interrupt`).
     pub(crate) latest: AtomicU64,
+}
+
+impl Inner {
+    /// Whether a generation request following `script` takes a slot.
+    pub(crate) fn takes_slot(&self, script: &Script) -> bool {
+        script.single_slot || self.options.head_after_slot || self.options.batch_slots.is_some()
+    }
+
+    /// A decode gap drawn as `gap`, slowed by the batch on a batching replica.
+    pub(crate) fn decode_gap(&self, gap: Duration) -> Duration {
+        match self.options.batch_slots {
+            Some(_) => gap.mul_f64(1.0 + FULL_BATCH_GAP_GROWTH * self.slot.load().min(1.0)),
+            None => gap,
+        }
+    }
 }
 
 /// One mock LLM replica on `127.0.0.1`, serving HTTP/1.1 and HTTP/2 (prior knowledge) on one
@@ -95,7 +111,7 @@ impl MockServer {
             shared: Shared::new(),
             script: Mutex::new(script),
             queue: Mutex::new(VecDeque::new()),
-            slot: Arc::new(Semaphore::new(1)),
+            slot: Slots::new(options.batch_slots.unwrap_or(1)),
             options,
             latest: AtomicU64::new(0),
         });
@@ -131,6 +147,19 @@ impl MockServer {
     /// Replaces the replica's script for requests that arrive from now on.
     pub fn set_script(&self, script: Script) {
         *self.inner.script.lock().unwrap_or_else(|e| e.into_inner()) = script;
+    }
+
+    /// Sets the number of generation slots of a [`batching`](ReplicaOptions::batching)
+    /// replica (or of the single slot's replica) from now on, as a replica losing or gaining
+    /// GPUs: free slots go at once, busy ones when their streams end; new slots take waiting
+    /// requests at once.
+    pub fn set_slots(&self, slots: u32) {
+        self.inner.slot.resize(slots);
+    }
+
+    /// The number of generation slots.
+    pub fn slots(&self) -> u32 {
+        self.inner.slot.size()
     }
 
     /// The replica's options.

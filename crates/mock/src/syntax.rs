@@ -19,6 +19,7 @@ impl Script {
     /// | `ttft` | latency | [`ttft`](Self::ttft) |
     /// | `tokens` | integer | [`tokens`](Self::tokens) |
     /// | `gap` | latency | [`gap`](Self::gap) |
+    /// | `prefill_per_token` | duration | [`prefill_per_token`](Self::prefill_per_token) |
     /// | `stall_after` | integer or `none` | [`stall_after`](Self::stall_after) (forever unless `stall_for`) |
     /// | `stall_for` | duration or `forever` | the pause of `stall_after` |
     /// | `keepalive` | duration or `none` | [`keepalive_every`](Self::keepalive_every) |
@@ -99,6 +100,7 @@ impl Script {
             "ttft" => self.ttft = value.parse()?,
             "tokens" => self.tokens = parse_u32(value)?,
             "gap" => self.gap = value.parse()?,
+            "prefill_per_token" => self.prefill_per_token = parse_duration(value)?,
             "stall_after" => {
                 self.stall_after = if is_none(value) {
                     None
@@ -203,11 +205,12 @@ impl fmt::Display for Script {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "head_delay={},ttft={},tokens={},gap={}",
+            "head_delay={},ttft={},tokens={},gap={},prefill_per_token={}",
             DurationFmt(self.head_delay),
             self.ttft,
             self.tokens,
-            self.gap
+            self.gap,
+            DurationFmt(self.prefill_per_token)
         )?;
         match self.stall_after {
             None => f.write_str(",stall_after=none")?,
