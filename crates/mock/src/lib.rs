@@ -10,8 +10,8 @@
 //! endless line, garbage data lines, no terminal event) and head-of-line blocking
 //! (single-slot mode). A request can carry its own script in the [`SCRIPT_HEADER`] header.
 //! [`ReplicaOptions`] add what real servers do across requests: a response head that waits for
-//! the slot, llama.cpp-style interrupts, uvicorn's idle keep-alive close, and cancelled
-//! requests that still cost their prefill. [`Stats`] count requests,
+//! the slot, llama.cpp-style interrupts, uvicorn's idle keep-alive close, cancelled
+//! requests that still cost their prefill, and batching with K slots (changeable mid-run). [`Stats`] count requests,
 //! completions and client cancellations and log every request, so tests can assert "the losing
 //! hedge attempt was cancelled upstream".
 //!
