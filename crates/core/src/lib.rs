@@ -67,7 +67,7 @@ pub use ext::{
     Priority, RequestFacts, UpstreamFailure,
 };
 pub use facts::{FactsError, RequestFactsLayer, RequestFactsService};
-pub use mode::{Fail, Respond};
+pub use mode::{Fail, Mode, Respond};
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
 pub use tracker::{Observation, StreamTracker, Usage};
