@@ -36,7 +36,7 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqB>,
-        _flavour: PhantomData<fn() -> M>,
+        _mode: PhantomData<fn() -> M>,
     }
 }
 
@@ -377,7 +377,7 @@ where
     pub(crate) fn new(state: State<S, ReqB>) -> Self {
         ResponseFuture {
             state,
-            _flavour: PhantomData,
+            _mode: PhantomData,
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::layer::AdmissionHandle;
 pub struct BoundedAdmission<S, M = Respond> {
     inner: S,
     shared: Arc<Shared>,
-    _flavour: PhantomData<fn() -> M>,
+    _mode: PhantomData<fn() -> M>,
 }
 
 impl<S: Clone, M> Clone for BoundedAdmission<S, M> {
@@ -34,7 +34,7 @@ impl<S: Clone, M> Clone for BoundedAdmission<S, M> {
         BoundedAdmission {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
-            _flavour: PhantomData,
+            _mode: PhantomData,
         }
     }
 }
@@ -60,7 +60,7 @@ impl<S, M> BoundedAdmission<S, M> {
         BoundedAdmission {
             inner,
             shared,
-            _flavour: PhantomData,
+            _mode: PhantomData,
         }
     }
 

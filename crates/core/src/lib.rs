@@ -19,6 +19,8 @@
 //! * [`error`]: concrete, downcastable error types;
 //! * [`render`]: one place that turns an error into an HTTP response, an in-band event or gRPC
 //!   trailers;
+//! * [`Respond`] and [`Fail`]: the two modes of a layer that can refuse or end a request
+//!   itself, and [`Mode`], what they decide (the service's error type, what the caller gets);
 //! * [`replay`]: request bodies buffered once so they can be sent twice;
 //! * [`facts`]: [`RequestFacts`] read from OpenAI and Anthropic request JSON, and
 //!   [`RequestFactsLayer`], which reads them once per request and hands the buffered body on.
