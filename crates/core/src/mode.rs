@@ -25,6 +25,24 @@ pub struct Fail;
 /// A layer's service is `Service` for every `M: Mode<S::Error>`: [`Respond`] is a mode over
 /// every `E`, [`Fail`] over every `E: Into<BoxError>`. The trait is sealed: these two are its
 /// only implementations.
+///
+/// ```
+/// use std::io;
+/// use tailguard_core::{Fail, Mode, Respond};
+///
+/// // A layer's one implementation: the inner result, or its own refusal.
+/// fn answer<M: Mode<io::Error>>(inner: io::Result<u16>, refuse: bool) -> Result<u16, M::Error> {
+///     if refuse {
+///         return M::own(std::fmt::Error, |_| 429);
+///     }
+///     inner.map_err(M::inner)
+/// }
+///
+/// assert_eq!(answer::<Respond>(Ok(200), true).unwrap(), 429);
+/// assert!(answer::<Fail>(Ok(200), true).unwrap_err().is::<std::fmt::Error>());
+/// let inner: io::Error = answer::<Respond>(Err(io::Error::other("down")), false).unwrap_err();
+/// assert_eq!(inner.to_string(), "down");
+/// ```
 pub trait Mode<E>: sealed::Sealed {
     /// The service's error type: `E` in response mode, [`BoxError`] in error mode.
     type Error;
