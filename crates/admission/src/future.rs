@@ -13,8 +13,7 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::render::error_response;
 use tailguard_core::{
-    AdmissionOutcome, BoxError, EndReason, EndReport, Fail, OverloadReason, Overloaded,
-    RenderError, Respond,
+    AdmissionOutcome, EndReason, EndReport, Mode, OverloadReason, Overloaded, RenderError, Respond,
 };
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
@@ -37,7 +36,7 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqB>,
-        _flavour: PhantomData<fn() -> M>,
+        _mode: PhantomData<fn() -> M>,
     }
 }
 
@@ -123,18 +122,19 @@ impl Refusal {
             outcome: AdmissionOutcome::rejected(waited, units, r.reason),
         }
     }
+}
 
-    fn into_response<B>(self) -> Response<AdmissionBody<B>>
-    where
-        B: Body,
-        B::Data: From<Bytes>,
-    {
-        let mut res = error_response(&self.overloaded.error_info(), |b| {
-            AdmissionBody::local(B::Data::from(b))
-        });
-        res.extensions_mut().insert(self.outcome);
-        res
-    }
+/// The response-mode answer to a refusal: the rendered error, carrying the outcome.
+fn refused<B>(overloaded: &Overloaded, outcome: AdmissionOutcome) -> Response<AdmissionBody<B>>
+where
+    B: Body,
+    B::Data: From<Bytes>,
+{
+    let mut res = error_response(&overloaded.error_info(), |b| {
+        AdmissionBody::local(B::Data::from(b))
+    });
+    res.extensions_mut().insert(outcome);
+    res
 }
 
 impl<S, ReqB> State<S, ReqB>
@@ -349,36 +349,23 @@ where
     })
 }
 
-impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, Respond>
+impl<S, ReqB, ResB, M> Future for ResponseFuture<S, ReqB, M>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: Body,
     ResB::Data: From<Bytes>,
+    M: Mode<S::Error>,
 {
-    type Output = Result<Response<AdmissionBody<ResB>>, S::Error>;
+    type Output = Result<Response<AdmissionBody<ResB>>, M::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
             Ok(res) => Ok(res),
-            Err(Failure::Inner(e)) => Err(e),
-            Err(Failure::Refused(r)) => Ok(r.into_response()),
-        })
-    }
-}
-
-impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, Fail>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-    S::Error: Into<BoxError>,
-    ResB: Body,
-{
-    type Output = Result<Response<AdmissionBody<ResB>>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
-            Ok(res) => Ok(res),
-            Err(Failure::Inner(e)) => Err(e.into()),
-            Err(Failure::Refused(r)) => Err(Box::new(r.overloaded)),
+            Err(Failure::Inner(e)) => Err(M::inner(e)),
+            Err(Failure::Refused(Refusal {
+                overloaded,
+                outcome,
+            })) => M::own(overloaded, |o| refused(&o, outcome)),
         })
     }
 }
@@ -390,7 +377,7 @@ where
     pub(crate) fn new(state: State<S, ReqB>) -> Self {
         ResponseFuture {
             state,
-            _flavour: PhantomData,
+            _mode: PhantomData,
         }
     }
 }

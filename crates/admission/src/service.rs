@@ -9,9 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{
-    BoxError, ClassPolicy, Deadlines, EndReason, EndReport, Fail, Priority, Respond,
-};
+use tailguard_core::{ClassPolicy, Deadlines, EndReason, EndReport, Mode, Priority, Respond};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -28,7 +26,7 @@ use crate::layer::AdmissionHandle;
 pub struct BoundedAdmission<S, M = Respond> {
     inner: S,
     shared: Arc<Shared>,
-    _flavour: PhantomData<fn() -> M>,
+    _mode: PhantomData<fn() -> M>,
 }
 
 impl<S: Clone, M> Clone for BoundedAdmission<S, M> {
@@ -36,7 +34,7 @@ impl<S: Clone, M> Clone for BoundedAdmission<S, M> {
         BoundedAdmission {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
-            _flavour: PhantomData,
+            _mode: PhantomData,
         }
     }
 }
@@ -62,7 +60,7 @@ impl<S, M> BoundedAdmission<S, M> {
         BoundedAdmission {
             inner,
             shared,
-            _flavour: PhantomData,
+            _mode: PhantomData,
         }
     }
 
@@ -136,37 +134,19 @@ impl<S, M> BoundedAdmission<S, M> {
     }
 }
 
-impl<S, ReqB, ResB> Service<Request<ReqB>> for BoundedAdmission<S, Respond>
+impl<S, ReqB, ResB, M> Service<Request<ReqB>> for BoundedAdmission<S, M>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     ResB: Body,
     ResB::Data: From<Bytes>,
+    M: Mode<S::Error>,
 {
     type Response = Response<AdmissionBody<ResB>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, ReqB, Respond>;
+    type Error = M::Error;
+    type Future = ResponseFuture<S, ReqB, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        ResponseFuture::new(self.start(req))
-    }
-}
-
-impl<S, ReqB, ResB> Service<Request<ReqB>> for BoundedAdmission<S, Fail>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
-    S::Error: Into<BoxError>,
-    ResB: Body,
-{
-    type Response = Response<AdmissionBody<ResB>>;
-    type Error = BoxError;
-    type Future = ResponseFuture<S, ReqB, Fail>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+        self.inner.poll_ready(cx).map_err(M::inner)
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {

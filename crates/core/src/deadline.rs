@@ -12,9 +12,10 @@
 
 use std::time::Duration;
 
-use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use tokio::time::Instant;
+
+use crate::headers::is_grpc;
 
 /// `grpc-timeout`: a gRPC call's deadline, `<1 to 8 digits><unit>` with unit `H`, `M`, `S`,
 /// `m` (milliseconds), `u` or `n`.
@@ -229,12 +230,6 @@ pub fn propagate<B>(req: &mut Request<B>, now: Instant) {
     }
 }
 
-fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
 /// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit (`H`, `M`, `S`, `m`, `u`,
 /// `n`); `None` otherwise.
 pub fn parse_grpc_timeout(value: &[u8]) -> Option<Duration> {
@@ -289,6 +284,7 @@ pub fn parse_duration(value: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::CONTENT_TYPE;
 
     #[test]
     fn grpc_timeouts_parse_and_format() {

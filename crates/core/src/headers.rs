@@ -1,5 +1,6 @@
 //! Header names and readers shared by the layers.
 
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName};
 
 /// `grpc-status`, the trailer (or trailers-only header) that carries a gRPC call's outcome.
@@ -17,6 +18,14 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<u16> {
         .ok()
         .and_then(|s| s.parse().ok());
     Some(code.unwrap_or(2))
+}
+
+/// Whether `headers` are a gRPC call's: `content-type: application/grpc` or
+/// `application/grpc+<codec>`.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@
 //! * [`error`]: concrete, downcastable error types;
 //! * [`render`]: one place that turns an error into an HTTP response, an in-band event or gRPC
 //!   trailers;
+//! * [`Respond`] and [`Fail`]: the two modes of a layer that can refuse or end a request
+//!   itself, and [`Mode`], what they decide (the service's error type, what the caller gets);
 //! * [`replay`]: request bodies buffered once so they can be sent twice;
 //! * [`facts`]: [`RequestFacts`] read from OpenAI and Anthropic request JSON, and
 //!   [`RequestFactsLayer`], which reads them once per request and hands the buffered body on.
@@ -67,7 +69,7 @@ pub use ext::{
     Priority, RequestFacts, UpstreamFailure,
 };
 pub use facts::{FactsError, RequestFactsLayer, RequestFactsService};
-pub use mode::{Fail, Respond};
+pub use mode::{Fail, Mode, Respond};
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
 pub use tracker::{Observation, StreamTracker, Usage};

@@ -7,7 +7,8 @@
 //!   ([`error_response`]);
 //! * mid-stream, a terminal in-band event in the stream's own dialect ([`in_band`]): OpenAI
 //!   `data: {"error":{..}}` followed by `data: [DONE]`, or Anthropic `event: error`;
-//! * for gRPC, trailers with `grpc-status` and `grpc-message` ([`grpc_trailers`]).
+//! * for gRPC, trailers with `grpc-status` and `grpc-message` ([`grpc_trailers`]), or before
+//!   headers a trailers-only response ([`respond`], which picks this or [`error_response`]).
 //!
 //! Rendered events always begin at an event boundary and end with a blank line; a layer that
 //! ends a stream early must hold back the bytes of an event the client has not fully received
@@ -238,6 +239,25 @@ pub fn error_response<T>(info: &ErrorInfo, body: impl FnOnce(Bytes) -> T) -> Res
     if let Some(after) = info.retry_after {
         h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
     }
+    res
+}
+
+/// The response that answers a request with `info` before headers: for a gRPC request
+/// (`grpc`) a trailers-only gRPC response (status 200, `content-type: application/grpc`, the
+/// [`grpc_trailers`] in the headers, and the body `body(None)`), which a gRPC client reads as
+/// that status; for any other request the [`error_response`], with the body `body(Some(json))`.
+pub fn respond<T>(
+    info: &ErrorInfo,
+    grpc: bool,
+    body: impl FnOnce(Option<Bytes>) -> T,
+) -> Response<T> {
+    if !grpc {
+        return error_response(info, |json| body(Some(json)));
+    }
+    let mut res = Response::new(body(None));
+    let h = res.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.extend(grpc_trailers(info.grpc, &info.message));
     res
 }
 

@@ -3,7 +3,6 @@
 use std::error::Error;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
 use http_body::Body;
 use tailguard_core::render::{self, RenderError};
@@ -124,15 +123,7 @@ where
     B: Body,
     B::Data: From<Bytes>,
 {
-    if grpc {
-        let mut res = Response::new(HedgeBody::local(None));
-        let h = res.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        h.extend(render::grpc_trailers(info.grpc, &info.message));
-        res
-    } else {
-        render::error_response(info, |b| HedgeBody::local(Some(B::Data::from(b))))
-    }
+    render::respond(info, grpc, |json| HedgeBody::local(json.map(B::Data::from)))
 }
 
 /// The answer to a race whose most informative failure was a `2xx` stream with no token (see

@@ -10,19 +10,19 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tailguard_core::{BoxError, Fail, ReplayBody, Respond};
+use tailguard_core::{BoxError, Mode, ReplayBody, Respond};
 use tower_service::Service;
 
 use crate::answer::{self, Escape};
 use crate::body::HedgeBody;
-use crate::race::{Output, Race};
+use crate::race::Race;
 
 pin_project! {
     /// The response future of [`FirstTokenHedge`](crate::FirstTokenHedge).
     ///
     /// Resolves when a winner is committed (its first token arrived) or every attempt failed.
     /// Dropping it drops every attempt in flight, which cancels their upstream requests. In
-    /// response mode ([`Respond`]) its error is the inner service's; in error mode ([`Fail`])
+    /// response mode ([`Respond`]) its error is the inner service's; in error mode ([`Fail`](tailguard_core::Fail))
     /// a [`BoxError`].
     pub struct ResponseFuture<S, B, RB, M = Respond>
     where
@@ -81,7 +81,7 @@ where
     }
 }
 
-impl<S, B, RB, M> ResponseFuture<S, B, RB, M>
+impl<S, B, RB, M> Future for ResponseFuture<S, B, RB, M>
 where
     S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
@@ -91,58 +91,21 @@ where
     RB: Body,
     RB::Data: From<Bytes>,
     RB::Error: Into<BoxError>,
+    M: Mode<S::Error>,
 {
-    fn poll_escape(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Output<RB, S::Error>> {
-        match self.project().kind.project() {
-            KindProj::Direct { fut } => Poll::Ready(match ready!(fut.poll(cx)) {
-                Ok(res) => Ok(res.map(HedgeBody::direct)),
-                Err(e) => Err(Escape::Inner(e)),
-            }),
-            KindProj::Hedged { race } => race.poll(cx),
-        }
-    }
-}
-
-impl<S, B, RB> Future for ResponseFuture<S, B, RB, Respond>
-where
-    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
-    S::Error: Into<BoxError>,
-    B: Body + Unpin,
-    B::Data: From<Bytes>,
-    B::Error: Into<BoxError>,
-    RB: Body,
-    RB::Data: From<Bytes>,
-    RB::Error: Into<BoxError>,
-{
-    type Output = Result<Response<HedgeBody<RB>>, S::Error>;
+    type Output = Result<Response<HedgeBody<RB>>, M::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(self.poll_escape(cx)) {
+        let escape = match self.project().kind.project() {
+            KindProj::Direct { fut } => ready!(fut.poll(cx))
+                .map(|res| res.map(HedgeBody::direct))
+                .map_err(Escape::Inner),
+            KindProj::Hedged { race } => ready!(race.poll(cx)),
+        };
+        Poll::Ready(match escape {
             Ok(res) => Ok(res),
-            Err(Escape::Inner(e)) => Err(e),
-            Err(Escape::Own(e, grpc)) => Ok(answer::own_failure(&e, grpc)),
-        })
-    }
-}
-
-impl<S, B, RB> Future for ResponseFuture<S, B, RB, Fail>
-where
-    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
-    S::Error: Into<BoxError>,
-    B: Body + Unpin,
-    B::Data: From<Bytes>,
-    B::Error: Into<BoxError>,
-    RB: Body,
-    RB::Data: From<Bytes>,
-    RB::Error: Into<BoxError>,
-{
-    type Output = Result<Response<HedgeBody<RB>>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(self.poll_escape(cx)) {
-            Ok(res) => Ok(res),
-            Err(Escape::Inner(e)) => Err(e.into()),
-            Err(Escape::Own(e, _)) => Err(e),
+            Err(Escape::Inner(e)) => Err(M::inner(e)),
+            Err(Escape::Own(e, grpc)) => M::own(e, |e| answer::own_failure(&e, grpc)),
         })
     }
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, ClassPolicy, Fail, Priority, ReplayBody, Respond};
+use tailguard_core::{BoxError, ClassPolicy, Mode, Priority, ReplayBody, Respond};
 use tower_service::Service;
 
 use crate::body::HedgeBody;
@@ -172,7 +172,7 @@ impl Shared {
 ///
 /// In response mode ([`Respond`], the default) the error type is the inner service's: the
 /// only error is the inner service's own (when no attempt got a response at all); a request
-/// body that fails while it is buffered is answered with a `400`. In error mode ([`Fail`]) the
+/// body that fails while it is buffered is answered with a `400`. In error mode ([`Fail`](tailguard_core::Fail)) the
 /// error type is [`BoxError`]: the inner service's error, an
 /// [`UpstreamError`](tailguard_core::UpstreamError) when every attempt failed, or a
 /// [`RequestBodyError`](crate::error::RequestBodyError).
@@ -233,7 +233,7 @@ impl<S: fmt::Debug, M> fmt::Debug for FirstTokenHedge<S, M> {
     }
 }
 
-impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S, Respond>
+impl<S, B, RB, M> Service<Request<B>> for FirstTokenHedge<S, M>
 where
     S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
@@ -243,57 +243,18 @@ where
     RB: Body,
     RB::Data: From<Bytes>,
     RB::Error: Into<BoxError>,
+    M: Mode<S::Error>,
 {
     type Response = Response<HedgeBody<RB>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, B, RB, Respond>;
+    type Error = M::Error;
+    type Future = ResponseFuture<S, B, RB, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(M::inner)
     }
 
+    // Races an eligible request; passes anything else straight through.
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        self.start(req)
-    }
-}
-
-impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S, Fail>
-where
-    S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
-    S::Error: Into<BoxError>,
-    B: Body + Unpin,
-    B::Data: From<Bytes>,
-    B::Error: Into<BoxError>,
-    RB: Body,
-    RB::Data: From<Bytes>,
-    RB::Error: Into<BoxError>,
-{
-    type Response = Response<HedgeBody<RB>>;
-    type Error = BoxError;
-    type Future = ResponseFuture<S, B, RB, Fail>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        self.start(req)
-    }
-}
-
-impl<S, M> FirstTokenHedge<S, M> {
-    /// Races an eligible request; passes anything else straight through.
-    fn start<B, RB>(&mut self, req: Request<B>) -> ResponseFuture<S, B, RB, M>
-    where
-        S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
-        S::Error: Into<BoxError>,
-        B: Body + Unpin,
-        B::Data: From<Bytes>,
-        B::Error: Into<BoxError>,
-        RB: Body,
-        RB::Data: From<Bytes>,
-        RB::Error: Into<BoxError>,
-    {
         let (parts, body) = req.into_parts();
         if !self.shared.eligible(&parts, &body) {
             let req = Request::from_parts(parts, ReplayBody::passthrough(body));

@@ -26,10 +26,7 @@ impl Template {
 
     /// Whether the request is a gRPC call (`content-type: application/grpc*`).
     pub(crate) fn is_grpc(&self) -> bool {
-        self.0
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        tailguard_core::headers::is_grpc(&self.0.headers)
     }
 }
 

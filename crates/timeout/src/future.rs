@@ -7,12 +7,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Response, StatusCode};
+use http::Response;
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::render::{self, RenderError};
-use tailguard_core::{BoxError, EndReport, Fail, Phase, Respond, TimeoutError};
+use tailguard_core::{EndReport, Mode, Phase, Respond, TimeoutError};
 use tokio::time::Instant;
 
 use crate::body::SseIdleTimeoutBody;
@@ -26,7 +25,7 @@ pin_project! {
     /// The inner future is polled before the timer, so response headers that are ready when the
     /// future is polled win over a timer that expires at the same instant. On expiry the inner
     /// future is dropped at once, and the caller gets a rendered 504 (response mode,
-    /// [`Respond`]) or a [`TimeoutError`] (error mode, [`Fail`]).
+    /// [`Respond`]) or a [`TimeoutError`] (error mode, [`Fail`](crate::Fail)).
     pub struct ResponseFuture<F, M = Respond> {
         #[pin]
         inner: Option<F>,
@@ -150,51 +149,23 @@ impl<F, M> ResponseFuture<F, M> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, Respond>
+impl<F, B, E, M> Future for ResponseFuture<F, M>
 where
     F: Future<Output = Result<Response<B>, E>>,
     B: Body,
+    M: Mode<E>,
 {
-    type Output = Result<Response<SseIdleTimeoutBody<B>>, E>;
+    type Output = Result<Response<SseIdleTimeoutBody<B>>, M::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Poll::Ready(match ready!(self.poll_head(cx)) {
             Ok(res) => Ok(res),
-            Err(Escape::Inner(e)) => Err(e),
-            Err(Escape::Timeout(err, true)) => Ok(grpc_trailers_only(&err)),
-            Err(Escape::Timeout(err, false)) => Ok(render::error_response(
-                &err.error_info(),
-                SseIdleTimeoutBody::local,
-            )),
+            Err(Escape::Inner(e)) => Err(M::inner(e)),
+            Err(Escape::Timeout(err, grpc)) => M::own(err, |err| {
+                render::respond(&err.error_info(), grpc, |json| {
+                    SseIdleTimeoutBody::local(json.unwrap_or_default())
+                })
+            }),
         })
     }
-}
-
-impl<F, B, E> Future for ResponseFuture<F, Fail>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-    B: Body,
-{
-    type Output = Result<Response<SseIdleTimeoutBody<B>>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(self.poll_head(cx)) {
-            Ok(res) => Ok(res),
-            Err(Escape::Inner(e)) => Err(e.into()),
-            Err(Escape::Timeout(err, _)) => Err(Box::new(err)),
-        })
-    }
-}
-
-/// A trailers-only gRPC response: status 200, `content-type: application/grpc`, and the
-/// `grpc-status` / `grpc-message` in the headers, with an empty body.
-fn grpc_trailers_only<B: Body>(err: &TimeoutError) -> Response<SseIdleTimeoutBody<B>> {
-    let info = err.error_info();
-    let mut res = Response::new(SseIdleTimeoutBody::local(bytes::Bytes::new()));
-    *res.status_mut() = StatusCode::OK;
-    let h = res.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.extend(render::grpc_trailers(info.grpc, &info.message));
-    res
 }

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, EndReport, Fail, Respond};
+use tailguard_core::headers::is_grpc;
+use tailguard_core::{BoxError, EndReport, Mode, Respond};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -20,7 +20,7 @@ use crate::layer::{Config, SseIdleTimeoutLayer};
 /// Applies first-token, idle, total and head timeouts to the responses of `S`.
 ///
 /// Built by [`SseIdleTimeoutLayer`]; see the [crate documentation](crate). In response mode
-/// (`M` = [`Respond`]) the error type is the inner service's; in error mode ([`Fail`]) it is
+/// (`M` = [`Respond`]) the error type is the inner service's; in error mode ([`Fail`](crate::Fail)) it is
 /// [`BoxError`].
 pub struct SseIdleTimeout<S, M = Respond> {
     inner: S,
@@ -78,60 +78,28 @@ impl<S: fmt::Debug, M> fmt::Debug for SseIdleTimeout<S, M> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for SseIdleTimeout<S, Respond>
+impl<S, ReqBody, ResBody, M> Service<Request<ReqBody>> for SseIdleTimeout<S, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body,
     ResBody::Data: From<Bytes>,
     ResBody::Error: Into<BoxError>,
+    M: Mode<S::Error>,
 {
     type Response = Response<SseIdleTimeoutBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S::Future, Respond>;
+    type Error = M::Error;
+    type Future = ResponseFuture<S::Future, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(M::inner)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        self.start(req)
-    }
-}
-
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for SseIdleTimeout<S, Fail>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-    ResBody: Body,
-    ResBody::Data: From<Bytes>,
-    ResBody::Error: Into<BoxError>,
-{
-    type Response = Response<SseIdleTimeoutBody<ResBody>>;
-    type Error = BoxError;
-    type Future = ResponseFuture<S::Future, Fail>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        self.start(req)
-    }
-}
-
-impl<S, M> SseIdleTimeout<S, M> {
-    /// Resolves the request's timers, tightens its [`Deadlines`] and calls the inner service.
-    fn start<ReqBody>(&mut self, mut req: Request<ReqBody>) -> ResponseFuture<S::Future, M>
-    where
-        S: Service<Request<ReqBody>>,
-    {
+    // Resolves the request's timers, tightens its `Deadlines` and calls the inner service.
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let start = Instant::now();
         let timeouts = self.config.prepare(&mut req, start);
         let report = req.extensions().get::<EndReport>().cloned();
-        let grpc = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        let grpc = is_grpc(req.headers());
         let fut = self.inner.call(req);
         ResponseFuture::new(fut, self.config.clone(), timeouts, start, report, grpc)
     }
