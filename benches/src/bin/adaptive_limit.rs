@@ -59,11 +59,36 @@ struct Step {
 }
 
 const STEPS: [Step; 5] = [
-    Step { name: "0.5x", load: 0.5, slices: 5, slots: SLOTS },
-    Step { name: "1x", load: 1.0, slices: 5, slots: SLOTS },
-    Step { name: "1.5x", load: 1.5, slices: 5, slots: SLOTS },
-    Step { name: "2x", load: 2.0, slices: 5, slots: SLOTS },
-    Step { name: "1x, 8 slots on one", load: 1.0, slices: 10, slots: SLOTS_AFTER_DROP },
+    Step {
+        name: "0.5x",
+        load: 0.5,
+        slices: 5,
+        slots: SLOTS,
+    },
+    Step {
+        name: "1x",
+        load: 1.0,
+        slices: 5,
+        slots: SLOTS,
+    },
+    Step {
+        name: "1.5x",
+        load: 1.5,
+        slices: 5,
+        slots: SLOTS,
+    },
+    Step {
+        name: "2x",
+        load: 2.0,
+        slices: 5,
+        slots: SLOTS,
+    },
+    Step {
+        name: "1x, 8 slots on one",
+        load: 1.0,
+        slices: 10,
+        slots: SLOTS_AFTER_DROP,
+    },
 ];
 
 #[derive(Clone, Copy, Debug)]
@@ -134,7 +159,10 @@ fn body() -> String {
 fn gateway_config(limit: Limit, upstreams: &[String]) -> Result<Config, BoxError> {
     let mut c = Config::resolve(Default::default(), &Args::default())?;
     c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    c.upstreams = upstreams.iter().map(|u| u.parse()).collect::<Result<_, _>>()?;
+    c.upstreams = upstreams
+        .iter()
+        .map(|u| u.parse())
+        .collect::<Result<_, _>>()?;
     c.hedge.max_attempts = 1;
     match limit {
         Limit::Static(n) => {
@@ -306,7 +334,10 @@ fn verdicts(results: &[LimitResult]) -> (Vec<Verdict>, Option<f64>) {
 /// Seconds from the capacity drop to the start of the first slice from which every slice's
 /// adaptive p99 TTFT is within 1.2x of the lowest static p99 of that slice (`None`: never).
 fn recovery(adaptive: &LimitResult, statics: &[LimitResult]) -> Option<f64> {
-    let first = STEPS[..STEPS.len() - 1].iter().map(|s| s.slices as usize).sum::<usize>();
+    let first = STEPS[..STEPS.len() - 1]
+        .iter()
+        .map(|s| s.slices as usize)
+        .sum::<usize>();
     let drop_t = adaptive.slices.get(first)?.t;
     let within = |i: usize| {
         let best = statics
@@ -334,8 +365,15 @@ fn plot(path: &Path, results: &[LimitResult]) -> Result<(), BoxError> {
         .iter()
         .flat_map(|r| r.limit_series.iter().map(|p| p.1))
         .fold(1.0, f64::max);
-    let p99s = || results.iter().flat_map(|r| r.slices.iter().filter_map(|s| s.p99_ttft_ms));
-    let (lo, hi) = (p99s().fold(f64::INFINITY, f64::min), p99s().fold(1.0, f64::max));
+    let p99s = || {
+        results
+            .iter()
+            .flat_map(|r| r.slices.iter().filter_map(|s| s.p99_ttft_ms))
+    };
+    let (lo, hi) = (
+        p99s().fold(f64::INFINITY, f64::min),
+        p99s().fold(1.0, f64::max),
+    );
     let root = SVGBackend::new(path, (1000, 800)).into_drawing_area();
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(400);
@@ -345,15 +383,28 @@ fn plot(path: &Path, results: &[LimitResult]) -> Result<(), BoxError> {
         .x_label_area_size(40)
         .y_label_area_size(55)
         .build_cartesian_2d(0.0..end, 0.0..top * 1.1)?;
-    chart.configure_mesh().x_desc("seconds").y_desc("limit").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("limit")
+        .draw()?;
     for (i, r) in results.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
-            .draw_series(LineSeries::new(r.limit_series.clone(), color.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                r.limit_series.clone(),
+                color.stroke_width(2),
+            ))?
             .label(r.limit.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.9)).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
     let lo = if lo.is_finite() { lo * 0.8 } else { 1.0 };
     let mut chart = ChartBuilder::on(&lower)
         .caption("p99 time to first token per 2 s slice", ("sans-serif", 20))
@@ -361,16 +412,26 @@ fn plot(path: &Path, results: &[LimitResult]) -> Result<(), BoxError> {
         .x_label_area_size(40)
         .y_label_area_size(55)
         .build_cartesian_2d(0.0..end, (lo..hi * 1.25).log_scale())?;
-    chart.configure_mesh().x_desc("seconds").y_desc("ms (log scale)").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("ms (log scale)")
+        .draw()?;
     for (i, r) in results.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let pts = r.slices.iter().filter_map(|s| Some((s.t, s.p99_ttft_ms?)));
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
             .label(r.limit.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.9)).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -385,8 +446,14 @@ fn print(results: &[LimitResult]) {
         for s in &r.steps {
             println!(
                 "{:<22} {:<20} {:>6.1}/s {:>10} {:>10} {:>7.1}/s {:>8} {:>7}",
-                r.limit, s.step, s.offered_rps, f(s.p50_ttft_ms), f(s.p99_ttft_ms), s.goodput,
-                s.refused, s.other_failures
+                r.limit,
+                s.step,
+                s.offered_rps,
+                f(s.p50_ttft_ms),
+                f(s.p99_ttft_ms),
+                s.goodput,
+                s.refused,
+                s.other_failures
             );
         }
     }
@@ -405,7 +472,9 @@ struct Output<'a> {
 fn main() -> Result<(), BoxError> {
     let quick = std::env::args().any(|a| a == "--quick");
     let scale = if quick { 4 } else { 1 };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let _ = metrics_handle();
     let mut results = Vec::new();
     for limit in LIMITS {
@@ -441,7 +510,10 @@ fn main() -> Result<(), BoxError> {
         verdicts,
         recovery_seconds,
     };
-    std::fs::write(dir.join("adaptive_limit.json"), serde_json::to_string_pretty(&out)?)?;
+    std::fs::write(
+        dir.join("adaptive_limit.json"),
+        serde_json::to_string_pretty(&out)?,
+    )?;
     plot(&dir.join("adaptive_limit.svg"), &results)?;
     Ok(())
 }

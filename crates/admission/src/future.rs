@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tailguard_core::render::error_response;
+use tailguard_core::render::respond;
 use tailguard_core::{
     AdmissionOutcome, EndReason, EndReport, Mode, OverloadReason, Overloaded, RenderError, Respond,
 };
@@ -36,6 +36,8 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqB>,
+        // A refusal of a gRPC request is a trailers-only gRPC response.
+        grpc: bool,
         _mode: PhantomData<fn() -> M>,
     }
 }
@@ -124,14 +126,19 @@ impl Refusal {
     }
 }
 
-/// The response-mode answer to a refusal: the rendered error, carrying the outcome.
-fn refused<B>(overloaded: &Overloaded, outcome: AdmissionOutcome) -> Response<AdmissionBody<B>>
+/// The response-mode answer to a refusal: the rendered error (trailers-only for a gRPC
+/// request), carrying the outcome.
+fn refused<B>(
+    overloaded: &Overloaded,
+    outcome: AdmissionOutcome,
+    grpc: bool,
+) -> Response<AdmissionBody<B>>
 where
     B: Body,
     B::Data: From<Bytes>,
 {
-    let mut res = error_response(&overloaded.error_info(), |b| {
-        AdmissionBody::local(B::Data::from(b))
+    let mut res = respond(&overloaded.error_info(), grpc, |b| {
+        AdmissionBody::local(B::Data::from(b.unwrap_or_default()))
     });
     res.extensions_mut().insert(outcome);
     res
@@ -359,13 +366,15 @@ where
     type Output = Result<Response<AdmissionBody<ResB>>, M::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(poll_state(self.project().state, cx)) {
+        let this = self.project();
+        let grpc = *this.grpc;
+        Poll::Ready(match ready!(poll_state(this.state, cx)) {
             Ok(res) => Ok(res),
             Err(Failure::Inner(e)) => Err(M::inner(e)),
             Err(Failure::Refused(Refusal {
                 overloaded,
                 outcome,
-            })) => M::own(overloaded, |o| refused(&o, outcome)),
+            })) => M::own(overloaded, |o| refused(&o, outcome, grpc)),
         })
     }
 }
@@ -374,9 +383,10 @@ impl<S, ReqB, M> ResponseFuture<S, ReqB, M>
 where
     S: Service<Request<ReqB>>,
 {
-    pub(crate) fn new(state: State<S, ReqB>) -> Self {
+    pub(crate) fn new(state: State<S, ReqB>, grpc: bool) -> Self {
         ResponseFuture {
             state,
+            grpc,
             _mode: PhantomData,
         }
     }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
+use tailguard_core::headers::is_grpc;
 use tailguard_core::{ClassPolicy, Deadlines, EndReason, EndReport, Mode, Priority, Respond};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -150,6 +151,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        ResponseFuture::new(self.start(req))
+        let grpc = is_grpc(req.headers());
+        ResponseFuture::new(self.start(req), grpc)
     }
 }

@@ -510,3 +510,23 @@ async fn outcome_extension_can_be_turned_off_for_admitted_responses() {
         Some(OverloadReason::QueueFull)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_grpc_request_gets_a_trailers_only_grpc_response() {
+    let (up, _ctl) = upstream();
+    let svc = BoundedAdmissionLayer::new(1).with_queue_len(0).layer(up);
+    let _a = svc.clone().oneshot(request("a")).await.unwrap();
+    let mut req = request("b");
+    req.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    let res = svc.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["content-type"], "application/grpc");
+    // RESOURCE_EXHAUSTED.
+    assert_eq!(res.headers()["grpc-status"], "8");
+    assert!(res.headers().contains_key("grpc-message"));
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.is_empty());
+}
