@@ -148,6 +148,7 @@
 //!   past the holds the gate has seen. The status does not depend on the estimate: 429 (or the
 //!   configured status) for `queue_full` and `evicted`, 503 for `queue_timeout`.
 
+pub mod adaptive;
 mod body;
 mod cluster;
 mod cost;
@@ -160,6 +161,7 @@ mod metrics;
 mod queue;
 mod service;
 
+pub use adaptive::AdaptiveLimit;
 pub use body::AdmissionBody;
 pub use cluster::{
     BackendError, BackendFuture, Cluster, DEFAULT_BACKEND_TIMEOUT, DEFAULT_LEASE_TTL,

@@ -1,0 +1,505 @@
+//! [`AdaptiveLimit`]: a concurrency limit that finds the upstream's knee from its time to first
+//! token.
+//!
+//! An LLM server's throughput grows with its batch until its KV cache or compute saturate; past
+//! that knee every extra stream only queues inside the server, where the gateway can neither
+//! prioritise nor shed it. The time to first token (TTFT) the upstream adds — its own queueing
+//! and prefill — is the signal that moves at the knee (the whole-body time is dominated by how
+//! many tokens each answer has). The controller is a gradient controller in the spirit of
+//! Envoy's adaptive concurrency filter and Netflix's Gradient2, on TTFT instead of round-trip
+//! time.
+//!
+//! # Samples
+//!
+//! A request's TTFT runs from the moment its permit is granted (so its wait in the gateway's own
+//! queue is excluded; in cluster mode, from the moment its lease is granted) to the first output
+//! token of its response body, found by core's
+//! [`StreamTracker`](tailguard_core::StreamTracker) on a 2xx streamed response
+//! ([`Dialect::Auto`](tailguard_core::Dialect)). A 2xx response that is not a stream gives no
+//! sample (its time is the whole answer, not a first token). A request that ends before its
+//! first token — an inner error, a non-2xx answer, a body error, a body that ends without a
+//! token, or the client going away — gives a **censored** sample: its TTFT is at least the time
+//! it ran.
+//!
+//! # Windows and the censoring rule
+//!
+//! Samples are collected in a window of at least [`with_window`](AdaptiveLimit::with_window)'s
+//! duration and sample count (a window ends at the first sample that meets both). Its statistic
+//! is the median: one huge prompt (or any minority of odd requests) cannot move it. A censored
+//! sample `t` counts, as the value `t`, only when `t` exceeds the *reference*: the median of the
+//! window's uncensored samples, or, when it has none, the previous window's statistic. So a
+//! censored sample can only raise the statistic (its true TTFT is above `t`, above the
+//! reference): clients that cancel early, or an upstream that fails fast, cannot make the
+//! upstream look faster than it is. A window with no uncensored sample and no censored one above
+//! the reference carries no information and leaves the limit alone.
+//!
+//! # The update
+//!
+//! At the end of each window, with `s` its statistic and `b` the baseline:
+//!
+//! ```text
+//! gradient = clamp(b × (1 + tolerance) / s, 0.5, 2.0)
+//! target   = limit × gradient + √limit
+//! limit    = clamp((1 − smoothing) × limit + smoothing × target, min, max)
+//! ```
+//!
+//! * `tolerance` ([`DEFAULT_TOLERANCE`], 0.25): TTFT carries prefill noise (prompt sizes vary
+//!   from window to window), so a median up to 25% above the baseline still counts as no
+//!   queueing. Larger values let the server's queue grow further before backing off.
+//! * The clamp `[0.5, 2.0]` (the values of Envoy's and Gradient2's controllers): one window can
+//!   at most halve or double the target, so a single bad window cannot collapse the limit and a
+//!   single good one cannot blow it up.
+//! * Headroom `√limit` (Gradient2's queue size): lets the limit probe above the current
+//!   concurrency and grow when the upstream has room; at equilibrium the gradient is
+//!   `1 − 1/√limit`, a small standing excess TTFT that shrinks relative to the limit as it
+//!   grows.
+//! * `smoothing` ([`DEFAULT_SMOOTHING`], 0.5): the limit moves half way to the target per
+//!   window, so with the clamp one window costs at most a quarter of the limit, while a real
+//!   capacity drop is followed within a few windows.
+//! * The limit does not rise while the window's peak of units in use stayed below half the
+//!   limit: an idle gate says nothing about the upstream's room, and a limit that drifted up
+//!   to the ceiling while idle would let the next burst into the server's queue.
+//! * A window's statistic below the baseline lowers the baseline to it (a loaded TTFT is never
+//!   below the no-load one, so the baseline was measured high).
+//!
+//! # The baseline
+//!
+//! The baseline (no-load TTFT) is measured as Envoy does: the limit is held at `min`, the
+//! samples of requests admitted from then on (they run with at most `min` in flight) are
+//! collected until [`with_probe_samples`](AdaptiveLimit::with_probe_samples) of them, and their
+//! median (with the same censoring rule, against the previous baseline) becomes the baseline.
+//! The gate starts in such a probe (the seed), then runs at the initial limit; afterwards a
+//! probe starts every [`with_probe_interval`](AdaptiveLimit::with_probe_interval), jittered by
+//! ±15% so that several gateways in front of one upstream do not probe in lockstep. Nothing is
+//! revoked when the limit falls below what is in use: new admissions wait until the units in
+//! use are below the limit; when it rises, waiters are admitted at once.
+//!
+//! Time comes from `tokio::time::Instant`; the controller runs on the samples (under the gate's
+//! lock) and needs no task of its own: a gate without traffic does not move.
+
+use std::hash::BuildHasher;
+use std::time::Duration;
+
+use metrics::Gauge;
+use tokio::time::Instant;
+
+/// Default minimum limit: 4, Envoy's default minimum concurrency is 3; a batching LLM server
+/// is at its least efficient below a few sequences, and probes run at this limit.
+pub const DEFAULT_MIN_LIMIT: u32 = 4;
+/// Default window: 1 s, a few first tokens' worth of time for an LLM server, short enough that a
+/// capacity drop is followed within seconds.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(1);
+/// Default minimum samples per window: 8, so that the median ignores up to three odd requests.
+pub const DEFAULT_WINDOW_SAMPLES: usize = 8;
+/// Default tolerance: 0.25 (see the [module docs](self)).
+pub const DEFAULT_TOLERANCE: f64 = 0.25;
+/// Default smoothing: 0.5 (see the [module docs](self)).
+pub const DEFAULT_SMOOTHING: f64 = 0.5;
+/// Default probe interval: 60 s, Envoy's default: the no-load TTFT drifts slowly (model,
+/// hardware, prompt mix), and each probe costs throughput while the limit is held at `min`.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(60);
+/// Default samples per probe: 8, two rounds at the default minimum limit; the median of 8 is
+/// not moved by one long prompt.
+pub const DEFAULT_PROBE_SAMPLES: usize = 8;
+/// Default log threshold: a change of more than 10% of the limit since the last logged value.
+pub const DEFAULT_LOG_CHANGE: f64 = 0.1;
+/// Jitter of the probe interval: ±15%.
+const PROBE_JITTER: f64 = 0.15;
+/// The gradient's clamp (see the [module docs](self)).
+const GRADIENT: (f64, f64) = (0.5, 2.0);
+
+/// The configuration of an adaptive limit, given to
+/// [`BoundedAdmissionLayer::with_adaptive_limit`](crate::BoundedAdmissionLayer::with_adaptive_limit).
+///
+/// The layer's capacity becomes the ceiling; the gate admits up to the current limit, which
+/// moves between [`with_min`](Self::with_min) and [`with_max`](Self::with_max). See the
+/// [module docs](self) for the algorithm.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdaptiveLimit {
+    pub(crate) min: u32,
+    pub(crate) max: Option<u32>,
+    pub(crate) initial: Option<u32>,
+    pub(crate) window: Duration,
+    pub(crate) window_samples: usize,
+    pub(crate) tolerance: f64,
+    pub(crate) smoothing: f64,
+    pub(crate) probe_interval: Duration,
+    pub(crate) probe_samples: usize,
+    pub(crate) log_change: f64,
+}
+
+impl Default for AdaptiveLimit {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AdaptiveLimit {
+    /// The defaults: min [`DEFAULT_MIN_LIMIT`], max and initial limit the layer's capacity (the
+    /// gate starts as a static one would, after the seed probe), window [`DEFAULT_WINDOW`] and
+    /// [`DEFAULT_WINDOW_SAMPLES`], [`DEFAULT_TOLERANCE`], [`DEFAULT_SMOOTHING`], probes every
+    /// [`DEFAULT_PROBE_INTERVAL`] of [`DEFAULT_PROBE_SAMPLES`], log at [`DEFAULT_LOG_CHANGE`].
+    pub fn new() -> Self {
+        AdaptiveLimit {
+            min: DEFAULT_MIN_LIMIT,
+            max: None,
+            initial: None,
+            window: DEFAULT_WINDOW,
+            window_samples: DEFAULT_WINDOW_SAMPLES,
+            tolerance: DEFAULT_TOLERANCE,
+            smoothing: DEFAULT_SMOOTHING,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            probe_samples: DEFAULT_PROBE_SAMPLES,
+            log_change: DEFAULT_LOG_CHANGE,
+        }
+    }
+
+    /// Sets the lowest limit (at least 1, at most the maximum); probes run at it.
+    pub fn with_min(mut self, min: u32) -> Self {
+        self.min = min.max(1);
+        self
+    }
+
+    /// Sets the highest limit (at most the layer's capacity, which it defaults to).
+    pub fn with_max(mut self, max: u32) -> Self {
+        self.max = Some(max.max(1));
+        self
+    }
+
+    /// Sets the limit the gate runs at after the seed probe (default: the maximum); clamped to
+    /// `[min, max]`.
+    pub fn with_initial(mut self, initial: u32) -> Self {
+        self.initial = Some(initial);
+        self
+    }
+
+    /// Sets a window's least duration and least number of samples.
+    pub fn with_window(mut self, duration: Duration, samples: usize) -> Self {
+        self.window = duration;
+        self.window_samples = samples.max(1);
+        self
+    }
+
+    /// Sets the tolerance: how far above the baseline (as a fraction) a window's TTFT may be
+    /// and still count as no queueing.
+    pub fn with_tolerance(mut self, tolerance: f64) -> Self {
+        self.tolerance = if tolerance.is_finite() {
+            tolerance.max(0.0)
+        } else {
+            DEFAULT_TOLERANCE
+        };
+        self
+    }
+
+    /// Sets the smoothing: the fraction of the way to its target the limit moves per window
+    /// (`0.0..=1.0`; 0 freezes the limit).
+    pub fn with_smoothing(mut self, smoothing: f64) -> Self {
+        self.smoothing = if smoothing.is_nan() {
+            DEFAULT_SMOOTHING
+        } else {
+            smoothing.clamp(0.0, 1.0)
+        };
+        self
+    }
+
+    /// Sets the interval between baseline probes (jittered by ±15%).
+    pub fn with_probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// Sets the samples a probe collects (at least 1).
+    pub fn with_probe_samples(mut self, samples: usize) -> Self {
+        self.probe_samples = samples.max(1);
+        self
+    }
+
+    /// Sets the fraction by which the limit must change since the last logged value for an
+    /// `info` log line.
+    pub fn with_log_change(mut self, fraction: f64) -> Self {
+        self.log_change = if fraction.is_nan() { 0.0 } else { fraction };
+        self
+    }
+}
+
+/// One TTFT sample.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sample {
+    /// When the request's permit (or lease) was granted.
+    pub(crate) granted: Instant,
+    pub(crate) ttft: Duration,
+    /// The request ended before its first token: the TTFT is at least `ttft`.
+    pub(crate) censored: bool,
+}
+
+/// The gauges of one adaptive gate.
+struct Gauges {
+    limit: Gauge,
+    baseline: Gauge,
+    gradient: Gauge,
+}
+
+impl Gauges {
+    fn new() -> Self {
+        use metrics::{Unit, describe_gauge};
+        describe_gauge!(
+            "tailguard_admission_limit",
+            Unit::Count,
+            "Current adaptive admission limit in capacity units"
+        );
+        describe_gauge!(
+            "tailguard_admission_baseline_ttft_seconds",
+            Unit::Seconds,
+            "Adaptive admission's estimate of the upstream's no-load time to first token"
+        );
+        describe_gauge!(
+            "tailguard_admission_gradient",
+            Unit::Count,
+            "Adaptive admission's last gradient (baseline over window TTFT, clamped)"
+        );
+        Gauges {
+            limit: metrics::gauge!("tailguard_admission_limit"),
+            baseline: metrics::gauge!("tailguard_admission_baseline_ttft_seconds"),
+            gradient: metrics::gauge!("tailguard_admission_gradient"),
+        }
+    }
+}
+
+/// The controller of one gate; lives under the gate's lock.
+pub(crate) struct Controller {
+    cfg: AdaptiveLimit,
+    max: u32,
+    /// The running limit (held at `min` while probing).
+    limit: f64,
+    /// When the current probe started; `None` while running.
+    probe: Option<Instant>,
+    baseline: Option<f64>,
+    /// The last window's statistic: the reference for a window with no uncensored sample.
+    last: Option<f64>,
+    window_start: Instant,
+    samples: Vec<f64>,
+    censored: Vec<f64>,
+    peak_in_use: u32,
+    next_probe: Instant,
+    probes: u64,
+    logged: u32,
+    gradient: f64,
+    gauges: Gauges,
+}
+
+impl Controller {
+    /// A controller under a ceiling of `capacity`, starting with the seed probe at `now`.
+    pub(crate) fn new(cfg: AdaptiveLimit, capacity: u32, now: Instant) -> Self {
+        let max = cfg.max.map_or(capacity, |m| m.min(capacity)).max(1);
+        let min = cfg.min.min(max);
+        let initial = cfg.initial.unwrap_or(max).clamp(min, max);
+        let c = Controller {
+            cfg: AdaptiveLimit { min, ..cfg },
+            max,
+            limit: f64::from(initial),
+            probe: Some(now),
+            baseline: None,
+            last: None,
+            window_start: now,
+            samples: Vec::new(),
+            censored: Vec::new(),
+            peak_in_use: 0,
+            next_probe: now,
+            probes: 0,
+            logged: initial,
+            gradient: 1.0,
+            gauges: Gauges::new(),
+        };
+        c.gauges.limit.set(f64::from(c.limit()));
+        c
+    }
+
+    /// The limit the gate admits up to now.
+    pub(crate) fn limit(&self) -> u32 {
+        if self.probe.is_some() {
+            return self.cfg.min;
+        }
+        (self.limit.round() as u32).clamp(self.cfg.min, self.max)
+    }
+
+    /// The baseline TTFT estimate, once measured.
+    pub(crate) fn baseline(&self) -> Option<Duration> {
+        self.baseline.and_then(|b| Duration::try_from_secs_f64(b).ok())
+    }
+
+    /// Notes the units in use after an admission (the window's peak).
+    pub(crate) fn note_in_use(&mut self, in_use: u32) {
+        self.peak_in_use = self.peak_in_use.max(in_use);
+    }
+
+    /// Takes one sample at `now`; may end a window or a probe, or start a probe.
+    pub(crate) fn observe(&mut self, s: Sample, now: Instant) {
+        if self.probe.is_some_and(|start| s.granted < start) {
+            // Admitted before the probe: it ran with more than `min` in flight.
+            return;
+        }
+        let secs = s.ttft.as_secs_f64();
+        if s.censored {
+            self.censored.push(secs);
+        } else {
+            self.samples.push(secs);
+        }
+        let count = self.samples.len() + self.censored.len();
+        match self.probe {
+            Some(_) if count >= self.cfg.probe_samples => self.end_probe(now),
+            Some(_) => {}
+            None if count >= self.cfg.window_samples
+                && now.saturating_duration_since(self.window_start) >= self.cfg.window =>
+            {
+                self.end_window(now);
+                if now >= self.next_probe {
+                    self.probe = Some(now);
+                    tracing::debug!("tailguard-admission: adaptive limit probing the baseline");
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The statistic of the collected samples against `reference` (see the censoring rule in
+    /// the [module docs](self)); clears them.
+    fn take_statistic(&mut self, reference: Option<f64>) -> Option<f64> {
+        let own = median(&mut self.samples);
+        let reference = own.or(reference).unwrap_or(f64::INFINITY);
+        let above = self.censored.iter().filter(|&&t| t > reference);
+        self.samples.extend(above);
+        let stat = median(&mut self.samples);
+        self.samples.clear();
+        self.censored.clear();
+        stat
+    }
+
+    fn end_probe(&mut self, now: Instant) {
+        let previous = self.baseline;
+        if let Some(b) = self.take_statistic(previous).filter(|b| *b > 0.0) {
+            self.baseline = Some(b);
+            self.gauges.baseline.set(b);
+        }
+        self.probe = None;
+        self.restart_window(now);
+        self.probes += 1;
+        let jitter = jitter(self.probes);
+        self.next_probe = now + self.cfg.probe_interval.mul_f64(1.0 + PROBE_JITTER * jitter);
+        self.limit_changed();
+    }
+
+    fn end_window(&mut self, now: Instant) {
+        let stat = self.take_statistic(self.last);
+        let peak = self.peak_in_use;
+        self.restart_window(now);
+        let Some(s) = stat.filter(|s| *s > 0.0) else {
+            return;
+        };
+        self.last = Some(s);
+        let Some(b) = self.baseline.map(|b| b.min(s)) else {
+            return;
+        };
+        self.baseline = Some(b);
+        self.gauges.baseline.set(b);
+        let (lo, hi) = GRADIENT;
+        let gradient = (b * (1.0 + self.cfg.tolerance) / s).clamp(lo, hi);
+        let mut target = self.limit * gradient + self.limit.sqrt();
+        if f64::from(peak) < self.limit / 2.0 {
+            // Application-limited: no evidence the upstream has room for more.
+            target = target.min(self.limit);
+        }
+        let a = self.cfg.smoothing;
+        let next = (1.0 - a) * self.limit + a * target;
+        self.limit = next.clamp(f64::from(self.cfg.min), f64::from(self.max));
+        self.gradient = gradient;
+        self.gauges.gradient.set(gradient);
+        self.limit_changed();
+    }
+
+    fn restart_window(&mut self, now: Instant) {
+        self.window_start = now;
+        self.peak_in_use = 0;
+    }
+
+    /// Publishes the limit; logs it when it moved more than the configured fraction since the
+    /// last logged value.
+    fn limit_changed(&mut self) {
+        let limit = self.limit();
+        self.gauges.limit.set(f64::from(limit));
+        let moved = f64::from(limit.abs_diff(self.logged));
+        if moved > self.cfg.log_change * f64::from(self.logged) {
+            tracing::info!(
+                limit,
+                previous = self.logged,
+                baseline_ttft_s = self.baseline.unwrap_or(0.0),
+                gradient = self.gradient,
+                "tailguard-admission: adaptive limit changed"
+            );
+            self.logged = limit;
+        }
+    }
+}
+
+/// The median of `v` (sorted in place); `None` when empty.
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// A pseudo-random value in `[-1, 1]` for the `n`th probe, from the standard library's
+/// per-process random hasher keys.
+fn jitter(n: u64) -> f64 {
+    let h = std::collections::hash_map::RandomState::new().hash_one(n);
+    (h as f64 / u64::MAX as f64) * 2.0 - 1.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(granted: Instant, ms: u64, censored: bool) -> Sample {
+        Sample {
+            granted,
+            ttft: Duration::from_millis(ms),
+            censored,
+        }
+    }
+
+    #[test]
+    fn median_is_robust_and_censored_samples_only_raise_it() {
+        let mut v = vec![0.1, 0.1, 0.1, 5.0];
+        assert_eq!(median(&mut v), Some(0.1));
+        assert_eq!(median(&mut []), None);
+        let mut c = Controller::new(AdaptiveLimit::new(), 16, Instant::now());
+        c.samples = vec![0.2; 5];
+        c.censored = vec![0.01; 20];
+        assert_eq!(c.take_statistic(None), Some(0.2));
+        c.samples = vec![0.2; 3];
+        c.censored = vec![1.0; 4];
+        assert_eq!(c.take_statistic(None), Some(1.0));
+        // No uncensored sample: only censored ones above the reference count.
+        c.censored = vec![0.01; 8];
+        assert_eq!(c.take_statistic(Some(0.2)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn seed_probe_runs_at_min_then_the_initial_limit() {
+        let cfg = AdaptiveLimit::new().with_min(2).with_initial(10);
+        let start = Instant::now();
+        let mut c = Controller::new(cfg, 16, start);
+        assert_eq!(c.limit(), 2);
+        for _ in 0..DEFAULT_PROBE_SAMPLES {
+            c.observe(sample(start, 100, false), start);
+        }
+        assert_eq!(c.limit(), 10);
+        assert_eq!(c.baseline(), Some(Duration::from_millis(100)));
+    }
+}
