@@ -70,7 +70,7 @@
 //! median (with the same censoring rule, against the previous baseline) becomes the baseline.
 //! The gate starts in such a probe (the seed), then runs at the initial limit; afterwards a
 //! probe starts every [`with_probe_interval`](AdaptiveLimit::with_probe_interval), jittered by
-//! ±15% so that several gateways in front of one upstream do not probe in lockstep. Nothing is
+//! ±15% ([`with_probe_jitter`](AdaptiveLimit::with_probe_jitter)) so that several gateways in front of one upstream do not probe in lockstep. Nothing is
 //! revoked when the limit falls below what is in use: new admissions wait until the units in
 //! use are below the limit; when it rises, waiters are admitted at once.
 //!
@@ -103,8 +103,9 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_PROBE_SAMPLES: usize = 8;
 /// Default log threshold: a change of more than 10% of the limit since the last logged value.
 pub const DEFAULT_LOG_CHANGE: f64 = 0.1;
-/// Jitter of the probe interval: ±15%.
-const PROBE_JITTER: f64 = 0.15;
+/// Default jitter of the probe interval: ±15%, so that gateways started together drift apart
+/// within a few probes while the interval stays close to the configured one.
+pub const DEFAULT_PROBE_JITTER: f64 = 0.15;
 /// The gradient's clamp (see the [module docs](self)).
 const GRADIENT: (f64, f64) = (0.5, 2.0);
 
@@ -125,6 +126,7 @@ pub struct AdaptiveLimit {
     pub(crate) smoothing: f64,
     pub(crate) probe_interval: Duration,
     pub(crate) probe_samples: usize,
+    pub(crate) probe_jitter: f64,
     pub(crate) log_change: f64,
 }
 
@@ -138,7 +140,7 @@ impl AdaptiveLimit {
     /// The defaults: min [`DEFAULT_MIN_LIMIT`], max and initial limit the layer's capacity (the
     /// gate starts as a static one would, after the seed probe), window [`DEFAULT_WINDOW`] and
     /// [`DEFAULT_WINDOW_SAMPLES`], [`DEFAULT_TOLERANCE`], [`DEFAULT_SMOOTHING`], probes every
-    /// [`DEFAULT_PROBE_INTERVAL`] of [`DEFAULT_PROBE_SAMPLES`], log at [`DEFAULT_LOG_CHANGE`].
+    /// [`DEFAULT_PROBE_INTERVAL`] (± [`DEFAULT_PROBE_JITTER`]) of [`DEFAULT_PROBE_SAMPLES`], log at [`DEFAULT_LOG_CHANGE`].
     pub fn new() -> Self {
         AdaptiveLimit {
             min: DEFAULT_MIN_LIMIT,
@@ -150,6 +152,7 @@ impl AdaptiveLimit {
             smoothing: DEFAULT_SMOOTHING,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             probe_samples: DEFAULT_PROBE_SAMPLES,
+            probe_jitter: DEFAULT_PROBE_JITTER,
             log_change: DEFAULT_LOG_CHANGE,
         }
     }
@@ -202,9 +205,20 @@ impl AdaptiveLimit {
         self
     }
 
-    /// Sets the interval between baseline probes (jittered by ±15%).
+    /// Sets the interval between baseline probes.
     pub fn with_probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
+        self
+    }
+
+    /// Sets the probe interval's random jitter, as a fraction (`0.0..=1.0`) either way; 0 makes
+    /// the probes strictly periodic (and a test's run repeatable).
+    pub fn with_probe_jitter(mut self, fraction: f64) -> Self {
+        self.probe_jitter = if fraction.is_nan() {
+            0.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
         self
     }
 
@@ -383,8 +397,11 @@ impl Controller {
         self.probe = None;
         self.restart_window(now);
         self.probes += 1;
-        let jitter = jitter(self.probes);
-        self.next_probe = now + self.cfg.probe_interval.mul_f64(1.0 + PROBE_JITTER * jitter);
+        let jitter = match self.cfg.probe_jitter {
+            0.0 => 0.0,
+            j => j * jitter(self.probes),
+        };
+        self.next_probe = now + self.cfg.probe_interval.mul_f64(1.0 + jitter);
         self.limit_changed();
     }
 
