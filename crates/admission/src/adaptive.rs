@@ -338,7 +338,8 @@ impl Controller {
 
     /// The baseline TTFT estimate, once measured.
     pub(crate) fn baseline(&self) -> Option<Duration> {
-        self.baseline.and_then(|b| Duration::try_from_secs_f64(b).ok())
+        self.baseline
+            .and_then(|b| Duration::try_from_secs_f64(b).ok())
     }
 
     /// Notes the units in use after an admission (the window's peak).

@@ -70,7 +70,8 @@ impl Permit {
     /// The first token arrived: gives the gate its TTFT sample.
     pub(crate) fn first_token(&mut self) {
         if let Some(s) = self.take_sample(false) {
-            self.shared.locked(|st, deferred| self.shared.observe(st, s, deferred));
+            self.shared
+                .locked(|st, deferred| self.shared.observe(st, s, deferred));
         }
     }
 

@@ -205,7 +205,13 @@ async fn converges_near_k_from_a_low_and_a_high_start() {
     for initial in [4, 128] {
         let (svc, h, _up) = gate(128, rare_probes().with_initial(initial), 16);
         let tally = Arc::new(Tally::default());
-        clients(&svc, 48, Instant::now() + Duration::from_secs(30), None, &tally);
+        clients(
+            &svc,
+            48,
+            Instant::now() + Duration::from_secs(30),
+            None,
+            &tally,
+        );
         let seen = watch(&h, Duration::from_secs(30)).await;
         assert_near(&seen, 100, 16.0, (0.7, 1.5));
         let b = h.baseline_ttft().expect("measured");
@@ -217,7 +223,13 @@ async fn converges_near_k_from_a_low_and_a_high_start() {
 async fn backs_off_when_k_drops_and_recovers_when_it_rises() {
     let (svc, h, up) = gate(128, rare_probes(), 16);
     let tally = Arc::new(Tally::default());
-    clients(&svc, 48, Instant::now() + Duration::from_secs(60), None, &tally);
+    clients(
+        &svc,
+        48,
+        Instant::now() + Duration::from_secs(60),
+        None,
+        &tally,
+    );
     let seen = watch(&h, Duration::from_secs(20)).await;
     assert_near(&seen, 50, 16.0, (0.7, 1.5));
     up.set_k(8);
@@ -245,7 +257,13 @@ async fn censored_samples_do_not_bias_it_low() {
 async fn one_huge_prompt_does_not_collapse_the_limit() {
     let (svc, h, _up) = gate(128, rare_probes(), 16);
     let tally = Arc::new(Tally::default());
-    clients(&svc, 48, Instant::now() + Duration::from_secs(40), None, &tally);
+    clients(
+        &svc,
+        48,
+        Instant::now() + Duration::from_secs(40),
+        None,
+        &tally,
+    );
     let before = watch(&h, Duration::from_secs(20)).await;
     assert_near(&before, 50, 16.0, (0.7, 1.5));
     let huge = {
@@ -255,7 +273,10 @@ async fn one_huge_prompt_does_not_collapse_the_limit() {
     let after = watch(&h, Duration::from_secs(15)).await;
     huge.await.unwrap();
     let low = *after.iter().min().unwrap();
-    assert!(f64::from(low) >= 0.7 * 16.0, "limit fell to {low}: {after:?}");
+    assert!(
+        f64::from(low) >= 0.7 * 16.0,
+        "limit fell to {low}: {after:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -267,7 +288,13 @@ async fn the_limit_never_leaves_min_max() {
         .with_probe_jitter(0.0);
     let (svc, h, up) = gate(64, adaptive, 64);
     let tally = Arc::new(Tally::default());
-    clients(&svc, 80, Instant::now() + Duration::from_secs(40), None, &tally);
+    clients(
+        &svc,
+        80,
+        Instant::now() + Duration::from_secs(40),
+        None,
+        &tally,
+    );
     let high = watch(&h, Duration::from_secs(20)).await;
     up.set_k(1);
     let low = watch(&h, Duration::from_secs(20)).await;
@@ -298,7 +325,7 @@ async fn permits_never_leak_while_the_limit_moves() {
                     0 => Some(Duration::from_millis((c * 7 + i * 13) % 700)),
                     _ => None,
                 };
-                let scale = if (c + i) % 97 == 0 { 10 } else { 1 };
+                let scale = if (c + i).is_multiple_of(97) { 10 } else { 1 };
                 one(&svc, scale as u32, patience, &tally).await;
                 i += 1;
                 sent += 1;

@@ -123,7 +123,9 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
 
     let a = &config.admission;
     let t = &config.timeout;
-    let adaptive = a.adaptive.then(|| AdaptiveLimit::new().with_min(a.min_limit));
+    let adaptive = a
+        .adaptive
+        .then(|| AdaptiveLimit::new().with_min(a.min_limit));
     let admission = BoundedAdmissionLayer::new(a.capacity)
         .with_adaptive_limit(adaptive)
         .with_queue_len(a.queue_len)
