@@ -246,6 +246,44 @@ pub(crate) struct Sample {
     pub(crate) censored: bool,
 }
 
+/// A permit's TTFT clock: running from its grant until its first token, with an adaptive
+/// limit; stopped (and free) otherwise.
+#[derive(Debug)]
+pub(crate) struct TtftClock(Option<Instant>);
+
+impl TtftClock {
+    /// A clock started at `now` when `on`, else a stopped one.
+    pub(crate) fn new(on: bool, now: Instant) -> Self {
+        TtftClock(on.then_some(now))
+    }
+
+    pub(crate) fn running(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Starts again from now (a running clock only).
+    pub(crate) fn restart(&mut self) {
+        if let Some(from) = &mut self.0 {
+            *from = Instant::now();
+        }
+    }
+
+    /// Stops the clock without a sample.
+    pub(crate) fn stop(&mut self) {
+        self.0 = None;
+    }
+
+    /// Stops the clock; its sample (`censored`: the request ended without a token).
+    pub(crate) fn take(&mut self, censored: bool) -> Option<Sample> {
+        let granted = self.0.take()?;
+        Some(Sample {
+            granted,
+            ttft: Instant::now().saturating_duration_since(granted),
+            censored,
+        })
+    }
+}
+
 /// The gauges of one adaptive gate.
 struct Gauges {
     limit: Gauge,

@@ -17,7 +17,7 @@ use tailguard_core::{OverloadReason, Priority};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::adaptive::{Controller, Sample};
+use crate::adaptive::{Controller, Sample, TtftClock};
 use crate::cluster::{ClusterGate, Lease, LeaseFuture};
 use crate::drain::{self, Holds};
 use crate::layer::Config;
@@ -42,8 +42,8 @@ pub(crate) struct Permit {
     admitted: Instant,
     /// The cluster lease held with it, in cluster mode (released after the local units).
     lease: Option<Lease>,
-    /// With an adaptive limit, until the first token: when the TTFT clock started (the grant).
-    ttft_from: Option<Instant>,
+    /// Runs from the grant to the first token, with an adaptive limit.
+    ttft: TtftClock,
 }
 
 impl Permit {
@@ -55,21 +55,19 @@ impl Permit {
     /// wait is the gateway's, not the upstream's.
     pub(crate) fn with_lease(mut self, lease: Option<Lease>) -> Self {
         self.lease = lease;
-        if let Some(from) = &mut self.ttft_from {
-            *from = Instant::now();
-        }
+        self.ttft.restart();
         self
     }
 
     /// Whether the gate wants this request's time to first token (an adaptive limit, no token
     /// seen yet).
     pub(crate) fn wants_ttft(&self) -> bool {
-        self.ttft_from.is_some()
+        self.ttft.running()
     }
 
     /// The first token arrived: gives the gate its TTFT sample.
     pub(crate) fn first_token(&mut self) {
-        if let Some(s) = self.take_sample(false) {
+        if let Some(s) = self.ttft.take(false) {
             self.shared
                 .locked(|st, deferred| self.shared.observe(st, s, deferred));
         }
@@ -77,16 +75,7 @@ impl Permit {
 
     /// The response gives no TTFT sample (a 2xx answer that is not a stream).
     pub(crate) fn no_ttft(&mut self) {
-        self.ttft_from = None;
-    }
-
-    fn take_sample(&mut self, censored: bool) -> Option<Sample> {
-        let granted = self.ttft_from.take()?;
-        Some(Sample {
-            granted,
-            ttft: Instant::now().saturating_duration_since(granted),
-            censored,
-        })
+        self.ttft.stop();
     }
 
     /// The cluster lease step of this permit, in cluster mode: waits for a lease until
@@ -125,7 +114,7 @@ impl fmt::Debug for Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         // Ended before its first token: a censored sample.
-        let sample = self.take_sample(true);
+        let sample = self.ttft.take(true);
         self.shared
             .release(self.class, self.units, self.admitted, sample);
     }
@@ -321,7 +310,7 @@ impl Shared {
             units,
             admitted,
             lease: None,
-            ttft_from: self.cfg.adaptive.is_some().then_some(admitted),
+            ttft: TtftClock::new(self.cfg.adaptive.is_some(), admitted),
         }
     }
 
