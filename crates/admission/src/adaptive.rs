@@ -46,10 +46,10 @@
 //! * `tolerance` ([`DEFAULT_TOLERANCE`], 0.25): TTFT carries prefill noise (prompt sizes vary
 //!   from window to window), so a median up to 25% above the baseline still counts as no
 //!   queueing. Larger values let the server's queue grow further before backing off.
-//! * The clamp `[0.5, 2.0]` (the values of Envoy's and Gradient2's controllers): one window can
+//! * The clamp `[0.5, 2.0]` (Envoy's): one window can
 //!   at most halve or double the target, so a single bad window cannot collapse the limit and a
 //!   single good one cannot blow it up.
-//! * Headroom `√limit` (Gradient2's queue size): lets the limit probe above the current
+//! * Headroom `√limit` (Envoy's, and Gradient2's queue size): lets the limit probe above the current
 //!   concurrency and grow when the upstream has room; at equilibrium the gradient is
 //!   `1 − 1/√limit`, a small standing excess TTFT that shrinks relative to the limit as it
 //!   grows.
@@ -68,11 +68,15 @@
 //! samples of requests admitted from then on (they run with at most `min` in flight) are
 //! collected until [`with_probe_samples`](AdaptiveLimit::with_probe_samples) of them, and their
 //! median (with the same censoring rule, against the previous baseline) becomes the baseline.
-//! The gate starts in such a probe (the seed), then runs at the initial limit; afterwards a
-//! probe starts every [`with_probe_interval`](AdaptiveLimit::with_probe_interval), jittered by
-//! ±15% ([`with_probe_jitter`](AdaptiveLimit::with_probe_jitter)) so that several gateways in front of one upstream do not probe in lockstep. Nothing is
-//! revoked when the limit falls below what is in use: new admissions wait until the units in
-//! use are below the limit; when it rises, waiters are admitted at once.
+//! A probe lasts at most [`with_probe_timeout`](AdaptiveLimit::with_probe_timeout) and then
+//! uses the samples it has; with none the baseline stays (without any baseline the limit stays
+//! at its initial value: traffic without TTFT samples, such as non-streamed answers, sees a
+//! static gate). The gate starts in such a probe (the seed), then runs at the initial limit;
+//! afterwards a probe starts every [`with_probe_interval`](AdaptiveLimit::with_probe_interval),
+//! jittered by ±15% ([`with_probe_jitter`](AdaptiveLimit::with_probe_jitter)) so that several
+//! gateways in front of one upstream do not probe in lockstep. Nothing is revoked when the
+//! limit falls below what is in use: new admissions wait until the units in use are below the
+//! limit; when it rises, waiters are admitted at once.
 //!
 //! Time comes from `tokio::time::Instant`; the controller runs on the samples (under the gate's
 //! lock) and needs no task of its own: a gate without traffic does not move.
@@ -83,7 +87,7 @@ use std::time::Duration;
 use metrics::Gauge;
 use tokio::time::Instant;
 
-/// Default minimum limit: 4, Envoy's default minimum concurrency is 3; a batching LLM server
+/// Default minimum limit: 4 (Envoy's default minimum concurrency is 3): a batching LLM server
 /// is at its least efficient below a few sequences, and probes run at this limit.
 pub const DEFAULT_MIN_LIMIT: u32 = 4;
 /// Default window: 1 s, a few first tokens' worth of time for an LLM server, short enough that a
@@ -95,12 +99,16 @@ pub const DEFAULT_WINDOW_SAMPLES: usize = 8;
 pub const DEFAULT_TOLERANCE: f64 = 0.25;
 /// Default smoothing: 0.5 (see the [module docs](self)).
 pub const DEFAULT_SMOOTHING: f64 = 0.5;
-/// Default probe interval: 60 s, Envoy's default: the no-load TTFT drifts slowly (model,
+/// Default probe interval: 60 s (Envoy's default): the no-load TTFT drifts slowly (model,
 /// hardware, prompt mix), and each probe costs throughput while the limit is held at `min`.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(60);
 /// Default samples per probe: 8, two rounds at the default minimum limit; the median of 8 is
 /// not moved by one long prompt.
 pub const DEFAULT_PROBE_SAMPLES: usize = 8;
+/// Default probe timeout: 10 s, time for the streams in flight to drain to `min` and two rounds
+/// at `min` to reach their first token for typical chat answers, while bounding what a probe
+/// costs when the traffic gives few samples (non-streamed answers give none).
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default log threshold: a change of more than 10% of the limit since the last logged value.
 pub const DEFAULT_LOG_CHANGE: f64 = 0.1;
 /// Default jitter of the probe interval: ±15%, so that gateways started together drift apart
@@ -127,6 +135,7 @@ pub struct AdaptiveLimit {
     pub(crate) probe_interval: Duration,
     pub(crate) probe_samples: usize,
     pub(crate) probe_jitter: f64,
+    pub(crate) probe_timeout: Duration,
     pub(crate) log_change: f64,
 }
 
@@ -140,7 +149,8 @@ impl AdaptiveLimit {
     /// The defaults: min [`DEFAULT_MIN_LIMIT`], max and initial limit the layer's capacity (the
     /// gate starts as a static one would, after the seed probe), window [`DEFAULT_WINDOW`] and
     /// [`DEFAULT_WINDOW_SAMPLES`], [`DEFAULT_TOLERANCE`], [`DEFAULT_SMOOTHING`], probes every
-    /// [`DEFAULT_PROBE_INTERVAL`] (± [`DEFAULT_PROBE_JITTER`]) of [`DEFAULT_PROBE_SAMPLES`], log at [`DEFAULT_LOG_CHANGE`].
+    /// [`DEFAULT_PROBE_INTERVAL`] (± [`DEFAULT_PROBE_JITTER`]) of [`DEFAULT_PROBE_SAMPLES`] within
+    /// [`DEFAULT_PROBE_TIMEOUT`], log at [`DEFAULT_LOG_CHANGE`].
     pub fn new() -> Self {
         AdaptiveLimit {
             min: DEFAULT_MIN_LIMIT,
@@ -153,6 +163,7 @@ impl AdaptiveLimit {
             probe_interval: DEFAULT_PROBE_INTERVAL,
             probe_samples: DEFAULT_PROBE_SAMPLES,
             probe_jitter: DEFAULT_PROBE_JITTER,
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
             log_change: DEFAULT_LOG_CHANGE,
         }
     }
@@ -208,6 +219,13 @@ impl AdaptiveLimit {
     /// Sets the interval between baseline probes.
     pub fn with_probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
+        self
+    }
+
+    /// Sets the longest a probe holds the limit at `min`; one that runs out uses the samples it
+    /// has (none: the baseline stays as it was).
+    pub fn with_probe_timeout(mut self, timeout: Duration) -> Self {
+        self.probe_timeout = timeout;
         self
     }
 
@@ -386,7 +404,18 @@ impl Controller {
     }
 
     /// Takes one sample at `now`; may end a window or a probe, or start a probe.
-    pub(crate) fn observe(&mut self, s: Sample, now: Instant) {
+    /// `None` (an arrival) only ends a probe that ran out of time.
+    pub(crate) fn observe(&mut self, s: Option<Sample>, now: Instant) {
+        let Some(s) = s else {
+            let timeout = self.cfg.probe_timeout;
+            if self
+                .probe
+                .is_some_and(|p| now.saturating_duration_since(p) >= timeout)
+            {
+                self.end_probe(now);
+            }
+            return;
+        };
         if self.probe.is_some_and(|start| s.granted < start) {
             // Admitted before the probe: it ran with more than `min` in flight.
             return;
@@ -553,9 +582,19 @@ mod tests {
         let mut c = Controller::new(cfg, 16, start);
         assert_eq!(c.limit(), 2);
         for _ in 0..DEFAULT_PROBE_SAMPLES {
-            c.observe(sample(start, 100, false), start);
+            c.observe(Some(sample(start, 100, false)), start);
         }
         assert_eq!(c.limit(), 10);
         assert_eq!(c.baseline(), Some(Duration::from_millis(100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_without_samples_times_out_to_the_initial_limit() {
+        let start = Instant::now();
+        let mut c = Controller::new(AdaptiveLimit::new().with_initial(12), 16, start);
+        c.observe(None, start + DEFAULT_PROBE_TIMEOUT / 2);
+        assert_eq!(c.limit(), DEFAULT_MIN_LIMIT);
+        c.observe(None, start + DEFAULT_PROBE_TIMEOUT);
+        assert_eq!((c.limit(), c.baseline()), (12, None));
     }
 }

@@ -69,7 +69,7 @@ impl Permit {
     pub(crate) fn first_token(&mut self) {
         if let Some(s) = self.ttft.take(false) {
             self.shared
-                .locked(|st, deferred| self.shared.observe(st, s, deferred));
+                .locked(|st, deferred| self.shared.observe(st, Some(s), deferred));
         }
     }
 
@@ -285,9 +285,9 @@ impl Shared {
         units <= st.limit.saturating_sub(st.in_use) || st.in_use == 0
     }
 
-    /// Feeds a TTFT sample to the adaptive limit; a rise admits the waiters it makes room for,
-    /// a fall revokes nothing.
-    fn observe(self: &Arc<Self>, st: &mut State, sample: Sample, deferred: &mut Deferred) {
+    /// Feeds a TTFT sample (`None`: an arrival, which only times a probe out) to the adaptive
+    /// limit; a rise admits the waiters it makes room for, a fall revokes nothing.
+    fn observe(self: &Arc<Self>, st: &mut State, sample: Option<Sample>, deferred: &mut Deferred) {
         let Some(a) = &mut st.adaptive else {
             return;
         };
@@ -324,6 +324,8 @@ impl Shared {
         left: Option<Duration>,
     ) -> Acquire {
         self.locked(|st, deferred| {
+            // An arrival ends a probe that ran out of time.
+            self.observe(st, None, deferred);
             let now = Instant::now();
             let priority = priority.unwrap_or(&self.cfg.default_priority);
             let class = st.queue.class(priority, share, &self.cfg, st.limit, now);
@@ -457,8 +459,8 @@ impl Shared {
         self.locked(|st, deferred| {
             let now = Instant::now();
             st.release(class, units, admitted, now);
-            if let Some(s) = sample {
-                self.observe(st, s, deferred);
+            if sample.is_some() {
+                self.observe(st, sample, deferred);
             }
             self.dispatch(st, now, deferred);
         });
