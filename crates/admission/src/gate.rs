@@ -17,8 +17,8 @@ use tailguard_core::{OverloadReason, Priority};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::adaptive::{Controller, Sample, TtftClock};
 use crate::cluster::{ClusterGate, Lease, LeaseFuture};
+use crate::controller::{Controller, Sample, TtftClock};
 use crate::drain::{self, Holds};
 use crate::layer::Config;
 use crate::queue::Queue;

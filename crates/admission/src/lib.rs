@@ -162,6 +162,7 @@
 pub mod adaptive;
 mod body;
 mod cluster;
+mod controller;
 mod cost;
 mod drain;
 pub mod error;

@@ -587,6 +587,26 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_admission_is_on_by_default_and_set_by_file_or_flag() {
+        let c = Config::resolve(Config::parse_file("").unwrap(), &Args::default()).unwrap();
+        assert!(c.admission.adaptive);
+        let text = "[admission]\nadaptive = false\nmin_limit = 2\n";
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &Args::default()).unwrap();
+        assert_eq!((c.admission.adaptive, c.admission.min_limit), (false, 2));
+        let args = Args {
+            admission_adaptive: Some(true),
+            ..Args::default()
+        };
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &args).unwrap();
+        assert!(c.admission.adaptive);
+        let zero = Config::parse_file("[admission]\nmin_limit = 0\n").unwrap();
+        let e = Config::resolve(zero, &Args::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("admission.min_limit"), "{e}");
+    }
+
+    #[test]
     fn cluster_keys_from_the_file_and_flags() {
         let text = "[cluster]\nredis = \"redis://127.0.0.1:6379/\"\ncapacity = 8\n\
                     fail = \"closed\"\nlease_ttl = \"3s\"\n";
