@@ -37,13 +37,6 @@ impl TtftClock {
         self.0.is_some()
     }
 
-    /// Starts again from now (a running clock only).
-    pub(crate) fn restart(&mut self) {
-        if let Some(from) = &mut self.0 {
-            *from = Instant::now();
-        }
-    }
-
     /// Stops the clock without a sample.
     pub(crate) fn stop(&mut self) {
         self.0 = None;

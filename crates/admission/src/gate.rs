@@ -51,11 +51,11 @@ impl Permit {
         self.units
     }
 
-    /// Holds `lease` with this permit, until it is dropped. The TTFT clock restarts: the lease
-    /// wait is the gateway's, not the upstream's.
+    /// Holds `lease` with this permit, until it is dropped. The TTFT clock starts now: the
+    /// lease wait (and a failed lease step) is the gateway's, not the upstream's.
     pub(crate) fn with_lease(mut self, lease: Option<Lease>) -> Self {
         self.lease = lease;
-        self.ttft.restart();
+        self.ttft = TtftClock::new(self.shared.cfg.adaptive.is_some(), Instant::now());
         self
     }
 
@@ -310,7 +310,11 @@ impl Shared {
             units,
             admitted,
             lease: None,
-            ttft: TtftClock::new(self.cfg.adaptive.is_some(), admitted),
+            // In cluster mode the clock starts with the lease.
+            ttft: TtftClock::new(
+                self.cfg.adaptive.is_some() && self.cluster.is_none(),
+                admitted,
+            ),
         }
     }
 

@@ -364,3 +364,24 @@ async fn permits_never_leak_while_the_limit_moves() {
     assert!(moved.windows(2).any(|w| w[0] != w[1]), "limit never moved");
     assert_eq!((h.in_flight(), h.in_flight_units(), h.queued()), (0, 0, 0));
 }
+
+/// The seed probe holds the limit at `min` (the rest wait, nothing is refused); when it ends
+/// the limit rises to the initial one and the waiters are admitted at once.
+#[tokio::test(start_paused = true)]
+async fn a_rising_limit_admits_the_waiters_at_once() {
+    let adaptive = AdaptiveLimit::new().with_min(4).with_probe_samples(4);
+    let (svc, h, _up) = gate(16, adaptive, 64);
+    let tally = Arc::new(Tally::default());
+    for _ in 0..10 {
+        let (svc, tally) = (svc.clone(), tally.clone());
+        tokio::spawn(async move { one(&svc, 1, None, &tally).await });
+    }
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!((h.capacity(), h.limit()), (16, 4));
+    assert_eq!((h.in_flight(), h.queued()), (4, 6));
+    // The four first tokens come after one prefill and end the probe.
+    sleep(PREFILL + Duration::from_millis(1)).await;
+    assert_eq!(h.limit(), 16);
+    assert_eq!((h.in_flight(), h.queued()), (10, 0));
+    assert_eq!(h.baseline_ttft(), Some(PREFILL));
+}
