@@ -5,8 +5,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Buf;
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tailguard_core::{Dialect, StreamTracker};
 
 use crate::gate::Permit;
 
@@ -37,6 +39,8 @@ pin_project! {
             #[pin]
             body: B,
             permit: Option<Permit>,
+            // With an adaptive limit, until the first token: finds it.
+            tracker: Option<Box<StreamTracker>>,
         },
         Local {
             data: Option<B::Data>,
@@ -45,10 +49,28 @@ pin_project! {
 }
 
 impl<B: Body> AdmissionBody<B> {
-    pub(crate) fn stream(body: B, permit: Option<Permit>) -> Self {
-        AdmissionBody {
-            kind: Kind::Stream { body, permit },
+    /// The admitted response `res`, holding `permit` until its body ends. With an adaptive
+    /// limit a 2xx stream is watched for its first token; a 2xx answer that is not a stream
+    /// gives no TTFT sample; anything else ends censored (see [`crate::adaptive`]).
+    pub(crate) fn response(res: Response<B>, mut permit: Option<Permit>) -> Response<Self> {
+        let mut tracker = None;
+        if let Some(p) = permit.as_mut().filter(|p| p.wants_ttft()) {
+            let headers = res.headers();
+            if !res.status().is_success() {
+                // Failed before a token: censored when the permit is released.
+            } else if Dialect::Auto.resolve_stream(headers).is_some() {
+                tracker = Some(Box::new(StreamTracker::new(&Dialect::Auto, headers)));
+            } else {
+                p.no_ttft();
+            }
         }
+        res.map(|body| AdmissionBody {
+            kind: Kind::Stream {
+                body,
+                permit,
+                tracker,
+            },
+        })
     }
 
     pub(crate) fn local(data: B::Data) -> Self {
@@ -83,8 +105,21 @@ impl<B: Body> Body for AdmissionBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Stream { mut body, permit } => {
+            KindProj::Stream {
+                mut body,
+                permit,
+                tracker,
+            } => {
                 let frame = ready!(body.as_mut().poll_frame(cx));
+                if let (Some(t), Some(Ok(f))) = (tracker.as_mut(), &frame)
+                    && let Some(data) = f.data_ref()
+                    && t.observe(data).first_token
+                {
+                    *tracker = None;
+                    if let Some(p) = permit.as_mut() {
+                        p.first_token();
+                    }
+                }
                 // End of stream, end after this frame, or a body error.
                 if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
                     drop(permit.take());

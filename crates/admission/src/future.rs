@@ -274,7 +274,7 @@ where
                             // No body to wait for: release at once.
                             permit = None;
                         }
-                        Ok(res.map(|body| AdmissionBody::stream(body, permit)))
+                        Ok(AdmissionBody::response(res, permit))
                     }
                     Err(e) => {
                         drop(permit.take());

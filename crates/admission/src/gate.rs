@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::cluster::{ClusterGate, Lease, LeaseFuture};
+use crate::controller::{Controller, Sample, TtftClock};
 use crate::drain::{self, Holds};
 use crate::layer::Config;
 use crate::queue::Queue;
@@ -41,6 +42,8 @@ pub(crate) struct Permit {
     admitted: Instant,
     /// The cluster lease held with it, in cluster mode (released after the local units).
     lease: Option<Lease>,
+    /// Runs from the grant to the first token, with an adaptive limit.
+    ttft: TtftClock,
 }
 
 impl Permit {
@@ -48,10 +51,31 @@ impl Permit {
         self.units
     }
 
-    /// Holds `lease` with this permit, until it is dropped.
+    /// Holds `lease` with this permit, until it is dropped. The TTFT clock starts now: the
+    /// lease wait (and a failed lease step) is the gateway's, not the upstream's.
     pub(crate) fn with_lease(mut self, lease: Option<Lease>) -> Self {
         self.lease = lease;
+        self.ttft = TtftClock::new(self.shared.cfg.adaptive.is_some(), Instant::now());
         self
+    }
+
+    /// Whether the gate wants this request's time to first token (an adaptive limit, no token
+    /// seen yet).
+    pub(crate) fn wants_ttft(&self) -> bool {
+        self.ttft.running()
+    }
+
+    /// The first token arrived: gives the gate its TTFT sample.
+    pub(crate) fn first_token(&mut self) {
+        if let Some(s) = self.ttft.take(false) {
+            self.shared
+                .locked(|st, deferred| self.shared.observe(st, Some(s), deferred));
+        }
+    }
+
+    /// The response gives no TTFT sample (a 2xx answer that is not a stream).
+    pub(crate) fn no_ttft(&mut self) {
+        self.ttft.stop();
     }
 
     /// The cluster lease step of this permit, in cluster mode: waits for a lease until
@@ -89,7 +113,10 @@ impl fmt::Debug for Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.shared.release(self.class, self.units, self.admitted);
+        // Ended before its first token: a censored sample.
+        let sample = self.ttft.take(true);
+        self.shared
+            .release(self.class, self.units, self.admitted, sample);
     }
 }
 
@@ -146,6 +173,9 @@ impl Drop for WaitGuard {
 
 /// Everything behind the gate's lock.
 struct State {
+    /// The capacity admitted up to now: the configured capacity, or the adaptive limit.
+    limit: u32,
+    adaptive: Option<Controller>,
     /// Units and requests in flight, all classes together.
     in_use: u32,
     in_flight: usize,
@@ -165,6 +195,9 @@ impl State {
         c.in_flight += 1;
         c.holds.admit(now, units);
         c.metrics.in_flight.increment(1.0);
+        if let Some(a) = &mut self.adaptive {
+            a.note_in_use(self.in_use);
+        }
     }
 
     /// Counts the release at `now` of an admission of `units` in `class` made at `admitted`.
@@ -195,6 +228,7 @@ impl fmt::Debug for Shared {
         let s = self.snapshot();
         f.debug_struct("Gate")
             .field("capacity", &self.cfg.capacity)
+            .field("limit", &s.limit)
             .field("in_use", &s.in_use)
             .field("in_flight", &s.in_flight)
             .field("queued", &s.queued)
@@ -204,11 +238,16 @@ impl fmt::Debug for Shared {
 
 impl Shared {
     pub(crate) fn new(cfg: Config) -> Arc<Self> {
+        let now = Instant::now();
+        let adaptive = cfg.adaptive.clone();
+        let adaptive = adaptive.map(|a| Controller::new(a, cfg.capacity, now));
         let state = State {
+            limit: adaptive.as_ref().map_or(cfg.capacity, Controller::limit),
+            adaptive,
             in_use: 0,
             in_flight: 0,
             queue: Queue::new(),
-            holds: Holds::new(Instant::now()),
+            holds: Holds::new(now),
         };
         Arc::new(Shared {
             cluster: cfg.cluster.clone().map(ClusterGate::new),
@@ -234,13 +273,34 @@ impl Shared {
         out
     }
 
-    /// The number of units a request of raw cost `cost` holds.
+    /// The number of units a request of raw cost `cost` holds (at most the share of the
+    /// configured capacity; [`acquire`](Self::acquire) caps it at the share of the limit).
     pub(crate) fn units_for(&self, cost: u32) -> u32 {
-        cost.clamp(1, self.cfg.max_units())
+        cost.clamp(1, self.cfg.max_units(self.cfg.capacity))
     }
 
+    /// Whether `units` fit now. An empty gate takes any request, so that one admitted under a
+    /// higher adaptive limit is never stranded by a lower one.
     fn fits(&self, st: &State, units: u32) -> bool {
-        units <= self.cfg.capacity.saturating_sub(st.in_use)
+        units <= st.limit.saturating_sub(st.in_use) || st.in_use == 0
+    }
+
+    /// Feeds a TTFT sample (`None`: an arrival, which only times a probe out) to the adaptive
+    /// limit; a rise admits the waiters it makes room for, a fall revokes nothing.
+    fn observe(self: &Arc<Self>, st: &mut State, sample: Option<Sample>, deferred: &mut Deferred) {
+        let Some(a) = &mut st.adaptive else {
+            return;
+        };
+        let now = Instant::now();
+        a.observe(sample, now);
+        let (before, limit) = (st.limit, a.limit());
+        if limit != before {
+            st.limit = limit;
+            st.queue.rescale(&self.cfg, limit);
+        }
+        if limit > before {
+            self.dispatch(st, now, deferred);
+        }
     }
 
     fn permit(self: &Arc<Self>, class: usize, units: u32, admitted: Instant) -> Permit {
@@ -250,6 +310,11 @@ impl Shared {
             units,
             admitted,
             lease: None,
+            // In cluster mode the clock starts with the lease.
+            ttft: TtftClock::new(
+                self.cfg.adaptive.is_some() && self.cluster.is_none(),
+                admitted,
+            ),
         }
     }
 
@@ -263,9 +328,12 @@ impl Shared {
         left: Option<Duration>,
     ) -> Acquire {
         self.locked(|st, deferred| {
+            // An arrival ends a probe that ran out of time.
+            self.observe(st, None, deferred);
             let now = Instant::now();
             let priority = priority.unwrap_or(&self.cfg.default_priority);
-            let class = st.queue.class(priority, share, &self.cfg, now);
+            let class = st.queue.class(priority, share, &self.cfg, st.limit, now);
+            let units = units.min(self.cfg.max_units(st.limit));
             if st.queue.len() == 0 && self.fits(st, units) {
                 st.admit(class, units, now);
                 let m = &st.queue.classes[class].metrics;
@@ -355,13 +423,13 @@ impl Shared {
 
     /// The `Retry-After` of a refused request of `units` in `class` ([`drain::retry_after`]).
     fn retry_after(&self, st: &State, class: usize, now: Instant, units: u32) -> Duration {
-        drain::retry_after(&st.queue, &st.holds, self.cfg.capacity, class, units, now)
+        drain::retry_after(&st.queue, &st.holds, st.limit, class, units, now)
     }
 
     /// How long a request of `units` in `class` arriving now can expect to wait
     /// ([`drain::expected_wait`]).
     fn expected_wait(&self, st: &State, class: usize, now: Instant, units: u32) -> Duration {
-        drain::expected_wait(&st.queue, &st.holds, self.cfg.capacity, class, units, now)
+        drain::expected_wait(&st.queue, &st.holds, st.limit, class, units, now)
     }
 
     /// Admits waiters in the queue's order while the next one fits.
@@ -383,11 +451,21 @@ impl Shared {
         }
     }
 
-    /// Gives back a permit's units and admits the waiters they make room for.
-    fn release(self: &Arc<Self>, class: usize, units: u32, admitted: Instant) {
+    /// Gives back a permit's units (with its censored TTFT `sample`, if any) and admits the
+    /// waiters they make room for.
+    fn release(
+        self: &Arc<Self>,
+        class: usize,
+        units: u32,
+        admitted: Instant,
+        sample: Option<Sample>,
+    ) {
         self.locked(|st, deferred| {
             let now = Instant::now();
             st.release(class, units, admitted, now);
+            if sample.is_some() {
+                self.observe(st, sample, deferred);
+            }
             self.dispatch(st, now, deferred);
         });
     }
@@ -419,6 +497,8 @@ impl Shared {
     pub(crate) fn snapshot(&self) -> Snapshot {
         let st = self.lock();
         Snapshot {
+            limit: st.limit,
+            baseline: st.adaptive.as_ref().and_then(Controller::baseline),
             in_use: st.in_use,
             in_flight: st.in_flight,
             queued: st.queue.len(),
@@ -434,6 +514,8 @@ impl Shared {
 
 /// A consistent view of a gate at one moment.
 pub(crate) struct Snapshot {
+    pub(crate) limit: u32,
+    pub(crate) baseline: Option<Duration>,
     pub(crate) in_use: u32,
     pub(crate) in_flight: usize,
     pub(crate) queued: usize,

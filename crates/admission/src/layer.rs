@@ -9,6 +9,7 @@ use http::StatusCode;
 use tailguard_core::{ClientDeadline, Fail, Priority, Respond};
 use tower_layer::Layer;
 
+use crate::adaptive::AdaptiveLimit;
 use crate::cluster::Cluster;
 use crate::cost::Cost;
 use crate::gate::Shared;
@@ -67,16 +68,19 @@ pub(crate) struct Config {
     pub(crate) outcome: bool,
     pub(crate) cluster: Option<Cluster>,
     pub(crate) client_deadline: ClientDeadline,
+    pub(crate) adaptive: Option<AdaptiveLimit>,
 }
 
 impl Config {
-    pub(crate) fn max_units(&self) -> u32 {
-        let cap = (self.max_request_share * f64::from(self.capacity)).floor() as u32;
-        cap.clamp(1, self.capacity.max(1))
+    /// The most units one request holds under a limit of `limit` units.
+    pub(crate) fn max_units(&self, limit: u32) -> u32 {
+        let cap = (self.max_request_share * f64::from(limit)).floor() as u32;
+        cap.clamp(1, limit.max(1))
     }
 
-    pub(crate) fn reserved_units(&self, share: f64) -> u32 {
-        (share.clamp(0.0, 1.0) * f64::from(self.capacity)).floor() as u32
+    /// The units a reserved `share` comes to under a limit of `limit` units.
+    pub(crate) fn reserved_units(&self, share: f64, limit: u32) -> u32 {
+        (share.clamp(0.0, 1.0) * f64::from(limit)).floor() as u32
     }
 }
 
@@ -140,6 +144,7 @@ impl BoundedAdmissionLayer<Respond> {
                 outcome: true,
                 cluster: None,
                 client_deadline: ClientDeadline::new(),
+                adaptive: None,
             },
             gate: Arc::default(),
             _flavour: PhantomData,
@@ -257,6 +262,21 @@ impl<M> BoundedAdmissionLayer<M> {
         self.with(|c| c.cluster = Some(cluster))
     }
 
+    /// Turns the adaptive limit on (`Some`) or off (`None`, the default: the gate admits up to
+    /// its capacity). With it, the capacity is the ceiling and the gate admits up to a limit
+    /// that follows the upstream's time to first token (see [`AdaptiveLimit`]); reserved
+    /// shares, the cap on one request's cost and `Retry-After` are reckoned against the current
+    /// limit. In cluster mode it moves the local limit only; the cluster-wide capacity stays
+    /// as configured.
+    pub fn with_adaptive_limit(self, adaptive: Option<AdaptiveLimit>) -> Self {
+        self.with(|c| c.adaptive = adaptive)
+    }
+
+    /// The configured capacity in units (the ceiling of an adaptive limit).
+    pub fn capacity(&self) -> u32 {
+        self.cfg.capacity
+    }
+
     fn shared(&self) -> Arc<Shared> {
         self.gate
             .get_or_init(|| Shared::new(self.cfg.clone()))
@@ -292,9 +312,20 @@ impl fmt::Debug for AdmissionHandle {
 }
 
 impl AdmissionHandle {
-    /// The configured capacity in units.
+    /// The configured capacity in units (the ceiling of an adaptive limit).
     pub fn capacity(&self) -> u32 {
         self.shared.config().capacity
+    }
+
+    /// The units the gate admits up to now: the capacity, or the current adaptive limit.
+    pub fn limit(&self) -> u32 {
+        self.shared.snapshot().limit
+    }
+
+    /// The adaptive limit's estimate of the upstream's no-load time to first token (`None`
+    /// without an adaptive limit, or before it was measured).
+    pub fn baseline_ttft(&self) -> Option<Duration> {
+        self.shared.snapshot().baseline
     }
 
     /// Requests holding a permit (admitted, body not yet ended).

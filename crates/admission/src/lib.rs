@@ -97,6 +97,17 @@
 //!   renewed while its body streams. Waiting stays local; when the backend is unreachable the
 //!   gate falls back to its local limits or refuses with 503 ([`FailMode`]). See [`Cluster`].
 //!
+//! * **Adaptive limit.** [`with_adaptive_limit`](BoundedAdmissionLayer::with_adaptive_limit)
+//!   (off by default) makes the capacity a ceiling: the gate admits up to a limit that follows
+//!   the upstream's time to first token, measured from each permit's grant to the first output
+//!   token, against a no-load baseline re-measured by briefly holding the limit at its minimum
+//!   (a gradient controller; see [`adaptive`] for the algorithm and its constants). Reserved
+//!   shares, the cap on one request's cost and `Retry-After` are fractions of the *current*
+//!   limit; when it falls below what is in use nothing is revoked (new admissions wait), when
+//!   it rises waiters are admitted at once. [`AdmissionHandle::limit`] reads it; gauges
+//!   `tailguard_admission_limit`, `tailguard_admission_baseline_ttft_seconds` and
+//!   `tailguard_admission_gradient` publish it. In cluster mode it moves the local limit only.
+//!
 //! One layer value is one gate: clones of the layer and every service it builds share it.
 //!
 //! ## Deadlines
@@ -148,8 +159,10 @@
 //!   past the holds the gate has seen. The status does not depend on the estimate: 429 (or the
 //!   configured status) for `queue_full` and `evicted`, 503 for `queue_timeout`.
 
+pub mod adaptive;
 mod body;
 mod cluster;
+mod controller;
 mod cost;
 mod drain;
 pub mod error;
@@ -160,6 +173,7 @@ mod metrics;
 mod queue;
 mod service;
 
+pub use adaptive::AdaptiveLimit;
 pub use body::AdmissionBody;
 pub use cluster::{
     BackendError, BackendFuture, Cluster, DEFAULT_BACKEND_TIMEOUT, DEFAULT_LEASE_TTL,

@@ -69,8 +69,9 @@ pub(crate) struct Class {
     pub(crate) in_flight: usize,
     /// The hold times of the class's permits.
     pub(crate) holds: Holds,
-    /// Units reserved for the class under contention.
+    /// Units reserved for the class under contention: `share` of the gate's limit.
     pub(crate) reserved: u32,
+    share: f64,
     /// Oldest first; `seq` increases front to back.
     pub(crate) waiters: VecDeque<Waiter>,
     /// Units waiting in the class.
@@ -121,6 +122,7 @@ impl Queue {
         priority: &Priority,
         share: Option<f64>,
         cfg: &Config,
+        limit: u32,
         now: Instant,
     ) -> usize {
         let level = priority.level();
@@ -132,12 +134,14 @@ impl Queue {
             Some(i) => i,
             None => {
                 let configured = cfg.reserved.iter().find(|(p, _)| p.level() == level);
+                let share = configured.map_or(0.0, |(_, s)| *s);
                 self.classes.push(Class {
                     priority: priority.clone(),
                     in_use: 0,
                     in_flight: 0,
                     holds: Holds::new(now),
-                    reserved: cfg.reserved_units(configured.map_or(0.0, |(_, s)| *s)),
+                    reserved: cfg.reserved_units(share, limit),
+                    share,
                     waiters: VecDeque::new(),
                     queued_units: 0,
                     metrics: ClassMetrics::new(priority.name()),
@@ -146,9 +150,17 @@ impl Queue {
             }
         };
         if let Some(s) = share {
-            self.classes[i].reserved = cfg.reserved_units(s);
+            self.classes[i].share = s;
+            self.classes[i].reserved = cfg.reserved_units(s, limit);
         }
         i
+    }
+
+    /// Recomputes the reserved units of every class for a new `limit`.
+    pub(crate) fn rescale(&mut self, cfg: &Config, limit: u32) {
+        for c in &mut self.classes {
+            c.reserved = cfg.reserved_units(c.share, limit);
+        }
     }
 
     /// CoDel: whether the queue has not been empty for the CoDel interval.

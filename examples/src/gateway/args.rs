@@ -112,9 +112,18 @@ pub struct Args {
     #[arg(long, env = "TAILGUARD_TIMEOUT_TOTAL", value_name = "DURATION", value_parser = parse_timer)]
     pub timeout_total: Option<Timer>,
 
-    /// Concurrent generations (held until each stream ends) [default: 64].
+    /// Concurrent generations (held until each stream ends); the ceiling of the adaptive
+    /// limit [default: 64].
     #[arg(long, env = "TAILGUARD_ADMISSION_CAPACITY", value_name = "N")]
     pub admission_capacity: Option<u32>,
+    /// Adapt the limit to the upstreams' time to first token, under the capacity: `true` or
+    /// `false` [default: true].
+    #[arg(long, env = "TAILGUARD_ADMISSION_ADAPTIVE", value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new())]
+    pub admission_adaptive: Option<bool>,
+    /// Lowest adaptive limit; baseline probes run at it [default: 4].
+    #[arg(long, env = "TAILGUARD_ADMISSION_MIN_LIMIT", value_name = "N")]
+    pub admission_min_limit: Option<u32>,
     /// Requests that may wait for capacity; 0 refuses at once when full [default: 128].
     #[arg(long, env = "TAILGUARD_ADMISSION_QUEUE_LEN", value_name = "N")]
     pub admission_queue_len: Option<usize>,

@@ -72,8 +72,13 @@ pub struct HedgeConfig {
 /// `BoundedAdmission` settings.
 #[derive(Clone, Debug)]
 pub struct AdmissionConfig {
-    /// Concurrent requests (one unit each), held until the stream ends.
+    /// Concurrent requests (one unit each), held until the stream ends; the ceiling of the
+    /// adaptive limit.
     pub capacity: u32,
+    /// The limit adapts to the upstreams' time to first token (`false`: `capacity` is fixed).
+    pub adaptive: bool,
+    /// Lowest adaptive limit.
+    pub min_limit: u32,
     /// Requests that may wait.
     pub queue_len: usize,
     /// Longest wait in the queue.
@@ -124,8 +129,11 @@ impl Default for Config {
     /// * hedge routing: load-aware primaries, outlier ejection, failover budget **20%**, no
     ///   slot limit (the layers' own defaults);
     /// * timeouts and the client's deadline: see [`TimeoutConfig::default`];
-    /// * admission: capacity **64** (a typical vLLM replica runs tens of sequences), queue
-    ///   **128**, queue timeout **2 s** (past that a client is better off retrying elsewhere);
+    /// * admission: capacity **64** (a typical vLLM replica runs tens of sequences), adaptive
+    ///   limit **on** under it (nobody knows an upstream's knee in advance) with the layer's
+    ///   minimum ([`DEFAULT_MIN_LIMIT`](tailguard::admission::adaptive::DEFAULT_MIN_LIMIT)),
+    ///   queue **128**, queue timeout **2 s** (past that a client is better off retrying
+    ///   elsewhere);
     /// * priority: header `x-priority`, default class `standard`, `interactive` keeps **50%** of
     ///   capacity under contention;
     /// * mocks: **3** replicas, the last congested.
@@ -151,6 +159,8 @@ impl Default for Config {
             timeout: TimeoutConfig::default(),
             admission: AdmissionConfig {
                 capacity: 64,
+                adaptive: true,
+                min_limit: tailguard::admission::adaptive::DEFAULT_MIN_LIMIT,
                 queue_len: 128,
                 queue_timeout: Duration::from_secs(2),
             },
@@ -385,6 +395,12 @@ impl Config {
     fn resolve_admission(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
         let a = &mut self.admission;
         a.capacity = pick(args.admission_capacity, file.admission.capacity, a.capacity);
+        a.adaptive = pick(args.admission_adaptive, file.admission.adaptive, a.adaptive);
+        a.min_limit = pick(
+            args.admission_min_limit,
+            file.admission.min_limit,
+            a.min_limit,
+        );
         a.queue_len = pick(
             args.admission_queue_len,
             file.admission.queue_len,
@@ -397,6 +413,10 @@ impl Config {
         );
         if a.capacity == 0 {
             return err("admission.capacity (--admission-capacity) must be at least 1");
+        }
+        if a.min_limit == 0 {
+            // Above the capacity it is the capacity (the layer clamps it).
+            return err("admission.min_limit (--admission-min-limit) must be at least 1");
         }
         Ok(())
     }
@@ -564,6 +584,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("key `listen`"), "{e}");
+    }
+
+    #[test]
+    fn adaptive_admission_is_on_by_default_and_set_by_file_or_flag() {
+        let c = Config::resolve(Config::parse_file("").unwrap(), &Args::default()).unwrap();
+        assert!(c.admission.adaptive);
+        let text = "[admission]\nadaptive = false\nmin_limit = 2\n";
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &Args::default()).unwrap();
+        assert_eq!((c.admission.adaptive, c.admission.min_limit), (false, 2));
+        let args = Args {
+            admission_adaptive: Some(true),
+            ..Args::default()
+        };
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &args).unwrap();
+        assert!(c.admission.adaptive);
+        let zero = Config::parse_file("[admission]\nmin_limit = 0\n").unwrap();
+        let e = Config::resolve(zero, &Args::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("admission.min_limit"), "{e}");
     }
 
     #[test]

@@ -171,6 +171,10 @@ pub struct TimeoutFile {
 pub struct AdmissionFile {
     /// `capacity`
     pub capacity: Option<u32>,
+    /// `adaptive`
+    pub adaptive: Option<bool>,
+    /// `min_limit`
+    pub min_limit: Option<u32>,
     /// `queue_len`
     pub queue_len: Option<usize>,
     /// `queue_timeout`

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderName, Request, Response};
-use tailguard::admission::BoundedAdmissionLayer;
+use tailguard::admission::{AdaptiveLimit, BoundedAdmissionLayer};
 use tailguard::core::{BoxError, ClassPolicy, Priority, RequestFacts, RequestFactsLayer};
 use tailguard::hedge::{
     Ejection, FirstTokenHedgeLayer, HedgeBudget, HedgeDelay, ReplicaSet, Routing,
@@ -123,7 +123,11 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
 
     let a = &config.admission;
     let t = &config.timeout;
+    let adaptive = a
+        .adaptive
+        .then(|| AdaptiveLimit::new().with_min(a.min_limit));
     let admission = BoundedAdmissionLayer::new(a.capacity)
+        .with_adaptive_limit(adaptive)
         .with_queue_len(a.queue_len)
         .with_queue_timeout(a.queue_timeout)
         .with_client_deadline(t.client_deadline());

@@ -1,0 +1,352 @@
+//! The controller of an adaptive limit ([`crate::adaptive`] documents the algorithm): samples,
+//! windows, probes and the update, under the gate's lock.
+
+use std::hash::BuildHasher;
+use std::time::Duration;
+
+use metrics::Gauge;
+use tokio::time::Instant;
+
+use crate::adaptive::AdaptiveLimit;
+
+/// The gradient's clamp (see [`crate::adaptive`]).
+const GRADIENT: (f64, f64) = (0.5, 2.0);
+
+/// One TTFT sample.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sample {
+    /// When the request's permit (or lease) was granted.
+    pub(crate) granted: Instant,
+    pub(crate) ttft: Duration,
+    /// The request ended before its first token: the TTFT is at least `ttft`.
+    pub(crate) censored: bool,
+}
+
+/// A permit's TTFT clock: running from its grant until its first token, with an adaptive
+/// limit; stopped (and free) otherwise.
+#[derive(Debug)]
+pub(crate) struct TtftClock(Option<Instant>);
+
+impl TtftClock {
+    /// A clock started at `now` when `on`, else a stopped one.
+    pub(crate) fn new(on: bool, now: Instant) -> Self {
+        TtftClock(on.then_some(now))
+    }
+
+    pub(crate) fn running(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Stops the clock without a sample.
+    pub(crate) fn stop(&mut self) {
+        self.0 = None;
+    }
+
+    /// Stops the clock; its sample (`censored`: the request ended without a token).
+    pub(crate) fn take(&mut self, censored: bool) -> Option<Sample> {
+        let granted = self.0.take()?;
+        Some(Sample {
+            granted,
+            ttft: Instant::now().saturating_duration_since(granted),
+            censored,
+        })
+    }
+}
+
+/// The gauges of one adaptive gate.
+struct Gauges {
+    limit: Gauge,
+    baseline: Gauge,
+    gradient: Gauge,
+}
+
+impl Gauges {
+    fn new() -> Self {
+        use metrics::{Unit, describe_gauge};
+        describe_gauge!(
+            "tailguard_admission_limit",
+            Unit::Count,
+            "Current adaptive admission limit in capacity units"
+        );
+        describe_gauge!(
+            "tailguard_admission_baseline_ttft_seconds",
+            Unit::Seconds,
+            "Adaptive admission's estimate of the upstream's no-load time to first token"
+        );
+        describe_gauge!(
+            "tailguard_admission_gradient",
+            Unit::Count,
+            "Adaptive admission's last gradient (baseline over window TTFT, clamped)"
+        );
+        Gauges {
+            limit: metrics::gauge!("tailguard_admission_limit"),
+            baseline: metrics::gauge!("tailguard_admission_baseline_ttft_seconds"),
+            gradient: metrics::gauge!("tailguard_admission_gradient"),
+        }
+    }
+}
+
+/// The controller of one gate; lives under the gate's lock.
+pub(crate) struct Controller {
+    cfg: AdaptiveLimit,
+    max: u32,
+    /// The running limit (held at `min` while probing).
+    limit: f64,
+    /// When the current probe started; `None` while running.
+    probe: Option<Instant>,
+    baseline: Option<f64>,
+    /// The last window's statistic: the reference for a window with no uncensored sample.
+    last: Option<f64>,
+    window_start: Instant,
+    samples: Vec<f64>,
+    censored: Vec<f64>,
+    peak_in_use: u32,
+    next_probe: Instant,
+    probes: u64,
+    logged: u32,
+    gradient: f64,
+    gauges: Gauges,
+}
+
+impl Controller {
+    /// A controller under a ceiling of `capacity`, starting with the seed probe at `now`.
+    pub(crate) fn new(cfg: AdaptiveLimit, capacity: u32, now: Instant) -> Self {
+        let max = cfg.max.map_or(capacity, |m| m.min(capacity)).max(1);
+        let min = cfg.min.min(max);
+        let initial = cfg.initial.unwrap_or(max).clamp(min, max);
+        let c = Controller {
+            cfg: AdaptiveLimit { min, ..cfg },
+            max,
+            limit: f64::from(initial),
+            probe: Some(now),
+            baseline: None,
+            last: None,
+            window_start: now,
+            samples: Vec::new(),
+            censored: Vec::new(),
+            peak_in_use: 0,
+            next_probe: now,
+            probes: 0,
+            logged: initial,
+            gradient: 1.0,
+            gauges: Gauges::new(),
+        };
+        c.gauges.limit.set(f64::from(c.limit()));
+        c
+    }
+
+    /// The limit the gate admits up to now.
+    pub(crate) fn limit(&self) -> u32 {
+        if self.probe.is_some() {
+            return self.cfg.min;
+        }
+        (self.limit.round() as u32).clamp(self.cfg.min, self.max)
+    }
+
+    /// The baseline TTFT estimate, once measured.
+    pub(crate) fn baseline(&self) -> Option<Duration> {
+        self.baseline
+            .and_then(|b| Duration::try_from_secs_f64(b).ok())
+    }
+
+    /// Notes the units in use after an admission (the window's peak).
+    pub(crate) fn note_in_use(&mut self, in_use: u32) {
+        self.peak_in_use = self.peak_in_use.max(in_use);
+    }
+
+    /// Takes one sample at `now`; may end a window or a probe, or start a probe.
+    /// `None` (an arrival) only ends a probe that ran out of time.
+    pub(crate) fn observe(&mut self, s: Option<Sample>, now: Instant) {
+        let Some(s) = s else {
+            let timeout = self.cfg.probe_timeout;
+            if self
+                .probe
+                .is_some_and(|p| now.saturating_duration_since(p) >= timeout)
+            {
+                self.end_probe(now);
+            }
+            return;
+        };
+        if self.probe.is_some_and(|start| s.granted < start) {
+            // Admitted before the probe: it ran with more than `min` in flight.
+            return;
+        }
+        let secs = s.ttft.as_secs_f64();
+        if s.censored {
+            self.censored.push(secs);
+        } else {
+            self.samples.push(secs);
+        }
+        let count = self.samples.len() + self.censored.len();
+        match self.probe {
+            Some(_) if count >= self.cfg.probe_samples => self.end_probe(now),
+            Some(_) => {}
+            None if count >= self.cfg.window_samples
+                && now.saturating_duration_since(self.window_start) >= self.cfg.window =>
+            {
+                self.end_window(now);
+                if now >= self.next_probe {
+                    self.probe = Some(now);
+                    tracing::debug!("tailguard-admission: adaptive limit probing the baseline");
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The statistic of the collected samples against `reference` (see the censoring rule in
+    /// [`crate::adaptive`]); clears them.
+    fn take_statistic(&mut self, reference: Option<f64>) -> Option<f64> {
+        let own = median(&mut self.samples);
+        let reference = own.or(reference).unwrap_or(f64::INFINITY);
+        let above = self.censored.iter().filter(|&&t| t > reference);
+        self.samples.extend(above);
+        let stat = median(&mut self.samples);
+        self.samples.clear();
+        self.censored.clear();
+        stat
+    }
+
+    fn end_probe(&mut self, now: Instant) {
+        let previous = self.baseline;
+        if let Some(b) = self.take_statistic(previous).filter(|b| *b > 0.0) {
+            self.baseline = Some(b);
+            self.gauges.baseline.set(b);
+        }
+        self.probe = None;
+        self.restart_window(now);
+        self.probes += 1;
+        let jitter = match self.cfg.probe_jitter {
+            0.0 => 0.0,
+            j => j * jitter(self.probes),
+        };
+        self.next_probe = now + self.cfg.probe_interval.mul_f64(1.0 + jitter);
+        self.limit_changed();
+    }
+
+    fn end_window(&mut self, now: Instant) {
+        let stat = self.take_statistic(self.last);
+        let peak = self.peak_in_use;
+        self.restart_window(now);
+        let Some(s) = stat.filter(|s| *s > 0.0) else {
+            return;
+        };
+        self.last = Some(s);
+        let Some(b) = self.baseline.map(|b| b.min(s)) else {
+            return;
+        };
+        self.baseline = Some(b);
+        self.gauges.baseline.set(b);
+        let (lo, hi) = GRADIENT;
+        let gradient = (b * (1.0 + self.cfg.tolerance) / s).clamp(lo, hi);
+        let mut target = self.limit * gradient + self.limit.sqrt();
+        if f64::from(peak) < self.limit / 2.0 {
+            // Application-limited: no evidence the upstream has room for more.
+            target = target.min(self.limit);
+        }
+        let a = self.cfg.smoothing;
+        let next = (1.0 - a) * self.limit + a * target;
+        self.limit = next.clamp(f64::from(self.cfg.min), f64::from(self.max));
+        self.gradient = gradient;
+        self.gauges.gradient.set(gradient);
+        self.limit_changed();
+    }
+
+    fn restart_window(&mut self, now: Instant) {
+        self.window_start = now;
+        self.peak_in_use = 0;
+    }
+
+    /// Publishes the limit; logs it when it moved more than the configured fraction since the
+    /// last logged value.
+    fn limit_changed(&mut self) {
+        let limit = self.limit();
+        self.gauges.limit.set(f64::from(limit));
+        let moved = f64::from(limit.abs_diff(self.logged));
+        if moved > self.cfg.log_change * f64::from(self.logged) {
+            tracing::info!(
+                limit,
+                previous = self.logged,
+                baseline_ttft_s = self.baseline.unwrap_or(0.0),
+                gradient = self.gradient,
+                "tailguard-admission: adaptive limit changed"
+            );
+            self.logged = limit;
+        }
+    }
+}
+
+/// The median of `v` (sorted in place); `None` when empty.
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// A pseudo-random value in `[-1, 1]` for the `n`th probe, from the standard library's
+/// per-process random hasher keys.
+fn jitter(n: u64) -> f64 {
+    let h = std::collections::hash_map::RandomState::new().hash_one(n);
+    (h as f64 / u64::MAX as f64) * 2.0 - 1.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adaptive::{DEFAULT_MIN_LIMIT, DEFAULT_PROBE_SAMPLES, DEFAULT_PROBE_TIMEOUT};
+
+    fn sample(granted: Instant, ms: u64, censored: bool) -> Sample {
+        Sample {
+            granted,
+            ttft: Duration::from_millis(ms),
+            censored,
+        }
+    }
+
+    #[test]
+    fn median_is_robust_and_censored_samples_only_raise_it() {
+        let mut v = vec![0.1, 0.1, 0.1, 5.0];
+        assert_eq!(median(&mut v), Some(0.1));
+        assert_eq!(median(&mut []), None);
+        let mut c = Controller::new(AdaptiveLimit::new(), 16, Instant::now());
+        c.samples = vec![0.2; 5];
+        c.censored = vec![0.01; 20];
+        assert_eq!(c.take_statistic(None), Some(0.2));
+        c.samples = vec![0.2; 3];
+        c.censored = vec![1.0; 4];
+        assert_eq!(c.take_statistic(None), Some(1.0));
+        // No uncensored sample: only censored ones above the reference count.
+        c.censored = vec![0.01; 8];
+        assert_eq!(c.take_statistic(Some(0.2)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn seed_probe_runs_at_min_then_the_initial_limit() {
+        let cfg = AdaptiveLimit::new().with_min(2).with_initial(10);
+        let start = Instant::now();
+        let mut c = Controller::new(cfg, 16, start);
+        assert_eq!(c.limit(), 2);
+        for _ in 0..DEFAULT_PROBE_SAMPLES {
+            c.observe(Some(sample(start, 100, false)), start);
+        }
+        assert_eq!(c.limit(), 10);
+        assert_eq!(c.baseline(), Some(Duration::from_millis(100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_without_samples_times_out_to_the_initial_limit() {
+        let start = Instant::now();
+        let mut c = Controller::new(AdaptiveLimit::new().with_initial(12), 16, start);
+        c.observe(None, start + DEFAULT_PROBE_TIMEOUT / 2);
+        assert_eq!(c.limit(), DEFAULT_MIN_LIMIT);
+        c.observe(None, start + DEFAULT_PROBE_TIMEOUT);
+        assert_eq!((c.limit(), c.baseline()), (12, None));
+    }
+}
