@@ -34,6 +34,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -195,9 +196,12 @@ impl Gateway {
                 .collect();
         }
 
+        // No Nagle delay: each SSE event leaves when written.
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_nodelay(true);
         let client: HttpClient = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
-            .build_http();
+            .build(connector);
         let replicas = bases
             .iter()
             .enumerate()
@@ -226,6 +230,9 @@ impl Gateway {
 
         let listener = TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let grace = config.shutdown_grace;
         let mut shutdown_rx = stop_rx.clone();
         let server = tokio::spawn(async move {
