@@ -149,8 +149,9 @@ pub(crate) fn start_mock(
     Ok((p, urls))
 }
 
-/// The example gateway over `upstreams`, admission opened up (it admits everything), every
-/// other setting its default; returns it and its URL.
+/// The example gateway over `upstreams`, admission (and the client connection cap, where the
+/// gateway has one) opened up so that it admits everything, every other setting its default;
+/// returns it and its URL.
 pub(crate) fn start_gateway(
     bin: &Path,
     dir: &Path,
@@ -161,6 +162,11 @@ pub(crate) fn start_gateway(
         .into();
     for u in upstreams {
         args.extend(["--upstream".to_owned(), u.clone()]);
+    }
+    // Gateways with a client connection cap: opened up as well.
+    let help = Command::new(bin).arg("--help").output()?;
+    if String::from_utf8_lossy(&help.stdout).contains("--max-connections") {
+        args.extend(["--max-connections".to_owned(), "1000000".to_owned()]);
     }
     let mut p = Proc::spawn("gateway", bin, &args, dir.join("gateway.log"))?;
     let line = p.wait_for_lines("listening on", 1)?;
