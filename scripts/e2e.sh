@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Client end-to-end tests of the example gateway: the official `openai` Python SDK
-# (tests/python/test_openai_sdk.py) and a `curl -N` smoke test, against the gateway over
-# embedded mock replicas, then a graceful shutdown. Bounded: every wait has a limit, and the
+# Client end-to-end tests of the example gateway: the official `openai` and `anthropic` Python
+# SDKs (tests/python/), a `curl -N` smoke test and `promtool check metrics` on /metrics, against
+# the gateway over embedded mock replicas, then a graceful shutdown. Bounded: every wait has a limit, and the
 # gateway is killed on exit whatever happens. Set TAILGUARD_SKIP_CLIENT_TESTS=1 to skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ command -v curl >/dev/null || { echo "e2e: curl is required" >&2; exit 1; }
 export PYTHONDONTWRITEBYTECODE=1
 PY=$(./scripts/python-venv.sh)
 cargo build --quiet -p tailguard-examples --example gateway
-GATEWAY_BIN=target/debug/examples/gateway
+GATEWAY_BIN=${CARGO_TARGET_DIR:-target}/debug/examples/gateway
 
 WORK=$(mktemp -d)
 LOG=$WORK/gateway.log
@@ -64,10 +64,10 @@ curl -fsS --max-time 2 "$URL/healthz" >/dev/null || fail "/healthz is not answer
 UPSTREAM=$(sed -n 's|^  upstream 0: \(http://[0-9.:]*\).*|\1|p' "$LOG" | head -n1)
 [[ -n $UPSTREAM ]] || fail "no upstream address in the gateway's output"
 
-echo "== openai SDK end-to-end tests (gateway $URL)"
+echo "== openai and anthropic SDK end-to-end tests (gateway $URL)"
 TAILGUARD_GATEWAY_URL=$URL TAILGUARD_UPSTREAM_URL=$UPSTREAM \
   timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/python </dev/null \
-  || fail "the openai SDK tests failed"
+  || fail "the SDK tests failed"
 
 echo "== curl -N smoke test"
 OUT=$WORK/curl.out
@@ -81,6 +81,17 @@ grep -q '"content":"' "$OUT" || fail "curl: no content chunk in: $(cat "$OUT")"
 curl -fsS --max-time 5 "$URL/metrics" >"$WORK/metrics.txt" || fail "GET /metrics failed"
 grep -q '^tailguard_time_to_first_token_seconds_bucket{' "$WORK/metrics.txt" \
   || fail "/metrics has no time-to-first-token histogram"
+
+echo "== promtool check metrics: /metrics with every family the tests touched, no warning"
+PROMTOOL=$(./scripts/promtool.sh) || PROMTOOL=
+if [[ -n $PROMTOOL ]]; then
+  "$PROMTOOL" check metrics <"$WORK/metrics.txt" >"$WORK/promtool.out" 2>&1 \
+    || fail "promtool check metrics: $(cat "$WORK/promtool.out")"
+  [[ ! -s $WORK/promtool.out ]] || fail "promtool check metrics warned: $(cat "$WORK/promtool.out")"
+else
+  echo "e2e: SKIPPED promtool check metrics: promtool is not installed and could not be" \
+    "installed from Debian's prometheus package (apt-get download needs apt and its lists)"
+fi
 
 echo "== graceful shutdown: an in-flight stream runs on for the grace period (2s), then ends in-band"
 STREAM=$WORK/stream.out

@@ -5,5 +5,9 @@
 # Anything the tests need is installed by this script; nothing is installed by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A private redis-server for the cluster-mode tests (tailguard-redis); killed on exit.
+. scripts/redis.sh
+# Builds the example gateway too: examples/tests/cluster.rs runs it as separate processes
+# against that server (and restarts a redis-server of its own).
 cargo test --workspace --all-features
 ./scripts/e2e.sh

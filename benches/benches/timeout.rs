@@ -12,8 +12,7 @@
 //! section. Allocations per frame are counted once per variant and printed.
 //!
 //! Reference points: `bare_plus_stream_tracker` is the bare body plus `StreamTracker::observe`
-//! on every frame (the scan floor of any token-aware wrapper); `bare_mapped_to_chunk` is the
-//! bare body with its data wrapped in `Chunk` (free); `sse_idle_timeout_head_only` is the
+//! on every frame (the scan floor of any token-aware wrapper); `sse_idle_timeout_head_only` is the
 //! wrapper with no body timer (pass-through).
 //!
 //! Run: `cargo bench -p tailguard-benches --bench timeout -- --warm-up-time 1 --measurement-time 3`
@@ -190,11 +189,6 @@ fn bench(c: &mut Criterion) {
             inner: Frames::new(&frames, pend),
             tracker: StreamTracker::new(&Dialect::Auto, &sse_headers),
         };
-        let mapped = || {
-            http_body_util::BodyExt::map_frame(Frames::new(&frames, pend), |f| {
-                f.map_data(tailguard::core::Chunk::Inner)
-            })
-        };
         let head_only_body = || {
             rt.block_on(head_only.clone().oneshot(Request::new(())))
                 .unwrap()
@@ -228,9 +222,6 @@ fn bench(c: &mut Criterion) {
         });
         g.bench_function("bare_plus_stream_tracker", |b| {
             b.iter_batched(tracked, drain, BatchSize::SmallInput)
-        });
-        g.bench_function("bare_mapped_to_chunk", |b| {
-            b.iter_batched(mapped, drain, BatchSize::SmallInput)
         });
         g.bench_function("sse_idle_timeout_head_only", |b| {
             b.iter_batched(head_only_body, drain, BatchSize::SmallInput)

@@ -9,15 +9,17 @@
 //! The demo starts a mock upstream whose stream stalls after three tokens while it keeps sending
 //! `: keepalive` comments, which would reset tower-http's body timeout forever. Through the proxy
 //! the stream ends 500 ms into the stall with an in-band OpenAI error event and `[DONE]`.
+//!
+//! No glue: the guarded client's response body keeps hyper's `Bytes` data and its error type is
+//! the client's own, so the handler returns what the guarded client returns. (An upstream that
+//! cannot be reached is the client's error, as without tailguard: hyper closes the connection.)
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
+use http::Request;
 use http::uri::{PathAndQuery, Uri};
-use http::{Request, Response, StatusCode};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -29,8 +31,6 @@ use tailguard::timeout::SseIdleTimeoutLayer;
 use tailguard_mock::{MockServer, Script};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
-
-type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Accepts connections on `listener` and proxies every request to `upstream`.
 async fn serve(listener: TcpListener, upstream: Uri) -> Result<(), BoxError> {
@@ -53,24 +53,8 @@ async fn serve(listener: TcpListener, upstream: Uri) -> Result<(), BoxError> {
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
         );
         *req.uri_mut() = Uri::from_parts(parts).expect("scheme, authority and path are set");
-        async move {
-            req.headers_mut().remove(http::header::HOST);
-            let res: Response<ProxyBody> = match guarded.oneshot(req).await {
-                // The timeout layer's `Chunk<Bytes>` data turns into `Bytes` without a copy.
-                Ok(res) => res.map(|b| {
-                    b.map_frame(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining())))
-                        .boxed_unsync()
-                }),
-                Err(e) => {
-                    let body = Full::new(Bytes::from(format!("bad gateway: {e}\n")));
-                    let mut res =
-                        Response::new(body.map_err(|never| match never {}).boxed_unsync());
-                    *res.status_mut() = StatusCode::BAD_GATEWAY;
-                    res
-                }
-            };
-            Ok::<_, Infallible>(res)
-        }
+        req.headers_mut().remove(http::header::HOST);
+        guarded.oneshot(req)
     });
     loop {
         let (stream, _) = listener.accept().await?;

@@ -16,12 +16,9 @@
 
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
-use http::{Request, Response};
-use http_body::Body;
-use http_body_util::BodyExt;
+use http::Request;
 use tailguard::core::{BoxError, ReplayBody};
-use tailguard::hedge::FirstTokenHedgeLayer;
+use tailguard::hedge::{FirstTokenHedgeLayer, ReplicaSet};
 use tailguard::phases::{LatencyPhaseRecorderLayer, PhaseReport};
 use tailguard::timeout::SseIdleTimeoutLayer;
 use tailguard_mock::grpc::{GENERATE_PATH, GenerateClient, GenerateRequest};
@@ -29,30 +26,15 @@ use tailguard_mock::{MockServer, Script};
 use tonic::transport::Channel;
 use tower::ServiceBuilder;
 
-/// The hedge hands each replica a replayable body; a `Channel` takes tonic's body type.
-fn to_tonic(req: Request<ReplayBody<tonic::body::Body>>) -> Request<tonic::body::Body> {
-    req.map(|b| {
-        tonic::body::Body::new(b.map_frame(|f| f.map_data(|mut c| c.copy_to_bytes(c.remaining()))))
-    })
-}
-
-/// tonic's generated clients read `Bytes`; the timeout layer yields `Chunk<Bytes>` (no copy).
-fn to_bytes<B>(res: Response<B>) -> Response<impl Body<Data = Bytes, Error = B::Error>>
-where
-    B: Body,
-    B::Data: Buf,
-{
-    res.map(|b| b.map_frame(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining()))))
-}
-
 fn print_report(r: &PhaseReport) {
     let ms = |d: Option<Duration>| {
         d.map_or("-".to_owned(), |d| {
             format!("{:.1}ms", d.as_secs_f64() * 1e3)
         })
     };
-    let hedge = r.hedge.as_ref().map_or("-".to_owned(), |h| {
-        format!("{} attempt(s), winner {}", h.attempts, h.winner)
+    let hedge = r.hedge.as_ref().map_or("-".to_owned(), |h| match h.winner {
+        Some(w) => format!("{} attempt(s), winner {w}", h.attempts),
+        None => format!("{} attempt(s), all failed", h.attempts),
     });
     println!(
         "\n  phase report: end={} upstream={} ttft={} total={} messages={} max_gap={} hedge: {}",
@@ -87,20 +69,11 @@ async fn main() -> Result<(), BoxError> {
         println!("mock replicas: {} (congested), {}", urls[0], urls[1]);
     }
 
-    let mut replicas = Vec::new();
+    let mut channels = Vec::new();
     for url in &urls {
-        let channel = Channel::from_shared(url.clone())?.connect_lazy();
-        replicas.push(
-            ServiceBuilder::new()
-                .map_request(to_tonic as fn(_) -> _)
-                .service(channel),
-        );
+        channels.push(Channel::from_shared(url.clone())?.connect_lazy());
     }
-    let hedged = FirstTokenHedgeLayer::new()
-        .with_delay(Duration::from_millis(200))
-        .layer_replicas(replicas);
     let guarded = ServiceBuilder::new()
-        .map_response(to_bytes)
         .layer(
             LatencyPhaseRecorderLayer::new()
                 .with_routes([GENERATE_PATH])
@@ -111,7 +84,10 @@ async fn main() -> Result<(), BoxError> {
                 .with_first_token_timeout(Duration::from_secs(5))
                 .with_idle_timeout(Duration::from_secs(1)),
         )
-        .service(hedged);
+        .layer(FirstTokenHedgeLayer::new().with_delay(Duration::from_millis(200)))
+        // A `Channel` takes tonic's own body type (the replayed body keeps its `Bytes` data).
+        .map_request(|r: Request<ReplayBody<tonic::body::Body>>| r.map(tonic::body::Body::new))
+        .service(ReplicaSet::new(channels));
 
     let mut client = GenerateClient::new(guarded);
     for call in 1..=2 {

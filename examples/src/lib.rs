@@ -6,9 +6,9 @@
 //! `ServiceBuilder`, over any set of replicas:
 //!
 //! ```
-//! use bytes::Bytes;
 //! use http::Request;
-//! use http_body_util::{BodyExt, Full};
+//! use axum::body::Body;
+//! use http_body_util::BodyExt;
 //! use hyper_util::rt::TokioExecutor;
 //! use tailguard_examples::gateway::{Args, Config, HttpClient, Replica, build_stack};
 //! use tailguard_mock::{MockServer, Script};
@@ -20,12 +20,12 @@
 //! let config = Config::resolve(Default::default(), &Args::default())?;
 //! let client: HttpClient =
 //!     hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
-//! let replicas = vec![Replica::new(client, mock.url().parse()?, "replica-0")];
+//! let replicas = vec![Replica::new(client, &mock.url().parse()?, "replica-0")?];
 //! let (_drain, drain_signal) = tokio::sync::watch::channel(false);
 //! let stack = build_stack(&config, replicas, drain_signal);
 //!
 //! let body = r#"{"model":"mock-llm","stream":true,"messages":[]}"#;
-//! let req = Request::post("/v1/chat/completions").body(Full::new(Bytes::from(body)))?;
+//! let req = Request::post("/v1/chat/completions").body(Body::from(body))?;
 //! let res = stack.oneshot(req).await?;
 //! assert!(res.headers().contains_key("x-request-id"));
 //! let text = res.into_body().collect().await?.to_bytes();

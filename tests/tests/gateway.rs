@@ -9,10 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tailguard_examples::gateway::{Args, Config, Gateway, HedgeDelaySetting, MOCK_MODEL};
+use tailguard_test_support::{client, ms};
 use tokio::time::Instant;
 
 const CHAT: &str =
@@ -20,10 +18,6 @@ const CHAT: &str =
 const SCRIPT: &str = "ttft=10ms,tokens=8,gap=2ms";
 /// The mock's text for eight tokens.
 const EIGHT_TOKENS: &str = "Hello there, this is a mock reply";
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 fn test_config() -> Config {
     let mut c = Config::resolve(Default::default(), &Args::default()).unwrap();
@@ -35,17 +29,8 @@ fn test_config() -> Config {
     c
 }
 
-fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
 fn post(gw: &Gateway, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::post(format!("http://{}{path}", gw.addr()))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::new(Bytes::from(body.to_owned()))).unwrap()
+    tailguard_test_support::post(&format!("http://{}{path}", gw.addr()), body, headers)
 }
 
 async fn text(res: Response<hyper::body::Incoming>) -> String {

@@ -1,24 +1,20 @@
 //! `LatencyPhaseRecorder` as the outermost layer over the real tailguard layers, a hyper client
 //! and `tailguard-mock` on loopback: every end reason comes from a real scenario.
 //!
-//! Stack order: recorder → `SseIdleTimeout` → `BoundedAdmission` → client. Admission cannot sit
-//! outside the timeout layer: its rendered refusals need `Data: From<Bytes>`, which the
-//! timeout's `Chunk<D>` data does not implement.
+//! Stack order: recorder → `SseIdleTimeout` → `BoundedAdmission` → client (admission inside the
+//! timeout, so that the test also covers that order).
 //!
 //! The last test needs an upstream that holds its body open after `data: [DONE]`, which the mock
 //! cannot script (it always ends the body after `[DONE]`), so it uses a small hyper server of
 //! its own, and a hyper server in front of the recorder for a client that closes the
 //! connection.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tailguard::admission::BoundedAdmissionLayer;
 use tailguard::core::{EndReason, ReplayBody, UpstreamFailure};
@@ -26,75 +22,39 @@ use tailguard::hedge::FirstTokenHedgeLayer;
 use tailguard::phases::{LatencyPhaseRecorderLayer, MetricsSink, PhaseReport};
 use tailguard::timeout::SseIdleTimeoutLayer;
 use tailguard_mock::{MockServer, SCRIPT_HEADER, Script};
+use tailguard_test_support::{CHAT, HttpClient, Recorded, client, client_of, ms, snapshot};
 use tower::{ServiceBuilder, ServiceExt};
 
-const CHAT: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-#[derive(Clone, Default)]
-struct Reports(Arc<Mutex<Vec<PhaseReport>>>);
-
-impl Reports {
-    fn all(&self) -> Vec<PhaseReport> {
-        self.0.lock().unwrap().clone()
-    }
-    fn one(&self) -> PhaseReport {
-        let all = self.all();
-        assert_eq!(all.len(), 1, "exactly one report");
-        all.into_iter().next().unwrap()
-    }
-}
-
-fn recorder() -> (LatencyPhaseRecorderLayer, Reports, Snapshotter) {
+fn recorder() -> (
+    LatencyPhaseRecorderLayer,
+    Recorded<PhaseReport>,
+    Snapshotter,
+) {
     let rec = DebuggingRecorder::new();
     let snap = rec.snapshotter();
-    let reports = Reports::default();
+    let reports = Recorded::default();
     let r = reports.clone();
     let layer = LatencyPhaseRecorderLayer::new()
         .without_sinks()
         .with_sink(MetricsSink::new().with_recorder(rec))
-        .with_sink(move |rep: &PhaseReport| r.0.lock().unwrap().push(rep.clone()))
+        .with_sink(move |rep: &PhaseReport| r.push(rep.clone()))
         .with_routes(["/v1/chat/completions"])
         .with_models(["gpt-4o"]);
     (layer, reports, snap)
 }
 
-fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
 fn chat(server: &MockServer, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::post(format!("{}/v1/chat/completions", server.url()))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::new(Bytes::from_static(CHAT.as_bytes())))
-        .unwrap()
+    tailguard_test_support::chat(&server.url(), headers)
 }
 
+/// One `end_reason` label per request counted in `tailguard_requests_total`, sorted.
 fn end_reasons(snap: &Snapshotter) -> Vec<String> {
-    let mut v: Vec<String> = snap
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == "tailguard_requests_total")
-        .flat_map(|(k, _, _, value)| {
-            let n = match value {
-                DebugValue::Counter(n) => n,
-                _ => 0,
-            };
-            let label = k
-                .key()
-                .labels()
-                .find(|l| l.key() == "end_reason")
-                .map(|l| l.value().to_owned())
-                .unwrap();
-            std::iter::repeat_n(label, n as usize)
+    let mut v: Vec<String> = snapshot(snap)
+        .iter()
+        .filter(|s| s.name == "tailguard_requests_total")
+        .flat_map(|s| {
+            let label = s.label("end_reason").unwrap().to_owned();
+            std::iter::repeat_n(label, s.counter() as usize)
         })
         .collect();
     v.sort();
@@ -208,6 +168,37 @@ async fn upstream_500_through_the_stack() {
     server.shutdown().await;
 }
 
+/// A reset mid-stream: `SseIdleTimeout` ends the stream with an in-band error event and
+/// `[DONE]` (no body error reaches the client) and reports `upstream_error_transport`.
+#[tokio::test(start_paused = true)]
+async fn upstream_reset_mid_stream_is_a_clean_ending_and_a_transport_error() {
+    let server = MockServer::start(Script::new().ttft(ms(20)).tokens(5).reset_after_tokens(2))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new())
+        .service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    let body = res.into_body().collect().await.expect("no body error");
+    let text = String::from_utf8(body.to_bytes().to_vec()).unwrap();
+    assert!(
+        text.contains("\"code\":\"upstream_error_transport\""),
+        "{text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let r = reports.one();
+    assert_eq!(
+        r.end_reason,
+        EndReason::UpstreamError(UpstreamFailure::Transport)
+    );
+    assert!(r.end_reason_reported);
+    assert_eq!(r.output_events, 2);
+    assert_eq!(end_reasons(&snap), ["upstream_error_transport"]);
+    server.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn client_disconnect_mid_stream_releases_everything() {
     let server = MockServer::start(Script::new().ttft(ms(20)).tokens(50).gap(ms(100)))
@@ -291,8 +282,7 @@ async fn hedge_outcome_from_first_token_hedge() {
         .await
         .unwrap();
     let (layer, reports, snap) = recorder();
-    let upstream: Client<HttpConnector, ReplayBody<Full<Bytes>>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let upstream: HttpClient<ReplayBody<Full<Bytes>>> = client_of();
     let svc = ServiceBuilder::new()
         .layer(layer)
         .layer(
@@ -313,7 +303,7 @@ async fn hedge_outcome_from_first_token_hedge() {
     let r = reports.one();
     assert_eq!(r.end_reason, EndReason::Completed);
     let h = r.hedge.expect("hedge outcome");
-    assert_eq!((h.attempts, h.winner), (2, 1));
+    assert_eq!((h.attempts, h.winner), (2, Some(1)));
     assert_eq!(r.time_to_first_token, Some(ms(110)));
     let hedged: Vec<_> = snap
         .snapshot()
@@ -340,6 +330,37 @@ async fn hedge_outcome_from_first_token_hedge() {
         "the losing attempt was cancelled upstream"
     );
     let _ = SCRIPT_HEADER;
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_hedge_attempt_reset_before_its_first_token_is_recorded_as_the_502_it_is() {
+    // Issue 15: both attempts send a role-only chunk, then reset. The recorder logged
+    // status=200 for a reply the client never got; now it logs the 502 the client gets, with
+    // the true failure.
+    let server = MockServer::start(Script::new()).await.unwrap();
+    let (layer, reports, snap) = recorder();
+    let upstream: HttpClient<ReplayBody<Full<Bytes>>> = client_of();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(FirstTokenHedgeLayer::new().with_delay(ms(100)))
+        .service(upstream);
+    let res = svc
+        .oneshot(chat(&server, &[("x-mock-script", "reset=0")]))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["type"], "upstream_error");
+    let r = reports.one();
+    assert_eq!(r.status, Some(StatusCode::BAD_GATEWAY));
+    assert_eq!(
+        r.end_reason,
+        EndReason::UpstreamError(UpstreamFailure::Transport)
+    );
+    assert_eq!(r.hedge.map(|h| h.attempts), Some(2));
+    assert_eq!(end_reasons(&snap), ["upstream_error_transport"]);
     server.shutdown().await;
 }
 
@@ -397,7 +418,7 @@ async fn rejection_as_an_error_by_bounded_admission() {
         .layer(
             BoundedAdmissionLayer::new(1)
                 .with_queue_len(0)
-                .with_error_flavour(),
+                .with_error_mode(),
         )
         .service(client());
     let first = svc.clone().oneshot(chat(&server, &[])).await.unwrap();

@@ -79,7 +79,7 @@ const THROUGHPUT_SCRIPT: &str = "ttft=0ms,tokens=100,gap=0ms";
 const LATENCY_SCRIPT: &str = "ttft=20ms,tokens=30,gap=100ms";
 const LATENCY_GAP: Duration = Duration::from_millis(100);
 
-type Stack = BoxCloneSyncService<Request<Full<Bytes>>, Response<Body>, BoxError>;
+type Stack = BoxCloneSyncService<Request<Body>, Response<Body>, BoxError>;
 
 /// What one mode measured (a child process prints it as JSON).
 #[derive(Debug, Serialize, Deserialize)]
@@ -134,25 +134,8 @@ struct App {
 /// A copy of the example gateway's `proxy` handler (body read, JSON parsed into facts,
 /// hop-by-hop headers dropped, the stack called, errors as 502).
 async fn proxy(State(app): State<App>, req: Request<Body>) -> Response<Body> {
+    // The stack's RequestFactsLayer reads the body (facts, 400 on malformed JSON).
     let (mut parts, body) = req.into_parts();
-    let Ok(collected) = http_body_util::Limited::new(body, 4 << 20).collect().await else {
-        return status(StatusCode::BAD_REQUEST);
-    };
-    let bytes = collected.to_bytes();
-    let Ok(json) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
-        return status(StatusCode::BAD_REQUEST);
-    };
-    let mut facts = RequestFacts::new().with_stream(
-        json.get("stream")
-            .and_then(serde_json::Value::as_bool)
-            .unwrap_or(false),
-    );
-    if let Some(m) = json.get("model").and_then(|m| m.as_str()) {
-        facts = facts.with_model(m);
-    }
-    parts
-        .extensions
-        .insert(facts.with_prompt_bytes(bytes.len() as u64));
     for h in [
         http::header::CONNECTION,
         http::header::TE,
@@ -163,11 +146,7 @@ async fn proxy(State(app): State<App>, req: Request<Body>) -> Response<Body> {
     ] {
         parts.headers.remove(h);
     }
-    match app
-        .stack
-        .oneshot(Request::from_parts(parts, Full::new(bytes)))
-        .await
-    {
+    match app.stack.oneshot(Request::from_parts(parts, body)).await {
         Ok(res) => res,
         Err(_) => status(StatusCode::BAD_GATEWAY),
     }
@@ -219,19 +198,28 @@ async fn front(
             .build_http()
     };
     let replicas = || {
-        vec![Replica::new(
-            upstream_client(),
-            mock.url().parse().expect("mock url"),
-            "replica-0",
-        )]
+        vec![
+            Replica::new(
+                upstream_client(),
+                &mock.url().parse().expect("mock url"),
+                "replica-0",
+            )
+            .expect("the mock's URL has a scheme and an authority"),
+        ]
     };
     match mode {
         "direct" => Ok((mock.url(), None, None)),
         "gateway_bare" => {
             let bare = ServiceBuilder::new()
-                .map_response(|res: Response<hyper::body::Incoming>| res.map(Body::new))
-                .map_request(|req: Request<Full<Bytes>>| req.map(ReplayBody::passthrough))
-                .service(ReplicaSet::new(replicas()));
+                .map_response(
+                    |res: Response<tailguard::hedge::ReplicaBody<hyper::body::Incoming>>| {
+                        res.map(Body::new)
+                    },
+                )
+                .map_request(|req: Request<Body>| {
+                    req.map(|b| ReplayBody::passthrough(ReplayBody::passthrough(b)))
+                })
+                .service(ReplicaSet::round_robin(replicas()));
             let addr = serve_handler(BoxCloneSyncService::new(bare)).await?;
             Ok((format!("http://{addr}"), None, None))
         }

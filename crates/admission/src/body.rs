@@ -15,7 +15,7 @@ pin_project! {
     ///
     /// Wraps the inner body and holds the request's capacity until the body ends: the last frame
     /// (`poll_frame` returns `None`, or `is_end_stream` turns true after a frame), a body error,
-    /// or the body dropped (the client went away). A refusal in the response flavour is a body
+    /// or the body dropped (the client went away). A refusal in the response mode is a body
     /// of this type too, carrying the JSON error. Frames, `is_end_stream`, `size_hint` and
     /// trailers are forwarded untouched; the data type stays `B::Data`.
     pub struct AdmissionBody<B>

@@ -13,14 +13,16 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::render::error_response;
 use tailguard_core::{
-    AdmissionOutcome, BoxError, EndReason, EndReport, OverloadReason, Overloaded, RenderError,
+    AdmissionOutcome, BoxError, EndReason, EndReport, Fail, OverloadReason, Overloaded,
+    RenderError, Respond,
 };
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::body::AdmissionBody;
+use crate::cluster::LeaseFuture;
 use crate::gate::{Grant, Permit, Queued, Rejection};
-use crate::layer::{Config, Fail, Respond};
+use crate::layer::Config;
 
 pin_project! {
     /// The response future of [`BoundedAdmission`](crate::BoundedAdmission).
@@ -55,6 +57,9 @@ pin_project! {
         Waiting {
             wait: Pin<Box<Wait<S, ReqB>>>,
         },
+        Leasing {
+            step: Box<LeaseStep<S, ReqB>>,
+        },
         Refused {
             refusal: Option<Refusal>,
         },
@@ -78,6 +83,19 @@ pin_project! {
     }
 }
 
+/// A locally admitted request taking its cluster lease (cluster mode).
+pub(crate) struct LeaseStep<S, ReqB> {
+    lease: LeaseFuture,
+    permit: Option<Permit>,
+    svc: Option<S>,
+    req: Option<Request<ReqB>>,
+    /// The local queue wait so far; the lease wait is added to it.
+    waited: Duration,
+    started: Instant,
+    full_status: StatusCode,
+    outcome: bool,
+}
+
 /// A refusal on its way to the caller.
 #[derive(Debug)]
 pub(crate) struct Refusal {
@@ -93,7 +111,9 @@ impl Refusal {
         units: u32,
     ) -> Self {
         let status = match r.reason {
-            OverloadReason::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
+            OverloadReason::QueueTimeout
+            | OverloadReason::DeadlineTooShort
+            | OverloadReason::ClusterUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => cfg_full_status,
         };
         Refusal {
@@ -147,6 +167,33 @@ where
                 full_status: cfg.full_status,
                 outcome: cfg.outcome,
             }),
+        }
+    }
+
+    /// A locally admitted request: takes its cluster lease first in cluster mode, else is
+    /// called at once. `waited` is its local queue wait, `deadline` its queue deadline.
+    pub(crate) fn admitted(
+        mut svc: S,
+        req: Request<ReqB>,
+        permit: Permit,
+        waited: Duration,
+        deadline: Instant,
+        (full_status, outcome): (StatusCode, bool),
+    ) -> Self {
+        match permit.cluster_lease(deadline) {
+            None => State::called(svc.call(req), permit, outcome.then_some(waited)),
+            Some(lease) => State::Leasing {
+                step: Box::new(LeaseStep {
+                    lease,
+                    permit: Some(permit),
+                    svc: Some(svc),
+                    req: Some(req),
+                    waited,
+                    started: Instant::now(),
+                    full_status,
+                    outcome,
+                }),
+            },
         }
     }
 
@@ -235,6 +282,10 @@ where
                 return Poll::Ready(Err(Failure::Refused(refusal)));
             }
             StateProj::Waiting { .. } => ready!(poll_waiting(state.as_mut(), cx)),
+            StateProj::Leasing { step } => {
+                let next = ready!(poll_leasing(step, cx));
+                state.set(next);
+            }
         }
     }
 }
@@ -253,12 +304,9 @@ where
     let req = w.req.take().expect("request present while waiting");
     let next = match grant {
         Ok((permit, waited)) => {
-            let mut svc = w.svc.take().expect("service present while waiting");
-            State::Called {
-                fut: svc.call(req),
-                permit: Some(permit),
-                wait: w.outcome.then_some(waited),
-            }
+            let svc = w.svc.take().expect("service present while waiting");
+            let flavour = (*w.full_status, *w.outcome);
+            State::admitted(svc, req, permit, waited, w.queued.deadline, flavour)
         }
         Err(r) => {
             let waited = Instant::now().saturating_duration_since(w.queued.enqueued);
@@ -268,6 +316,37 @@ where
     };
     state.set(next);
     Poll::Ready(())
+}
+
+/// A locally admitted request waiting for its cluster lease: the next state once decided.
+fn poll_leasing<S, ReqB>(
+    step: &mut LeaseStep<S, ReqB>,
+    cx: &mut Context<'_>,
+) -> Poll<State<S, ReqB>>
+where
+    S: Service<Request<ReqB>>,
+{
+    let outcome = ready!(step.lease.as_mut().poll(cx));
+    let (Some(permit), Some(mut svc), Some(req)) =
+        (step.permit.take(), step.svc.take(), step.req.take())
+    else {
+        panic!("ResponseFuture polled after completion");
+    };
+    let waited = step.waited + Instant::now().saturating_duration_since(step.started);
+    Poll::Ready(match outcome {
+        Ok(lease) => State::called(
+            svc.call(req),
+            permit.with_lease(lease),
+            step.outcome.then_some(waited),
+        ),
+        Err(reason) => {
+            let r = permit.refusal(reason);
+            let units = permit.units();
+            drop(permit);
+            EndReport::report_to(req.extensions(), EndReason::Rejected);
+            State::refused(Refusal::new(step.full_status, r, waited, units))
+        }
+    })
 }
 
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, Respond>
@@ -324,6 +403,7 @@ where
         let state = match &self.state {
             State::Called { .. } => "called",
             State::Waiting { .. } => "waiting",
+            State::Leasing { .. } => "leasing",
             State::Refused { .. } => "refused",
         };
         f.debug_struct("ResponseFuture")

@@ -17,6 +17,7 @@ use tailguard_core::{OverloadReason, Priority};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::cluster::{ClusterGate, Lease, LeaseFuture};
 use crate::drain::{self, Holds};
 use crate::layer::Config;
 use crate::queue::Queue;
@@ -38,11 +39,42 @@ pub(crate) struct Permit {
     class: usize,
     units: u32,
     admitted: Instant,
+    /// The cluster lease held with it, in cluster mode (released after the local units).
+    lease: Option<Lease>,
 }
 
 impl Permit {
     pub(crate) fn units(&self) -> u32 {
         self.units
+    }
+
+    /// Holds `lease` with this permit, until it is dropped.
+    pub(crate) fn with_lease(mut self, lease: Option<Lease>) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The cluster lease step of this permit, in cluster mode: waits for a lease until
+    /// `deadline`.
+    pub(crate) fn cluster_lease(&self, deadline: Instant) -> Option<LeaseFuture> {
+        let cluster = self.shared.cluster.as_ref()?;
+        let class = self.shared.lock().queue.classes[self.class]
+            .priority
+            .clone();
+        Some(cluster.lease(&class, self.units, deadline))
+    }
+
+    /// The refusal of this permit's request after a failed lease step.
+    pub(crate) fn refusal(&self, reason: OverloadReason) -> Rejection {
+        let st = self.shared.lock();
+        let retry_after = self
+            .shared
+            .retry_after(&st, self.class, Instant::now(), self.units);
+        st.queue.classes[self.class].metrics.rejected(reason);
+        Rejection {
+            reason,
+            retry_after,
+        }
     }
 }
 
@@ -155,6 +187,7 @@ type Deferred = Vec<Grant>;
 pub(crate) struct Shared {
     cfg: Config,
     state: Mutex<State>,
+    cluster: Option<Arc<ClusterGate>>,
 }
 
 impl fmt::Debug for Shared {
@@ -178,6 +211,7 @@ impl Shared {
             holds: Holds::new(Instant::now()),
         };
         Arc::new(Shared {
+            cluster: cfg.cluster.clone().map(ClusterGate::new),
             cfg,
             state: Mutex::new(state),
         })
@@ -215,16 +249,18 @@ impl Shared {
             class,
             units,
             admitted,
+            lease: None,
         }
     }
 
     /// Decides on an arriving request of class `priority` (the default class when `None`)
-    /// carrying an optional reserved `share` for its class.
+    /// carrying an optional reserved `share` for its class, with `left` until its deadline.
     pub(crate) fn acquire(
         self: &Arc<Self>,
         priority: Option<&Priority>,
         share: Option<f64>,
         units: u32,
+        left: Option<Duration>,
     ) -> Acquire {
         self.locked(|st, deferred| {
             let now = Instant::now();
@@ -241,21 +277,30 @@ impl Shared {
                 let r = self.refuse(st, class, OverloadReason::QueueFull, now, units);
                 return Acquire::Rejected(r);
             }
-            self.enqueue(st, class, units, now, deferred)
+            if let Some(left) = left
+                && (left.is_zero() || self.expected_wait(st, class, now, units) > left)
+            {
+                let r = self.refuse(st, class, OverloadReason::DeadlineTooShort, now, units);
+                return Acquire::Rejected(r);
+            }
+            self.enqueue(st, class, units, now, left, deferred)
         })
     }
 
-    /// Queues an arrival that does not fit at once; when that overfills the queue, evicts the
-    /// newest waiter of a lower class or refuses the arrival.
+    /// Queues an arrival that does not fit at once, waiting at most `left` (its deadline); when
+    /// that overfills the queue, evicts the newest waiter of a lower class or refuses the
+    /// arrival.
     fn enqueue(
         self: &Arc<Self>,
         st: &mut State,
         class: usize,
         units: u32,
         now: Instant,
+        left: Option<Duration>,
         deferred: &mut Deferred,
     ) -> Acquire {
-        let deadline = now + st.queue.allowed_wait(now, &self.cfg);
+        let allowed = st.queue.allowed_wait(now, &self.cfg);
+        let deadline = now + left.map_or(allowed, |l| l.min(allowed));
         let (seq, rx) = st.queue.push(class, units, now);
         // The arrival is queued first so that it competes in order: if it is admitted at once
         // (it outranks every waiter and fits), nobody is evicted.
@@ -311,6 +356,12 @@ impl Shared {
     /// The `Retry-After` of a refused request of `units` in `class` ([`drain::retry_after`]).
     fn retry_after(&self, st: &State, class: usize, now: Instant, units: u32) -> Duration {
         drain::retry_after(&st.queue, &st.holds, self.cfg.capacity, class, units, now)
+    }
+
+    /// How long a request of `units` in `class` arriving now can expect to wait
+    /// ([`drain::expected_wait`]).
+    fn expected_wait(&self, st: &State, class: usize, now: Instant, units: u32) -> Duration {
+        drain::expected_wait(&st.queue, &st.holds, self.cfg.capacity, class, units, now)
     }
 
     /// Admits waiters in the queue's order while the next one fits.
@@ -436,7 +487,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..5_000 {
                         let p = (i % 7 == t).then_some(&batch);
-                        let permit = match g.acquire(p, None, 1) {
+                        let permit = match g.acquire(p, None, 1, None) {
                             Acquire::Admitted(permit) => permit,
                             Acquire::Queued(q) => {
                                 queued.fetch_add(1, Ordering::Relaxed);

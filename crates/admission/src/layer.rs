@@ -6,9 +6,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::StatusCode;
-use tailguard_core::Priority;
+use tailguard_core::{ClientDeadline, Fail, Priority, Respond};
 use tower_layer::Layer;
 
+use crate::cluster::Cluster;
 use crate::cost::Cost;
 use crate::gate::Shared;
 use crate::queue::Aging;
@@ -50,16 +51,6 @@ impl Default for Codel {
     }
 }
 
-/// Response flavour (the default): a refusal becomes an HTTP response (429/503, OpenAI-style
-/// JSON body, `Retry-After`); the service's error type is the inner service's.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Respond;
-
-/// Error flavour, for tonic and other stacks that handle errors themselves: a refusal becomes
-/// an `Err` holding [`Overloaded`](tailguard_core::Overloaded) as a `BoxError`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Fail;
-
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) capacity: u32,
@@ -74,6 +65,8 @@ pub(crate) struct Config {
     pub(crate) reserved: Vec<(Priority, f64)>,
     pub(crate) cost: Cost,
     pub(crate) outcome: bool,
+    pub(crate) cluster: Option<Cluster>,
+    pub(crate) client_deadline: ClientDeadline,
 }
 
 impl Config {
@@ -113,7 +106,7 @@ impl<M> fmt::Debug for BoundedAdmissionLayer<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BoundedAdmissionLayer")
             .field("config", &self.cfg)
-            .field("flavour", &std::any::type_name::<M>())
+            .field("mode", &std::any::type_name::<M>())
             .finish()
     }
 }
@@ -145,14 +138,17 @@ impl BoundedAdmissionLayer<Respond> {
                 reserved: Vec::new(),
                 cost: Cost::unit(),
                 outcome: true,
+                cluster: None,
+                client_deadline: ClientDeadline::new(),
             },
             gate: Arc::default(),
             _flavour: PhantomData,
         }
     }
 
-    /// Switches to the error flavour ([`Fail`]): refusals are `Err(Overloaded)`.
-    pub fn with_error_flavour(self) -> BoundedAdmissionLayer<Fail> {
+    /// Switches to error mode ([`Fail`]): refusals are `Err(Overloaded)` and the service's error
+    /// type is [`BoxError`](tailguard_core::BoxError).
+    pub fn with_error_mode(self) -> BoundedAdmissionLayer<Fail> {
         BoundedAdmissionLayer {
             cfg: self.cfg,
             gate: Arc::default(),
@@ -179,6 +175,17 @@ impl<M> BoundedAdmissionLayer<M> {
     /// comes from the observed hold times (see the [crate docs](crate#retry-after)).
     pub fn with_queue_timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.queue_timeout = timeout)
+    }
+
+    /// Sets how the client's own deadline is read (default [`ClientDeadline::new`]:
+    /// `grpc-timeout`, and `x-request-timeout` on HTTP). A request whose [`Deadlines`] leave
+    /// less time than it is expected to wait in the queue is refused at once with 503
+    /// (`deadline_too_short`) and a `Retry-After`, and no request waits in the queue past the
+    /// time its deadlines leave. See [Deadlines](crate#deadlines).
+    ///
+    /// [`Deadlines`]: tailguard_core::Deadlines
+    pub fn with_client_deadline(self, client_deadline: ClientDeadline) -> Self {
+        self.with(|c| c.client_deadline = client_deadline)
     }
 
     /// Sets (`Some`) or disables (`None`) CoDel deadline shrinking: a request arriving at a
@@ -240,6 +247,14 @@ impl<M> BoundedAdmissionLayer<M> {
     /// always carry it.
     pub fn with_response_outcome(self, on: bool) -> Self {
         self.with(|c| c.outcome = on)
+    }
+
+    /// Turns cluster mode on: on top of this gate's local limits, every admitted request takes
+    /// a lease of the cluster-wide capacity from `cluster`'s backend, held (and renewed) until
+    /// its body ends. See [`Cluster`] for the semantics and the failure modes. Without
+    /// it (the default) the gate is local and makes no backend call.
+    pub fn with_cluster(self, cluster: Cluster) -> Self {
+        self.with(|c| c.cluster = Some(cluster))
     }
 
     fn shared(&self) -> Arc<Shared> {

@@ -63,8 +63,8 @@
 //! * **Refusals.** A full queue refuses at once with **429** (configurable to 503). Bodies are
 //!   OpenAI-style JSON (`{"error":{"message":..,"type":..,"param":null,"code":"queue_full"}}`);
 //!   every refusal (`queue_full`, `queue_timeout`, `evicted`) carries a `Retry-After` derived
-//!   from the observed permit hold times (see [Retry-After](#retry-after)). The error flavour
-//!   ([`BoundedAdmissionLayer::with_error_flavour`]) returns
+//!   from the observed permit hold times (see [Retry-After](#retry-after)). The error mode
+//!   ([`BoundedAdmissionLayer::with_error_mode`]) returns
 //!   [`Overloaded`](tailguard_core::Overloaded) as a `BoxError` instead, for tonic stacks.
 //!   If the request carries an [`EndReport`](tailguard_core::EndReport), a refusal reports
 //!   [`EndReason::Rejected`](tailguard_core::EndReason::Rejected).
@@ -91,7 +91,26 @@
 //!   requests). Handles are registered when a class is first seen, so install the recorder
 //!   before the first request.
 //!
+//! * **Cluster mode.** [`with_cluster`](BoundedAdmissionLayer::with_cluster) shares a
+//!   capacity among several gateways through a [`LeaseBackend`] (`tailguard-redis` implements
+//!   one on Redis): each admitted request also holds a lease of the cluster-wide capacity,
+//!   renewed while its body streams. Waiting stays local; when the backend is unreachable the
+//!   gate falls back to its local limits or refuses with 503 ([`FailMode`]). See [`Cluster`].
+//!
 //! One layer value is one gate: clones of the layer and every service it builds share it.
+//!
+//! ## Deadlines
+//!
+//! A request's time left is read from core's [`Deadlines`](tailguard_core::Deadlines) in its
+//! extensions, after the client's own deadline (`grpc-timeout`, or `x-request-timeout` on
+//! HTTP; see [`ClientDeadline`](tailguard_core::ClientDeadline) and
+//! [`with_client_deadline`](BoundedAdmissionLayer::with_client_deadline)) has been read at
+//! arrival. A request that does not fit at once and whose deadline leaves less time than the
+//! wait it can expect in the queue (the estimate behind `Retry-After`, unrounded) is refused at
+//! once with **503** `deadline_too_short` (gRPC `DEADLINE_EXCEEDED`) and a `Retry-After`,
+//! instead of timing out in the queue; one that is queued waits at most the time its deadline
+//! leaves (then it is refused as `queue_timeout`). A request admitted at once is never refused
+//! for its deadline: the timeout layer inside ends it on time.
 //!
 //! ## Retry-After
 //!
@@ -130,6 +149,7 @@
 //!   configured status) for `queue_full` and `evicted`, 503 for `queue_timeout`.
 
 mod body;
+mod cluster;
 mod cost;
 mod drain;
 pub mod error;
@@ -141,9 +161,14 @@ mod queue;
 mod service;
 
 pub use body::AdmissionBody;
+pub use cluster::{
+    BackendError, BackendFuture, Cluster, DEFAULT_BACKEND_TIMEOUT, DEFAULT_LEASE_TTL,
+    DEFAULT_POLL_INTERVAL, FailMode, LeaseBackend, LeaseId, LeaseSpec,
+};
 pub use cost::Cost;
 pub use layer::{
     AdmissionHandle, BoundedAdmissionLayer, Codel, DEFAULT_AGING, DEFAULT_CODEL_INTERVAL,
-    DEFAULT_CODEL_TARGET, DEFAULT_MAX_REQUEST_SHARE, DEFAULT_QUEUE_TIMEOUT, Fail, Respond,
+    DEFAULT_CODEL_TARGET, DEFAULT_MAX_REQUEST_SHARE, DEFAULT_QUEUE_TIMEOUT,
 };
 pub use service::BoundedAdmission;
+pub use tailguard_core::{Fail, Respond};

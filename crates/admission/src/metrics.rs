@@ -15,11 +15,50 @@ pub(crate) struct ClassMetrics {
     rejected_queue_full: Counter,
     rejected_queue_timeout: Counter,
     rejected_evicted: Counter,
+    rejected_deadline: Counter,
+    rejected_cluster: Counter,
     pub(crate) queue_wait: Histogram,
+}
+
+/// Help text and units of every admission metric, for exporters that print them (Prometheus
+/// `# HELP`); sent to the recorder whenever a class registers its handles.
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "tailguard_admission_in_flight",
+        Unit::Count,
+        "Capacity units held by admitted requests"
+    );
+    describe_gauge!(
+        "tailguard_admission_queued",
+        Unit::Count,
+        "Requests waiting in the admission queue"
+    );
+    describe_counter!(
+        "tailguard_admission_admitted_total",
+        Unit::Count,
+        "Requests admitted, at once or after queueing"
+    );
+    describe_counter!(
+        "tailguard_admission_rejected_total",
+        Unit::Count,
+        "Requests refused by admission, by reason"
+    );
+    describe_histogram!(
+        "tailguard_admission_queue_wait_seconds",
+        Unit::Seconds,
+        "Time admitted requests waited in the admission queue"
+    );
+    describe_counter!(
+        "tailguard_admission_cluster_errors_total",
+        Unit::Count,
+        "Cluster lease backend errors, by the mode the gate fell back to"
+    );
 }
 
 impl ClassMetrics {
     pub(crate) fn new(priority: &str) -> Self {
+        describe();
         let p = priority.to_owned();
         let admitted = |path: &'static str| {
             metrics::counter!(
@@ -43,6 +82,8 @@ impl ClassMetrics {
             rejected_queue_full: rejected(OverloadReason::QueueFull),
             rejected_queue_timeout: rejected(OverloadReason::QueueTimeout),
             rejected_evicted: rejected(OverloadReason::Evicted),
+            rejected_deadline: rejected(OverloadReason::DeadlineTooShort),
+            rejected_cluster: rejected(OverloadReason::ClusterUnavailable),
             queue_wait: metrics::histogram!(
                 "tailguard_admission_queue_wait_seconds",
                 "priority" => p.clone()
@@ -50,12 +91,14 @@ impl ClassMetrics {
         }
     }
 
-    /// Counts one refusal. The gate refuses only for these three reasons.
+    /// Counts one refusal. The gate refuses only for these five reasons.
     pub(crate) fn rejected(&self, reason: OverloadReason) {
         match reason {
             OverloadReason::QueueFull => self.rejected_queue_full.increment(1),
             OverloadReason::QueueTimeout => self.rejected_queue_timeout.increment(1),
             OverloadReason::Evicted => self.rejected_evicted.increment(1),
+            OverloadReason::DeadlineTooShort => self.rejected_deadline.increment(1),
+            OverloadReason::ClusterUnavailable => self.rejected_cluster.increment(1),
             _ => {}
         }
     }

@@ -9,13 +9,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, ClassPolicy, EndReason, EndReport, Priority};
+use tailguard_core::{
+    BoxError, ClassPolicy, Deadlines, EndReason, EndReport, Fail, Priority, Respond,
+};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::AdmissionBody;
 use crate::future::{Refusal, ResponseFuture, State};
 use crate::gate::{Acquire, Shared};
-use crate::layer::{AdmissionHandle, Fail, Respond};
+use crate::layer::AdmissionHandle;
 
 /// Admission control in front of an inner service; built by
 /// [`BoundedAdmissionLayer`](crate::BoundedAdmissionLayer).
@@ -48,6 +51,13 @@ impl<S: fmt::Debug, M> fmt::Debug for BoundedAdmission<S, M> {
 }
 
 impl<S, M> BoundedAdmission<S, M> {
+    /// Wraps `inner` with the configuration of `layer`, sharing its gate (the same as
+    /// `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &crate::BoundedAdmissionLayer<M>) -> Self {
+        use tower_layer::Layer;
+        layer.layer(inner)
+    }
+
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
         BoundedAdmission {
             inner,
@@ -80,26 +90,38 @@ impl<S, M> BoundedAdmission<S, M> {
 
     /// Weighs the request, asks the gate, and starts the response future in the state the
     /// gate decided: called, waiting in the queue, or refused.
-    fn start<ReqB>(&mut self, req: Request<ReqB>) -> State<S, ReqB>
+    fn start<ReqB>(&mut self, mut req: Request<ReqB>) -> State<S, ReqB>
     where
         S: Service<Request<ReqB>> + Clone,
     {
         let cfg = self.shared.config();
+        let now = Instant::now();
+        cfg.client_deadline.accept(&mut req, now);
         let (parts, body) = req.into_parts();
         let units = self.shared.units_for(cfg.cost.units(&parts));
         let req = Request::from_parts(parts, body);
         let ext = req.extensions();
+        let left = ext.get::<Deadlines>().and_then(|d| d.total_left(now));
         let acquired = self.shared.acquire(
             ext.get::<Priority>(),
             ext.get::<ClassPolicy>().and_then(|p| p.reserved_share),
             units,
+            left,
         );
         match acquired {
-            Acquire::Admitted(permit) => State::called(
+            Acquire::Admitted(permit) if cfg.cluster.is_none() => State::called(
                 self.inner.call(req),
                 permit,
                 cfg.outcome.then_some(Duration::ZERO),
             ),
+            Acquire::Admitted(permit) => {
+                // Cluster mode: the ready service goes with the request to the lease step.
+                let clone = self.inner.clone();
+                let svc = std::mem::replace(&mut self.inner, clone);
+                let deadline = now + left.map_or(cfg.queue_timeout, |l| l.min(cfg.queue_timeout));
+                let flavour = (cfg.full_status, cfg.outcome);
+                State::admitted(svc, req, permit, Duration::ZERO, deadline, flavour)
+            }
             Acquire::Rejected(r) => {
                 EndReport::report_to(req.extensions(), EndReason::Rejected);
                 State::refused(Refusal::new(cfg.full_status, r, Duration::ZERO, units))

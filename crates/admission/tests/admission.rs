@@ -18,13 +18,6 @@ use tailguard_core::{
 use tokio::time::{Instant, advance, sleep};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
-fn spawn_call(
-    svc: &tailguard_admission::BoundedAdmission<Upstream>,
-    req: http::Request<()>,
-) -> tokio::task::JoinHandle<Result<Res, io::Error>> {
-    tokio::spawn(svc.clone().oneshot(req))
-}
-
 async fn json(res: Res) -> serde_json::Value {
     let bytes = res.into_body().collect().await.unwrap().to_bytes();
     serde_json::from_slice(&bytes).unwrap()
@@ -52,7 +45,7 @@ async fn permit_is_held_until_the_stream_ends_not_until_headers() {
     );
     // Streams make progress: still no admission.
     for (_, tx) in &arrived_now {
-        tx.send(Ok(Bytes::from_static(b"data: tok\n\n"))).unwrap();
+        tx.send(data("data: tok\n\n")).unwrap();
     }
     sleep(Duration::from_secs(10)).await;
     assert!(!c.is_finished());
@@ -114,7 +107,7 @@ async fn body_error_and_inner_error_release() {
     let svc = layer.layer(up);
     let res = svc.clone().oneshot(request("a")).await.unwrap();
     let (_, tx) = arrived(&mut ctl).pop().unwrap();
-    tx.send(Err(io::Error::other("reset"))).unwrap();
+    tx.send(Step::Error).unwrap();
     let mut body = res.into_body();
     assert!(body.frame().await.unwrap().is_err());
     assert_eq!(h.in_flight(), 0, "a body error releases");
@@ -340,7 +333,7 @@ async fn error_flavour_returns_overloaded() {
         .with_queue_len(1)
         .with_queue_timeout(Duration::from_millis(300))
         .with_codel(None)
-        .with_error_flavour();
+        .with_error_mode();
     let h = layer.handle();
     let svc = layer.layer(up);
     let a = svc.clone().oneshot(request("a")).await.unwrap();

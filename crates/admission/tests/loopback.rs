@@ -6,29 +6,18 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tailguard_admission::{AdmissionHandle, BoundedAdmissionLayer};
 use tailguard_core::{AdmissionOutcome, BoxError};
 use tailguard_mock::{MockServer, Script};
+use tailguard_test_support::{HttpClient, chat, client};
 use tokio::net::TcpListener;
 use tokio::time::{Instant, sleep, timeout};
 use tower::{Service, ServiceBuilder};
-
-const CHAT: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi there"}]}"#;
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
 
 /// Forwards every request to the mock upstream.
 #[derive(Clone)]
@@ -95,13 +84,6 @@ async fn gateway(layer: BoundedAdmissionLayer, mock: &MockServer) -> String {
     format!("http://{addr}")
 }
 
-fn chat(gw: &str) -> Request<Full<Bytes>> {
-    Request::post(format!("{gw}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(CHAT.as_bytes())))
-        .unwrap()
-}
-
 async fn until(h: &AdmissionHandle, what: &str, f: impl Fn(&AdmissionHandle) -> bool) {
     timeout(Duration::from_secs(60), async {
         while !f(h) {
@@ -136,8 +118,8 @@ async fn permit_is_held_for_the_whole_stream_and_freed_by_a_disconnect() {
     let gw = gateway(layer, &mock).await;
     let client = client();
 
-    let a = client.request(chat(&gw)).await.unwrap();
-    let b = client.request(chat(&gw)).await.unwrap();
+    let a = client.request(chat(&gw, &[])).await.unwrap();
+    let b = client.request(chat(&gw, &[])).await.unwrap();
     assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
     assert_eq!(
         h.in_flight(),
@@ -146,7 +128,7 @@ async fn permit_is_held_for_the_whole_stream_and_freed_by_a_disconnect() {
     );
     let c = tokio::spawn({
         let client = client.clone();
-        let req = chat(&gw);
+        let req = chat(&gw, &[]);
         async move { client.request(req).await.unwrap() }
     });
     until(&h, "c to queue", |h| h.queued() == 1).await;
@@ -203,15 +185,15 @@ async fn full_queue_and_deadline_over_http() {
     let h = layer.handle();
     let gw = gateway(layer, &mock).await;
     let client = client();
-    let a = client.request(chat(&gw)).await.unwrap();
+    let a = client.request(chat(&gw, &[])).await.unwrap();
     let b = tokio::spawn({
         let client = client.clone();
-        let req = chat(&gw);
+        let req = chat(&gw, &[]);
         async move { client.request(req).await.unwrap() }
     });
     until(&h, "b to queue", |h| h.queued() == 1).await;
     // The queue is full: an immediate 429 with the OpenAI error body and Retry-After.
-    let c = client.request(chat(&gw)).await.unwrap();
+    let c = client.request(chat(&gw, &[])).await.unwrap();
     assert_eq!(c.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(
         c.headers()["retry-after"]

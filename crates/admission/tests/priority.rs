@@ -2,25 +2,17 @@
 
 mod common;
 
-use std::io;
 use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
-use tailguard_admission::{BoundedAdmission, BoundedAdmissionLayer};
+use tailguard_admission::BoundedAdmissionLayer;
 use tailguard_core::{AdmissionOutcome, ClassPolicy, OverloadReason, Priority};
 use tailguard_priority::PriorityClassLayer;
 use tokio::time::advance;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 
-fn spawn_call(
-    svc: &BoundedAdmission<Upstream>,
-    req: http::Request<()>,
-) -> tokio::task::JoinHandle<Result<Res, io::Error>> {
-    tokio::spawn(svc.clone().oneshot(req))
-}
-
-fn names(ctl: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Frames)>) -> Vec<String> {
+fn names(ctl: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Feed)>) -> Vec<String> {
     arrived(ctl).into_iter().map(|x| x.0).collect()
 }
 

@@ -272,3 +272,49 @@ async fn the_estimate_follows_hold_times_as_they_change() {
     let longer = probe(&svc, Duration::from_secs(10), Duration::from_secs(6)).await;
     assert!(longer > fast, "{longer} after {fast}");
 }
+
+/// `req` with a client deadline of `deadline` in the default header.
+fn with_deadline(id: &str, deadline: &str) -> http::Request<()> {
+    let mut req = request(id);
+    req.headers_mut()
+        .insert("x-request-timeout", deadline.parse().unwrap());
+    req
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_shorter_than_the_expected_wait_is_refused_at_once() {
+    let (up, _ctl) = upstream();
+    let layer = BoundedAdmissionLayer::new(1)
+        .with_queue_len(4)
+        .with_queue_timeout(Duration::from_secs(30))
+        .with_codel(None);
+    let h = layer.handle();
+    let svc = layer.layer(up);
+    // One stream holds the slot for 10 s, then another for 10 s: holds of 10 s are seen.
+    stream_for(&svc, request("a"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let _held = stream_for(&svc, request("b"), Duration::from_secs(60));
+    settle().await;
+    advance(Duration::from_secs(5)).await;
+    // The expected wait is about 10 s: a 2 s deadline cannot make it.
+    let (reason, after) = refused(&svc, with_deadline("short", "2")).await;
+    assert_eq!(reason, OverloadReason::DeadlineTooShort);
+    assert!(after >= 5, "Retry-After {after}");
+    let res = svc
+        .clone()
+        .oneshot(with_deadline("short2", "2s"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(h.queued(), 0, "never queued");
+    // A 12 s deadline is queued, and waits no longer than it: refused at 12 s, not at 30 s.
+    let start = Instant::now();
+    let waiting = stream_for(&svc, with_deadline("long", "12"), Duration::ZERO);
+    settle().await;
+    assert_eq!(h.queued(), 1);
+    let s = waiting.await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(12));
+    assert_eq!(s.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(s.refusal.map(|r| r.0), Some(OverloadReason::QueueTimeout));
+}

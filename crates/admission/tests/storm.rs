@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http_body::Body;
 use http_body_util::BodyExt;
 use tailguard_admission::{BoundedAdmissionLayer, Cost};
 use tailguard_core::{AdmissionOutcome, OverloadReason, Overloaded, Priority};
+use tailguard_test_support::{ScriptBody, Step};
 use tokio::time::{Sleep, sleep};
 use tower::{Layer, Service, ServiceExt};
 
@@ -72,60 +73,25 @@ impl Drop for HeadFuture {
 }
 
 impl Future for HeadFuture {
-    type Output = Result<Response<TimedBody>, io::Error>;
+    type Output = Result<Response<ScriptBody>, io::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         ready!(self.sleep.as_mut().poll(cx));
         self.done = true;
         self.live.bodies.fetch_add(1, Ordering::SeqCst);
-        Poll::Ready(Ok(Response::new(TimedBody {
-            left: self.frames,
-            gap: self.gap,
-            sleep: None,
-            live: self.live.clone(),
-        })))
-    }
-}
-
-struct TimedBody {
-    left: u64,
-    gap: Duration,
-    sleep: Option<Pin<Box<Sleep>>>,
-    live: Arc<Live>,
-}
-
-impl Drop for TimedBody {
-    fn drop(&mut self) {
-        self.live.bodies.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Body for TimedBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
         let gap = self.gap;
-        let s = self.sleep.get_or_insert_with(|| Box::pin(sleep(gap)));
-        ready!(s.as_mut().poll(cx));
-        self.sleep = None;
-        self.left -= 1;
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"data: {}\n\n")))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.left == 0
+        let frame = Bytes::from_static(b"data: {}\n\n");
+        let steps = (0..self.frames).flat_map(|_| [Step::Wait(gap), Step::Data(frame.clone())]);
+        let live = self.live.clone();
+        let body = ScriptBody::new(steps).on_drop(move |_| {
+            live.bodies.fetch_sub(1, Ordering::SeqCst);
+        });
+        Poll::Ready(Ok(Response::new(body)))
     }
 }
 
 impl Service<Request<()>> for Upstream {
-    type Response = Response<TimedBody>;
+    type Response = Response<ScriptBody>;
     type Error = io::Error;
     type Future = HeadFuture;
 
@@ -359,7 +325,7 @@ async fn storm_in_the_error_flavour_yields_typed_errors() {
         .with_queue_len(16)
         .with_queue_timeout(Duration::from_millis(300))
         .with_cost(cost())
-        .with_error_flavour();
+        .with_error_mode();
     let h = layer.handle();
     let svc = layer.layer(Upstream(live.clone()));
     let mut rng = Rng(42);

@@ -223,7 +223,11 @@ impl Dialect {
 /// meta (undecidable, never a crash). After the first token only the syntax is looked at:
 /// `[DONE]` is done, data starting with `{"error"` is an error, any other data is a token.
 /// `data: [DONE]` is done, a JSON `error` member or `event: error` is an error, comments are
-/// keepalives.
+/// keepalives. The Responses API's named events (`/v1/responses` with `stream: true`) are
+/// decided from their name: `response.*.delta` is a token (`response.output_text.delta`,
+/// `response.function_call_arguments.delta`, ...), `response.completed` and
+/// `response.incomplete` are done, `response.failed` is an error, other `response.*` events are
+/// meta.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenAiClassifier;
 
@@ -360,9 +364,26 @@ fn starts_with_error(data: &[u8]) -> bool {
     }
 }
 
+/// Whether the name is one of the OpenAI Responses API's stream events (`response.*`), and
+/// its class: a `*.delta` carries output (text, refusal, reasoning, tool-call arguments, audio),
+/// `response.completed` and `response.incomplete` end the answer, `response.failed` is an
+/// error, and every other `response.*` event (`created`, `in_progress`, `output_item.added`,
+/// the `*.done` summaries, ...) is meta.
+pub(crate) fn responses_event(name: &[u8]) -> Option<Class> {
+    let rest = name.strip_prefix(b"response.")?;
+    Some(match rest {
+        b"completed" | b"incomplete" => Class::Done,
+        b"failed" => Class::Error,
+        _ if rest.ends_with(b".delta") => Class::Token,
+        _ => Class::Meta,
+    })
+}
+
 fn openai(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class {
     if name == b"error" {
         Class::Error
+    } else if let Some(class) = responses_event(name) {
+        class
     } else if is_done(data.bytes) {
         Class::Done
     } else if first_token_seen || !data.is_complete() {

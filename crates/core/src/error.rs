@@ -21,17 +21,20 @@ pub enum Phase {
     FirstToken,
     /// A gap between progress events after the first token.
     Idle,
+    /// A gap in which no bytes at all arrived (keepalives count), after response headers.
+    Liveness,
     /// The whole request, through the end of the body.
     Total,
 }
 
 impl Phase {
-    /// A bounded label: `"head"`, `"first_token"`, `"idle"` or `"total"`.
+    /// A bounded label: `"head"`, `"first_token"`, `"idle"`, `"liveness"` or `"total"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Phase::Head => "head",
             Phase::FirstToken => "first_token",
             Phase::Idle => "idle",
+            Phase::Liveness => "liveness",
             Phase::Total => "total",
         }
     }
@@ -42,6 +45,7 @@ impl Phase {
             Phase::Head => crate::EndReason::HeadTimeout,
             Phase::FirstToken => crate::EndReason::FirstTokenTimeout,
             Phase::Idle => crate::EndReason::IdleTimeout,
+            Phase::Liveness => crate::EndReason::LivenessTimeout,
             Phase::Total => crate::EndReason::Deadline,
         }
     }
@@ -115,15 +119,21 @@ impl TimeoutError {
 
 impl fmt::Display for TimeoutError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} timeout after {:?} (limit {:?}, {} events seen",
-            self.phase, self.elapsed, self.limit, self.events
-        )?;
-        if let Some(since) = self.since_last_event {
-            write!(f, ", {since:?} since the last event")?;
+        // Says which duration is which: the gap the idle limit measures, or the time since the
+        // request started that every other limit measures.
+        let (phase, limit, elapsed, events) = (self.phase, self.limit, self.elapsed, self.events);
+        match self.since_last_event {
+            Some(gap) => write!(
+                f,
+                "{phase} timeout: {gap:?} since the last event (limit {limit:?}); \
+                 {elapsed:?} into the request, {events} events seen"
+            ),
+            None => write!(
+                f,
+                "{phase} timeout: {elapsed:?} into the request (limit {limit:?}); \
+                 {events} events seen"
+            ),
         }
-        f.write_str(")")
     }
 }
 
@@ -141,16 +151,25 @@ pub enum OverloadReason {
     Evicted,
     /// The request's cost can never fit the configured capacity.
     TooCostly,
+    /// The request's deadline leaves less time than it would wait in the queue, so it was
+    /// refused at once instead of timing out there.
+    DeadlineTooShort,
+    /// The store of the cluster-wide admission limit is unreachable and the gate is configured
+    /// to refuse (fail closed) rather than fall back to its local limit.
+    ClusterUnavailable,
 }
 
 impl OverloadReason {
-    /// A bounded label: `"queue_full"`, `"queue_timeout"`, `"evicted"` or `"too_costly"`.
+    /// A bounded label: `"queue_full"`, `"queue_timeout"`, `"evicted"`, `"too_costly"`,
+    /// `"deadline_too_short"` or `"cluster_unavailable"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             OverloadReason::QueueFull => "queue_full",
             OverloadReason::QueueTimeout => "queue_timeout",
             OverloadReason::Evicted => "evicted",
             OverloadReason::TooCostly => "too_costly",
+            OverloadReason::DeadlineTooShort => "deadline_too_short",
+            OverloadReason::ClusterUnavailable => "cluster_unavailable",
         }
     }
 }
@@ -162,6 +181,10 @@ impl fmt::Display for OverloadReason {
             OverloadReason::QueueTimeout => "the queue deadline passed",
             OverloadReason::Evicted => "evicted by a more important request",
             OverloadReason::TooCostly => "the request costs more than the capacity allows",
+            OverloadReason::DeadlineTooShort => {
+                "the request's deadline is shorter than the expected queue wait"
+            }
+            OverloadReason::ClusterUnavailable => "the cluster admission store is unreachable",
         })
     }
 }
@@ -318,7 +341,16 @@ mod tests {
         );
         assert_eq!(
             e.to_string(),
-            "idle timeout after 9s (limit 5s, 12 events seen, 5s since the last event)"
+            "idle timeout: 5s since the last event (limit 5s); 9s into the request, 12 events seen"
+        );
+        let first = TimeoutError::new(
+            Phase::FirstToken,
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            first.to_string(),
+            "first token timeout: 5s into the request (limit 5s); 0 events seen"
         );
         let t = e.downcast_ref::<TimeoutError>().expect("downcast");
         assert_eq!(t.phase(), Phase::Idle);

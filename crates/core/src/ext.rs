@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::error::OverloadReason;
+pub use crate::deadline::Deadlines;
+pub use crate::outcome::{AdmissionOutcome, HedgeOutcome, LoserRun};
 
 /// The class a request belongs to: an ordered level and a name.
 ///
@@ -137,6 +138,8 @@ pub struct ClassPolicy {
     pub first_token_timeout: Option<Duration>,
     /// Longest allowed gap between progress events after the first token.
     pub idle_timeout: Option<Duration>,
+    /// Longest allowed gap in which no bytes at all arrive, after response headers.
+    pub liveness_timeout: Option<Duration>,
     /// Deadline for the whole stream.
     pub total_timeout: Option<Duration>,
     /// Share of admission capacity reserved for this class under contention, in `0.0..=1.0`.
@@ -173,6 +176,12 @@ impl ClassPolicy {
         self
     }
 
+    /// Sets the liveness timeout of this class.
+    pub fn with_liveness_timeout(mut self, d: Duration) -> Self {
+        self.liveness_timeout = Some(d);
+        self
+    }
+
     /// Sets the total deadline of this class.
     pub fn with_total_timeout(mut self, d: Duration) -> Self {
         self.total_timeout = Some(d);
@@ -201,6 +210,8 @@ pub struct RequestFacts {
     pub stream: Option<bool>,
     /// Size of the prompt in bytes (the request body, or the prompt text alone).
     pub prompt_bytes: Option<u64>,
+    /// Size of the prompt in tokens, when whoever parsed the request counted them.
+    pub prompt_tokens: Option<u64>,
 }
 
 impl RequestFacts {
@@ -232,69 +243,10 @@ impl RequestFacts {
         self.prompt_bytes = Some(bytes);
         self
     }
-}
 
-/// What admission did with a request; inserted into response extensions by `BoundedAdmission`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AdmissionOutcome {
-    /// Time spent waiting in the admission queue (zero when admitted at once).
-    pub queue_wait: Duration,
-    /// Capacity units the request held.
-    pub units: u32,
-    /// `Some` when the request was rejected, with the reason.
-    pub rejected: Option<OverloadReason>,
-}
-
-impl AdmissionOutcome {
-    /// An admitted request that waited `queue_wait` and holds `units`.
-    pub fn admitted(queue_wait: Duration, units: u32) -> Self {
-        AdmissionOutcome {
-            queue_wait,
-            units,
-            rejected: None,
-        }
-    }
-
-    /// A rejected request that waited `queue_wait` before the rejection.
-    pub fn rejected(queue_wait: Duration, units: u32, reason: OverloadReason) -> Self {
-        AdmissionOutcome {
-            queue_wait,
-            units,
-            rejected: Some(reason),
-        }
-    }
-}
-
-/// What the hedge did with a request; inserted into response extensions by `FirstTokenHedge`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HedgeOutcome {
-    /// Attempts sent, the primary included (1 when no hedge was sent).
-    pub attempts: u8,
-    /// Index of the attempt whose response reached the client (0 = the primary).
-    pub winner: u8,
-    /// The hedge delay in force for this request (`None` when the request was not eligible or
-    /// the adaptive estimate had too few samples).
-    pub delay: Option<Duration>,
-    /// Whether a hedge was wanted but refused by the budget.
-    pub budget_exhausted: bool,
-}
-
-impl HedgeOutcome {
-    /// An outcome with `attempts` sent, `winner` committed and the `delay` used.
-    pub fn new(attempts: u8, winner: u8, delay: Option<Duration>) -> Self {
-        HedgeOutcome {
-            attempts,
-            winner,
-            delay,
-            budget_exhausted: false,
-        }
-    }
-
-    /// Marks that a hedge was wanted but the budget refused it.
-    pub fn with_budget_exhausted(mut self, exhausted: bool) -> Self {
-        self.budget_exhausted = exhausted;
+    /// Sets the prompt size in tokens.
+    pub fn with_prompt_tokens(mut self, tokens: u64) -> Self {
+        self.prompt_tokens = Some(tokens);
         self
     }
 }
@@ -344,6 +296,8 @@ pub enum EndReason {
     FirstTokenTimeout,
     /// A gap between progress events after the first token was too long.
     IdleTimeout,
+    /// No bytes at all (not even a keepalive) arrived for too long after response headers.
+    LivenessTimeout,
     /// The total deadline of the stream passed.
     Deadline,
     /// The upstream failed.
@@ -362,6 +316,7 @@ impl EndReason {
             EndReason::HeadTimeout => "head_timeout",
             EndReason::FirstTokenTimeout => "first_token_timeout",
             EndReason::IdleTimeout => "idle_timeout",
+            EndReason::LivenessTimeout => "liveness_timeout",
             EndReason::Deadline => "deadline",
             EndReason::UpstreamError(_) => "upstream_error",
             EndReason::ClientDisconnect => "client_disconnect",
@@ -389,7 +344,8 @@ impl fmt::Display for EndReason {
 /// * **Who writes it.** A layer that ends a stream (or a request) for a reason of its own clones
 ///   the report out of the request extensions in `call` and [`report`](EndReport::report)s that
 ///   reason: `SseIdleTimeout` the timeout that fired ([`EndReason::HeadTimeout`],
-///   [`EndReason::FirstTokenTimeout`], [`EndReason::IdleTimeout`], [`EndReason::Deadline`]),
+///   [`EndReason::FirstTokenTimeout`], [`EndReason::IdleTimeout`],
+///   [`EndReason::LivenessTimeout`], [`EndReason::Deadline`]),
 ///   `BoundedAdmission` [`EndReason::Rejected`] for a request it refuses, `FirstTokenHedge`
 ///   [`EndReason::UpstreamError`] when every attempt failed before its first token. The hedge
 ///   gives each attempt it races a report of its own and forwards the winner's reason to the
@@ -426,54 +382,6 @@ impl EndReport {
         extensions
             .get::<EndReport>()
             .is_some_and(|r| r.report(reason))
-    }
-}
-
-/// The deadlines of one request: the one source of "time left" that every layer reads.
-///
-/// The layer that decides a request's limits (`SseIdleTimeout`, from its configuration, the
-/// request's class and its overrides) puts this into the request extensions before it calls the
-/// inner service; a layer inside it (the hedge) reads it to stay within what is left: a hedge
-/// delay never runs past the first-token deadline, and no backup is sent that could not win. A
-/// layer that learns of a tighter deadline (a client's own deadline, say) tightens it with
-/// [`Deadlines::tighten`], never loosens it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Deadlines {
-    /// When the first token must have arrived.
-    pub first_token: Option<tokio::time::Instant>,
-    /// When the whole stream must have ended.
-    pub total: Option<tokio::time::Instant>,
-}
-
-impl Deadlines {
-    /// Time left until the first-token deadline (or the total one, if that is earlier) at `now`;
-    /// `None` when neither is set, zero once passed.
-    pub fn first_token_left(&self, now: tokio::time::Instant) -> Option<Duration> {
-        let at = match (self.first_token, self.total) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
-        Some(at.saturating_duration_since(now))
-    }
-
-    /// Time left until the total deadline at `now`; `None` when it is not set.
-    pub fn total_left(&self, now: tokio::time::Instant) -> Option<Duration> {
-        Some(self.total?.saturating_duration_since(now))
-    }
-
-    /// Keeps the earlier of each pair of deadlines.
-    pub fn tighten(&mut self, other: Deadlines) {
-        fn min(
-            a: Option<tokio::time::Instant>,
-            b: Option<tokio::time::Instant>,
-        ) -> Option<tokio::time::Instant> {
-            match (a, b) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-        }
-        self.first_token = min(self.first_token, other.first_token);
-        self.total = min(self.total, other.total);
     }
 }
 

@@ -12,10 +12,16 @@
 //!   per response;
 //! * [`ext`]: the extension types layers exchange ([`Priority`], [`ClassPolicy`],
 //!   [`RequestFacts`], [`AdmissionOutcome`], [`HedgeOutcome`], [`EndReason`], [`EndReport`]);
+//! * [`deadline`]: the time left of a request ([`Deadlines`]), the client's own deadline
+//!   ([`ClientDeadline`]: `grpc-timeout` or an HTTP header) and the budget sent on upstream;
+//! * [`outcome`]: what admission and the hedge did ([`AdmissionOutcome`], [`HedgeOutcome`]
+//!   with the cost of its losing attempts);
 //! * [`error`]: concrete, downcastable error types;
 //! * [`render`]: one place that turns an error into an HTTP response, an in-band event or gRPC
 //!   trailers;
-//! * [`replay`]: request bodies buffered once so they can be sent twice.
+//! * [`replay`]: request bodies buffered once so they can be sent twice;
+//! * [`facts`]: [`RequestFacts`] read from OpenAI and Anthropic request JSON, and
+//!   [`RequestFactsLayer`], which reads them once per request and hands the buffered body on.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -38,25 +44,30 @@
 //! assert!(tracker.observe(&Bytes::from_static(b"data: [DONE]\n\n")).done);
 //! ```
 
-pub mod body;
 pub mod classify;
+pub mod deadline;
 pub mod error;
 pub mod ext;
+pub mod facts;
 pub mod headers;
+mod mode;
+pub mod outcome;
 pub mod render;
 pub mod replay;
 pub mod scan;
 pub mod tracker;
 
-pub use body::Chunk;
 pub use classify::{Class, Classify, Dialect, Framing, Wire};
+pub use deadline::ClientDeadline;
 pub use error::{
     BoxError, OverloadReason, Overloaded, Phase, ScanError, TimeoutError, UpstreamError,
 };
 pub use ext::{
-    AdmissionOutcome, ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, Priority,
-    RequestFacts, UpstreamFailure,
+    AdmissionOutcome, ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, LoserRun,
+    Priority, RequestFacts, UpstreamFailure,
 };
+pub use facts::{FactsError, RequestFactsLayer, RequestFactsService};
+pub use mode::{Fail, Respond};
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
 pub use tracker::{Observation, StreamTracker, Usage};

@@ -29,29 +29,76 @@ pub fn retry_after_secs(d: Duration) -> u64 {
     secs.max(1)
 }
 
-/// A gRPC status code, as far as tailguard produces them.
+/// A gRPC status code (the codes of the gRPC specification, 0 to 16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum GrpcCode {
+    /// 0: the call succeeded.
+    Ok,
+    /// 1: the call was cancelled.
+    Cancelled,
+    /// 2: an unknown error.
+    Unknown,
+    /// 3: the request is invalid.
+    InvalidArgument,
     /// 4: the deadline passed.
     DeadlineExceeded,
+    /// 5: not found.
+    NotFound,
+    /// 6: already exists.
+    AlreadyExists,
+    /// 7: permission denied.
+    PermissionDenied,
     /// 8: a resource (capacity) is exhausted.
     ResourceExhausted,
+    /// 9: a precondition failed.
+    FailedPrecondition,
+    /// 10: the call was aborted.
+    Aborted,
+    /// 11: out of range.
+    OutOfRange,
+    /// 12: not implemented.
+    Unimplemented,
     /// 13: an internal error.
     Internal,
     /// 14: the service is unavailable.
     Unavailable,
+    /// 15: data was lost.
+    DataLoss,
+    /// 16: the caller is not authenticated.
+    Unauthenticated,
 }
 
 impl GrpcCode {
+    const ALL: [GrpcCode; 17] = [
+        GrpcCode::Ok,
+        GrpcCode::Cancelled,
+        GrpcCode::Unknown,
+        GrpcCode::InvalidArgument,
+        GrpcCode::DeadlineExceeded,
+        GrpcCode::NotFound,
+        GrpcCode::AlreadyExists,
+        GrpcCode::PermissionDenied,
+        GrpcCode::ResourceExhausted,
+        GrpcCode::FailedPrecondition,
+        GrpcCode::Aborted,
+        GrpcCode::OutOfRange,
+        GrpcCode::Unimplemented,
+        GrpcCode::Internal,
+        GrpcCode::Unavailable,
+        GrpcCode::DataLoss,
+        GrpcCode::Unauthenticated,
+    ];
+
     /// The numeric code.
     pub fn as_u8(self) -> u8 {
-        match self {
-            GrpcCode::DeadlineExceeded => 4,
-            GrpcCode::ResourceExhausted => 8,
-            GrpcCode::Internal => 13,
-            GrpcCode::Unavailable => 14,
-        }
+        // The variants are declared in code order.
+        self as u8
+    }
+
+    /// The code of a numeric value (`None` above 16).
+    pub fn from_u16(code: u16) -> Option<GrpcCode> {
+        Self::ALL.get(usize::from(code)).copied()
     }
 }
 
@@ -125,6 +172,7 @@ impl RenderError for TimeoutError {
             Phase::Head => "head_timeout",
             Phase::FirstToken => "first_token_timeout",
             Phase::Idle => "idle_timeout",
+            Phase::Liveness => "liveness_timeout",
             Phase::Total => "deadline_exceeded",
         };
         ErrorInfo::new(
@@ -152,6 +200,7 @@ impl RenderError for Overloaded {
         );
         info.grpc = match self.reason() {
             OverloadReason::QueueTimeout => GrpcCode::Unavailable,
+            OverloadReason::DeadlineTooShort => GrpcCode::DeadlineExceeded,
             _ => GrpcCode::ResourceExhausted,
         };
         if let Some(after) = self.retry_after() {
@@ -243,6 +292,16 @@ fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_codes_round_trip_through_their_numbers() {
+        for n in 0..=16u16 {
+            let code = GrpcCode::from_u16(n).unwrap();
+            assert_eq!(u16::from(code.as_u8()), n);
+        }
+        assert_eq!(GrpcCode::from_u16(14), Some(GrpcCode::Unavailable));
+        assert_eq!(GrpcCode::from_u16(17), None);
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero() {

@@ -8,7 +8,9 @@
 //!
 //! Works for any [`http_body::Body`]: axum's `Body`, hyper's `Incoming`, `Full<Bytes>`, tonic's
 //! `Body`. Buffered data is kept as [`Bytes`] (taken with `Buf::copy_to_bytes`, which does not copy
-//! when the data already is `Bytes`).
+//! when the data already is `Bytes`) and yielded as the body's own data type (`B::Data:
+//! From<Bytes>`, which every hyper, axum and tonic body has), so a `ReplayBody<B>` has the data
+//! type of `B`.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -17,12 +19,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-
-use crate::body::Chunk;
 
 /// Default replay cap: 4 MiB.
 ///
@@ -108,6 +108,25 @@ impl<B> ReplayBody<B> {
         }
     }
 
+    /// For a replayable body: its bytes in one piece, and the body (replaying that one piece
+    /// when it was buffered in several frames; trailers kept).
+    pub(crate) fn contiguous(self) -> Option<(Bytes, Self)> {
+        let Inner::Replay { buf, .. } = &self.inner else {
+            return None;
+        };
+        if let [] | [_] = buf.frames.as_slice() {
+            let bytes = buf.frames.first().cloned().unwrap_or_default();
+            return Some((bytes, self));
+        }
+        let mut joined = BytesMut::with_capacity(buf.len);
+        for frame in &buf.frames {
+            joined.extend_from_slice(frame);
+        }
+        let joined = joined.freeze();
+        let body = replay(vec![joined.clone()], buf.trailers.clone(), buf.len);
+        Some((joined, body))
+    }
+
     /// Whether [`try_clone`](ReplayBody::try_clone) succeeds.
     pub fn is_replayable(&self) -> bool {
         matches!(self.inner, Inner::Replay { .. })
@@ -139,8 +158,9 @@ impl<B> ReplayBody<B> {
 impl<B> Body for ReplayBody<B>
 where
     B: Body,
+    B::Data: From<Bytes>,
 {
-    type Data = Chunk<B::Data>;
+    type Data = B::Data;
     type Error = B::Error;
 
     fn poll_frame(
@@ -155,7 +175,7 @@ where
             } => {
                 if let Some(f) = buf.frames.get(*next) {
                     *next += 1;
-                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Local(f.clone())))));
+                    return Poll::Ready(Some(Ok(Frame::data(f.clone().into()))));
                 }
                 if !*trailers_sent {
                     *trailers_sent = true;
@@ -167,11 +187,11 @@ where
             }
             InnerProj::Prefixed { prefix, rest } => {
                 if let Some(f) = prefix.pop_front() {
-                    return Poll::Ready(Some(Ok(Frame::data(Chunk::Local(f)))));
+                    return Poll::Ready(Some(Ok(Frame::data(f.into()))));
                 }
-                map_inner(ready!(rest.poll_frame(cx)))
+                rest.poll_frame(cx)
             }
-            InnerProj::Passthrough { body } => map_inner(ready!(body.poll_frame(cx))),
+            InnerProj::Passthrough { body } => body.poll_frame(cx),
         }
     }
 
@@ -209,10 +229,6 @@ where
             Inner::Passthrough { body } => body.size_hint(),
         }
     }
-}
-
-fn map_inner<D, E>(f: Option<Result<Frame<D>, E>>) -> Poll<Option<Result<Frame<Chunk<D>>, E>>> {
-    Poll::Ready(f.map(|r| r.map(|frame| frame.map_data(Chunk::Inner))))
 }
 
 /// Future of [`ReplayBody::buffer`].
@@ -287,6 +303,11 @@ where
 }
 
 impl<B> Buffering<B> {
+    /// The cap this future buffers up to.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
+    }
+
     fn finish(&mut self, trailers: Option<HeaderMap>) -> ReplayBody<B> {
         self.body = None;
         replay(std::mem::take(&mut self.frames), trailers, self.len)
@@ -315,6 +336,7 @@ mod tests {
     async fn collect<B>(b: ReplayBody<B>) -> Vec<u8>
     where
         B: Body,
+        B::Data: From<Bytes>,
         B::Error: fmt::Debug,
     {
         b.collect().await.unwrap().to_bytes().to_vec()
@@ -379,6 +401,7 @@ mod tests {
     /// returns the data and whether trailers came.
     fn drain<B: Body + Unpin>(mut b: ReplayBody<B>, len: u64) -> (Vec<u8>, bool)
     where
+        B::Data: From<Bytes>,
         B::Error: fmt::Debug,
     {
         let mut cx = Context::from_waker(std::task::Waker::noop());

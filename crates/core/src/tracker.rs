@@ -1,7 +1,10 @@
 //! Per-response token tracking: a scanner and a classifier driven frame by frame.
 
+use std::sync::LazyLock;
+
 use bytes::Buf;
 use http::HeaderMap;
+use memchr::memmem;
 
 use crate::classify::{Class, Dialect, Framing, Wire, anthropic_event};
 use crate::error::ScanError;
@@ -177,7 +180,11 @@ impl StreamTracker {
     }
 
     /// Also extracts [`Usage`] from the stream (off by default: it captures the data of events
-    /// that may carry usage after the first token).
+    /// that may carry usage after the first token), and counts output exactly: after the first
+    /// token an event with a `"finish_reason"` string is classified whole, by the rules used
+    /// before the first token, so a chunk that carries only the finish reason (OpenAI's last
+    /// chunk, `"delta":{}`) is meta, not a token. This is the recorder's mode; the other layers
+    /// only need to know that output goes on, which a finish chunk tells them too.
     pub fn with_usage(mut self, usage: bool) -> Self {
         self.state.usage = usage.then(UsageState::default);
         self.set_capture();
@@ -241,7 +248,8 @@ impl StreamTracker {
     /// Sets what the scanner captures and the classifier sees for the current phase: whole
     /// events before the first token, [`capture_after_first_token`] bytes after it. With usage
     /// extraction on the scanner keeps capturing whole events (the usage search reads them), and
-    /// the classifier still sees only that prefix, so extracting usage never changes a class.
+    /// the classifier still sees only that prefix, except for the one event of a choice that
+    /// reports a finish reason (see [`with_usage`](StreamTracker::with_usage)).
     ///
     /// [`capture_after_first_token`]: crate::Classify::capture_after_first_token
     fn set_capture(&mut self) {
@@ -301,10 +309,19 @@ impl StreamTracker {
 
 impl State {
     fn on_event(&mut self, event: &Event<'_>, obs: &mut Observation) {
-        let class = self
-            .dialect
-            .classifier()
-            .classify(&event.limited(self.class_limit), self.first_token_seen);
+        let classifier = self.dialect.classifier();
+        let mut class =
+            classifier.classify(&event.limited(self.class_limit), self.first_token_seen);
+        if class == Class::Token
+            && self.first_token_seen
+            && self.usage.is_some()
+            && let Event::Sse { data, .. } | Event::Line { data } = event
+            && data.is_complete()
+            && may_be_a_finish(data.bytes)
+            && classifier.classify(event, false) == Class::Meta
+        {
+            class = Class::Meta;
+        }
         if self.detect_anthropic
             && let Event::Sse { name, .. } = event
             && *name != b"error"
@@ -384,16 +401,35 @@ impl UsageState {
 }
 
 /// `"usage"`, optional whitespace, `:`, optional whitespace, `{` somewhere in `bytes` (every
-/// occurrence of the key counts, overlapping ones included): the events worth parsing for usage.
+/// occurrence of the key counts): the events worth parsing for usage.
+///
+/// The key is found with one `memchr` searcher built once: with usage extraction on (the
+/// recorder's default) every event is searched, and a search position by position cost the
+/// recorder about 4x `TraceLayer` per frame in `--bench overhead`.
 fn may_carry_usage(bytes: &[u8]) -> bool {
-    const KEY: &[u8] = b"\"usage\"";
-    (0..bytes.len()).any(|at| {
-        bytes[at..].starts_with(KEY)
-            && match bytes[at + KEY.len()..].trim_ascii_start().split_first() {
-                Some((b':', rest)) => rest.trim_ascii_start().first() == Some(&b'{'),
-                _ => false,
-            }
-    })
+    static FINDER: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+    has_member_starting(bytes, &FINDER, b'{')
+}
+
+/// `"finish_reason"` with a string value somewhere in `bytes` (servers that send the key on
+/// every chunk send `null` until the last): the events worth classifying whole for output.
+fn may_be_a_finish(bytes: &[u8]) -> bool {
+    static FINDER: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"finish_reason\""));
+    has_member_starting(bytes, &FINDER, b'"')
+}
+
+/// Whether some occurrence of the key `key` finds in `bytes` is followed (after optional
+/// whitespace, `:` and optional whitespace) by `first`.
+fn has_member_starting(bytes: &[u8], key: &memmem::Finder<'_>, first: u8) -> bool {
+    let len = key.needle().len();
+    key.find_iter(bytes).any(
+        |at| match bytes[at + len..].trim_ascii_start().split_first() {
+            Some((b':', rest)) => rest.trim_ascii_start().first() == Some(&first),
+            _ => false,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -502,6 +538,24 @@ mod tests {
     }
 
     #[test]
+    fn with_usage_a_finish_only_chunk_is_not_output() {
+        let finish =
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+        let last = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"},\"finish_reason\":\"length\"}]}\n\n";
+        let running = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n";
+        let stream = [TOKEN, running, last, finish, "data: [DONE]\n\n"];
+        let count = |usage: bool| {
+            let mut t = StreamTracker::new(&Dialect::OpenAi, &HeaderMap::new()).with_usage(usage);
+            let tokens: u32 = stream.iter().map(|e| t.observe(&b(e)).tokens).sum();
+            (tokens, t.tokens())
+        };
+        // The recorder's mode counts the three chunks with content; the others see four events
+        // of progress (they only need to know output goes on).
+        assert_eq!(count(true), (3, 3));
+        assert_eq!(count(false), (4, 4));
+    }
+
+    #[test]
     fn scan_error_is_reported_once_then_nothing_is_scanned() {
         let mut t =
             StreamTracker::new(&Dialect::OpenAi, &HeaderMap::new()).with_max_event_bytes(64);
@@ -603,9 +657,9 @@ mod tests {
         assert!(!may_carry_usage(br#"{"usage""#));
         assert!(!may_carry_usage(br#"{"usage":"#));
         assert!(!may_carry_usage(b""));
-        // Overlapping candidates both count (this is only the prefilter: the JSON parse that
-        // follows decides, and rejects this one).
-        assert!(may_carry_usage(br#""usage"usage":{}"#));
+        // Adjacent candidates both count (this is only the prefilter: the JSON parse that
+        // follows decides, and rejects this one). Overlapping ones (`"usage"usage"`) cannot
+        // occur in JSON, where a quote that closes a string cannot open the next.
         assert!(may_carry_usage(br#""usage""usage":{}"#));
     }
 

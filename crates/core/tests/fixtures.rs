@@ -2,22 +2,8 @@
 //! per frame, gives the same events and classes; and the classes are the right ones.
 
 use bytes::Bytes;
-use http::HeaderMap;
 use tailguard_core::{Dialect, StreamTracker, Wire};
-
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!(
-        "{}/../../testdata/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn headers(content_type: &str) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert("content-type", content_type.parse().unwrap());
-    h
-}
+use tailguard_test_support::{content_type, fixture};
 
 /// What a whole stream amounted to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +22,11 @@ struct Summary {
 }
 
 fn run(content_type: &str, frames: &[&[u8]], usage: bool) -> Summary {
-    let mut tracker = StreamTracker::new(&Dialect::Auto, &headers(content_type)).with_usage(usage);
+    let mut tracker = StreamTracker::new(
+        &Dialect::Auto,
+        &tailguard_test_support::content_type(content_type),
+    )
+    .with_usage(usage);
     let mut s = Summary {
         events: 0,
         tokens: 0,
@@ -80,7 +70,7 @@ fn run(content_type: &str, frames: &[&[u8]], usage: bool) -> Summary {
 /// Runs whole, every 2-way split, and byte by byte; all must agree. Returns the summary.
 fn all_splits(name: &str, content_type: &str, usage: bool) -> Summary {
     let bytes = fixture(name);
-    let whole = run(content_type, &[&bytes], usage);
+    let whole = run(content_type, &[bytes], usage);
     for at in 0..=bytes.len() {
         let (a, b) = bytes.split_at(at);
         assert_eq!(
@@ -141,7 +131,7 @@ fn non_streamed_json_first_byte_is_the_token() {
         assert_eq!(s.wire, Wire::Opaque);
         assert_eq!(s.pending_at_end, 0);
     }
-    let mut tracker = StreamTracker::new(&Dialect::Auto, &headers("application/json"));
+    let mut tracker = StreamTracker::new(&Dialect::Auto, &content_type("application/json"));
     assert!(
         !tracker.observe(&Bytes::new()).first_token,
         "an empty frame is not a token"
@@ -153,13 +143,19 @@ fn non_streamed_json_first_byte_is_the_token() {
 fn llmock_usage_chunk_is_read() {
     let s = all_splits("llmock-openai-chat-stream-usage.sse", SSE, true);
     assert!(s.done);
-    assert_eq!(s.meta, 1, "role chunk with empty content: {s:?}");
+    // With usage on (the recorder's mode) the finish-only chunk is meta too, not output.
+    assert_eq!(s.meta, 2, "role chunk and finish-only chunk: {s:?}");
     let usage = s.usage.expect("usage");
     assert_eq!(usage.prompt_tokens, Some(5));
     assert_eq!(usage.completion_tokens, Some(12));
     let without = all_splits("llmock-openai-chat-stream-usage.sse", SSE, false);
     assert_eq!(without.usage, None);
     assert_eq!(without.events, s.events);
+    assert_eq!(
+        without.meta, 1,
+        "role chunk with empty content: {without:?}"
+    );
+    assert_eq!(without.tokens, s.tokens + 1, "the finish chunk is progress");
 }
 
 #[test]
@@ -169,6 +165,20 @@ fn llmock_tool_calls_are_tokens() {
     assert_eq!(s.first_token_at, Some(0));
     assert!(s.tokens >= 3);
     assert!(s.done);
+}
+
+#[test]
+fn llmock_responses_api_deltas_are_tokens_and_completed_is_done() {
+    let s = all_splits("llmock-openai-responses-stream.sse", SSE, false);
+    assert_eq!(s.wire, Wire::OpenAiSse);
+    // created, in_progress, output_item.added, content_part.added come first (meta).
+    assert_eq!(s.first_token_at, Some(0), "{s:?}");
+    // Ten `response.output_text.delta` events.
+    assert_eq!(s.tokens, 10);
+    // The four before, then output_text.done, content_part.done, output_item.done.
+    assert_eq!(s.meta, 7);
+    assert!(s.done && !s.error);
+    assert_eq!(s.events, s.tokens + s.meta + 1);
 }
 
 #[test]
@@ -203,12 +213,12 @@ fn llmock_truncated_stream_has_no_done() {
 #[test]
 fn malformed_first_event_is_meta() {
     let bytes = fixture("llmock-openai-chat-stream-malformed.sse");
-    let text = String::from_utf8(bytes).unwrap();
+    let text = std::str::from_utf8(bytes).unwrap();
     let bad = text
         .split("\n\n")
         .find(|e| e.starts_with("data: {") && serde_json_fails(&e[6..]))
         .expect("a malformed event");
-    let mut tracker = StreamTracker::new(&Dialect::Auto, &headers(SSE));
+    let mut tracker = StreamTracker::new(&Dialect::Auto, &content_type(SSE));
     let obs = tracker.observe(&Bytes::from(format!("{bad}\n\n")));
     assert_eq!((obs.events, obs.meta, obs.tokens), (1, 1, 0));
     assert!(!tracker.first_token_seen());

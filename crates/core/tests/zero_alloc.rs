@@ -5,26 +5,13 @@
 use std::alloc::System;
 
 use bytes::Bytes;
-use http::HeaderMap;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tailguard_core::scan::{GrpcScanner, NdjsonScanner, SseScanner};
 use tailguard_core::{Dialect, StreamTracker};
+use tailguard_test_support::{content_type, grpc_message};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-
-fn headers(ct: &str) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert("content-type", ct.parse().unwrap());
-    h
-}
-
-fn grpc(msg: &[u8]) -> Vec<u8> {
-    let mut v = vec![0];
-    v.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
-    v.extend_from_slice(msg);
-    v
-}
 
 /// Runs `f` and returns how many allocations (and reallocations) it made.
 fn allocations(f: impl FnOnce()) -> usize {
@@ -52,15 +39,16 @@ fn steady_state_allocates_nothing_per_frame() {
         .collect();
     let bytewise: Vec<Bytes> = (0..token.len()).map(|at| token.slice(at..at + 1)).collect();
 
-    let sse = headers("text/event-stream");
+    let sse = content_type("text/event-stream");
     let mut openai = StreamTracker::new(&Dialect::Auto, &sse);
     let mut claude = StreamTracker::new(&Dialect::Auto, &sse);
     let mut usage = StreamTracker::new(&Dialect::Auto, &sse).with_usage(true);
-    let grpc_frame = Bytes::from(grpc(b"\x0a\x05Hello"));
-    let mut grpc_tracker = StreamTracker::new(&Dialect::Auto, &headers("application/grpc"));
+    let grpc_frame = grpc_message(b"\x0a\x05Hello");
+    let mut grpc_tracker = StreamTracker::new(&Dialect::Auto, &content_type("application/grpc"));
     let ndjson_frame = Bytes::from_static(b"{\"response\":\"Hi\",\"done\":false}\n");
-    let mut ndjson_tracker = StreamTracker::new(&Dialect::Auto, &headers("application/x-ndjson"));
-    let mut opaque = StreamTracker::new(&Dialect::Auto, &headers("application/json"));
+    let mut ndjson_tracker =
+        StreamTracker::new(&Dialect::Auto, &content_type("application/x-ndjson"));
+    let mut opaque = StreamTracker::new(&Dialect::Auto, &content_type("application/json"));
 
     let mut sse_scanner = SseScanner::new();
     let mut grpc_scanner = GrpcScanner::new();

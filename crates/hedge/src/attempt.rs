@@ -1,7 +1,9 @@
 //! What each attempt of a hedged request tells the services below it.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::score::{Settle, Ticket};
 
 /// The header `FirstTokenHedge` sets on every attempt it sends: the attempt index, `0` for the
 /// primary, `1` for the first backup, and so on.
@@ -26,7 +28,15 @@ pub struct ReplicaId(pub u64);
 #[derive(Clone)]
 pub struct Attempt {
     number: u8,
-    tried: Arc<Mutex<Vec<ReplicaId>>>,
+    tried: Arc<Mutex<Record>>,
+}
+
+/// What the attempts of one request share.
+#[derive(Default)]
+struct Record {
+    tried: Vec<ReplicaId>,
+    /// A [`ReplicaSet`](crate::ReplicaSet)'s claim per attempt number, settled by the hedge.
+    tickets: Vec<(u8, Arc<Ticket>)>,
 }
 
 impl Attempt {
@@ -56,28 +66,43 @@ impl Attempt {
         self.number > 0
     }
 
+    fn lock(&self) -> MutexGuard<'_, Record> {
+        self.tried.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Records that this attempt went to `replica`.
     pub fn record(&self, replica: ReplicaId) {
-        let mut tried = self.tried.lock().unwrap_or_else(PoisonError::into_inner);
-        if !tried.contains(&replica) {
-            tried.push(replica);
+        let mut r = self.lock();
+        if !r.tried.contains(&replica) {
+            r.tried.push(replica);
         }
     }
 
     /// Whether an attempt of this request already went to `replica`.
     pub fn was_tried(&self, replica: ReplicaId) -> bool {
-        self.tried
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&replica)
+        self.lock().tried.contains(&replica)
     }
 
     /// The replicas attempts of this request went to, in the order they were recorded.
     pub fn tried(&self) -> Vec<ReplicaId> {
-        self.tried
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.lock().tried.clone()
+    }
+
+    /// Binds this attempt to a replica set's claim, for [`settle`](Self::settle).
+    pub(crate) fn bind(&self, ticket: Arc<Ticket>) {
+        self.lock().tickets.push((self.number, ticket));
+    }
+
+    /// Tells the replica set how attempt `number` ended before (or at) its first token.
+    pub(crate) fn settle(&self, number: u8, how: Settle) {
+        let ticket = {
+            let mut r = self.lock();
+            let pos = r.tickets.iter().position(|(n, _)| *n == number);
+            pos.map(|p| r.tickets.swap_remove(p).1)
+        };
+        if let Some(t) = ticket {
+            t.settle(how);
+        }
     }
 }
 

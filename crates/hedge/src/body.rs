@@ -35,7 +35,9 @@ pin_project! {
     /// it first replays, frame by frame and byte for byte, the frames the winning attempt sent
     /// before its first token (they are the very `B::Data` values the upstream produced), then
     /// continues with the winner's live body, whose frames are passed on as they are (not
-    /// scanned, not copied).
+    /// scanned, not copied). The error the hedge renders when every attempt failed before its
+    /// first token (a `502`) is a body of this type too, its one frame `B::Data::from` the
+    /// rendered bytes.
     pub struct HedgeBody<B: Body> {
         #[pin]
         inner: Inner<B>,
@@ -50,6 +52,8 @@ pin_project! {
             live: Pin<Box<Live<B>>>,
             forward: Option<Forward>,
         },
+        // An answer the hedge rendered itself; `None` once yielded (or for an empty body).
+        Local { data: Option<B::Data> },
     }
 }
 
@@ -135,9 +139,17 @@ impl<B: Body> HedgeBody<B> {
         }
     }
 
-    /// Whether this body went through a race (its response was read before it was returned).
+    /// A body the hedge rendered itself: `data`, then the end.
+    pub(crate) fn local(data: Option<B::Data>) -> Self {
+        HedgeBody {
+            inner: Inner::Local { data },
+        }
+    }
+
+    /// Whether this body answers a raced request: the winner's (its response was read before
+    /// it was returned), or the error rendered when every attempt failed.
     pub fn is_raced(&self) -> bool {
-        matches!(self.inner, Inner::Raced { .. })
+        !matches!(self.inner, Inner::Direct { .. })
     }
 }
 
@@ -151,6 +163,7 @@ impl<B: Body> Body for HedgeBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         match self.project().inner.project() {
             InnerProj::Direct { body } => body.poll_frame(cx),
+            InnerProj::Local { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             InnerProj::Raced { live, forward } => {
                 let LiveProj {
                     replay,
@@ -192,6 +205,7 @@ impl<B: Body> Body for HedgeBody<B> {
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Direct { body } => body.is_end_stream(),
+            Inner::Local { data } => data.is_none(),
             Inner::Raced { live, .. } => {
                 live.replay.is_empty()
                     && live.error.is_none()
@@ -203,6 +217,9 @@ impl<B: Body> Body for HedgeBody<B> {
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Direct { body } => body.size_hint(),
+            Inner::Local { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.remaining() as u64))
+            }
             Inner::Raced { live, .. } => {
                 let replay_bytes = live.replay_bytes;
                 let mut hint = live
@@ -232,6 +249,7 @@ impl<B: Body> fmt::Debug for HedgeBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
             Inner::Direct { .. } => f.write_str("HedgeBody::Direct"),
+            Inner::Local { .. } => f.write_str("HedgeBody::Local"),
             Inner::Raced { live, .. } => f
                 .debug_struct("HedgeBody::Raced")
                 .field("replay_frames", &live.replay.len())

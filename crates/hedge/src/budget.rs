@@ -1,20 +1,30 @@
-//! The hedge budget: a token bucket that bounds extra attempts to a share of requests.
+//! The budgets: token buckets that bound extra attempts to a share of requests, one for
+//! delay-triggered hedges and one for failovers.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
+
+use crate::shared_budget::{Reconciled, SharedBudget};
 
 /// One token, in the bucket's fixed-point unit.
 const UNIT: i64 = 1_000_000;
 
-/// Limits the extra attempts (hedges and failovers) a layer sends.
+/// Limits the extra attempts of one kind a layer sends: delay-triggered hedges
+/// ([`FirstTokenHedgeLayer::with_budget`](crate::FirstTokenHedgeLayer::with_budget), default
+/// [`HedgeBudget::new`]) or failovers after a failure before the first token
+/// ([`with_failover_budget`](crate::FirstTokenHedgeLayer::with_failover_budget), default
+/// [`HedgeBudget::failover`]). The two are separate, so a flaky replica's failovers still go
+/// out once slow first tokens have spent the hedge budget, and the other way round.
 ///
 /// A token bucket: every eligible request deposits [`ratio`](HedgeBudget::with_ratio) of a
 /// token, time deposits [`floor`](HedgeBudget::with_floor) tokens per second (so that a
 /// lightly loaded service can still hedge), the balance never exceeds
 /// [`max_balance`](HedgeBudget::with_max_balance), and every extra attempt withdraws one
 /// token. When the bucket is empty no extra attempt is sent, the request goes on with the
-/// attempts it has, and `tailguard_hedge_budget_exhausted_total` counts the refusal. Over any
+/// attempts it has, and `tailguard_hedge_budget_exhausted_total{budget="hedge"|"failover"}`
+/// counts the refusal (`tailguard_hedge_budget_withdrawn_total{budget}` counts the tokens
+/// used). Over any
 /// period the extra attempts are at most `ratio × requests + floor × seconds + max_balance`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HedgeBudget {
@@ -22,6 +32,7 @@ pub struct HedgeBudget {
     pub(crate) floor_per_sec: f64,
     pub(crate) max_balance: f64,
     pub(crate) unlimited: bool,
+    pub(crate) shared: Option<SharedBudget>,
 }
 
 impl Default for HedgeBudget {
@@ -35,17 +46,34 @@ impl HedgeBudget {
     ///
     /// * ratio **0.1**: at most one extra attempt per ten requests, so hedging can never add
     ///   more than 10% load to an upstream that is already slow;
-    /// * floor **1 per second**: a service at a few requests per second still gets an
-    ///   occasional hedge, yet an idle one cannot store up a burst beyond the max balance;
+    /// * floor **0 per second**: the ratio alone, so the promise holds at the request rates LLM
+    ///   routes see (a floor of 1/s would license a backup for two requests in three at
+    ///   1.5 requests per second); the ratio already gives a slow service one hedge per ten
+    ///   requests whatever its rate;
     /// * max balance **10 tokens**, and the bucket starts full: enough for a short burst of slow
-    ///   first tokens, small enough that a long quiet period does not license a hedge storm.
+    ///   first tokens (a cold start included), small enough that a long quiet period does not
+    ///   license a hedge storm.
     pub fn new() -> Self {
         HedgeBudget {
             ratio: 0.1,
-            floor_per_sec: 1.0,
+            floor_per_sec: 0.0,
             max_balance: 10.0,
             unlimited: false,
+            shared: None,
         }
+    }
+
+    /// The failover defaults (linkerd's and Finagle's retry budgets):
+    ///
+    /// * ratio **0.2**: a failover for up to one request in five, enough to hide a replica
+    ///   that fails a large share of its requests, bounded so that a failing fleet is not
+    ///   hit with a retry storm;
+    /// * floor **1 per second**: a failover replaces an attempt that already failed, so a
+    ///   service at a few requests per second whose replica is down still fails over every
+    ///   request (Finagle's and linkerd's budgets have the same floor);
+    /// * max balance **10 tokens**, as for hedges.
+    pub fn failover() -> Self {
+        Self::new().with_ratio(0.2).with_floor(1.0)
     }
 
     /// No budget: every extra attempt the delay and failures call for is sent.
@@ -77,6 +105,14 @@ impl HedgeBudget {
         self
     }
 
+    /// Shares this budget with other gateways through a backend (see
+    /// [`SharedBudget`]): the extra attempts of all of them together stay within it. The
+    /// local bucket of this configuration is the fallback while the backend fails.
+    pub fn with_shared(mut self, shared: SharedBudget) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
     /// Sets the largest balance the bucket holds (at least one token, and the initial balance).
     pub fn with_max_balance(mut self, tokens: f64) -> Self {
         self.max_balance = if tokens.is_nan() {
@@ -88,14 +124,56 @@ impl HedgeBudget {
     }
 }
 
+/// The two budgets of one layer.
+#[derive(Debug)]
+pub(crate) struct Budgets {
+    hedge: Bucket,
+    failover: Bucket,
+}
+
+impl Budgets {
+    pub(crate) fn new(hedge: &HedgeBudget, failover: &HedgeBudget) -> Self {
+        Budgets {
+            hedge: Bucket::new(hedge, "hedge"),
+            failover: Bucket::new(failover, "failover"),
+        }
+    }
+
+    /// An eligible request arrived: both buckets earn their share.
+    pub(crate) fn deposit(&self) {
+        self.hedge.deposit();
+        self.failover.deposit();
+    }
+
+    /// Takes a token for an extra attempt from the failover budget (`failover`) or the hedge
+    /// budget; `false` when that bucket is empty. Both outcomes are counted.
+    pub(crate) fn withdraw(&self, failover: bool, now: Instant) -> bool {
+        let bucket = if failover {
+            &self.failover
+        } else {
+            &self.hedge
+        };
+        let ok = bucket.withdraw(now);
+        let name = if ok {
+            "tailguard_hedge_budget_withdrawn_total"
+        } else {
+            "tailguard_hedge_budget_exhausted_total"
+        };
+        metrics::counter!(name, "budget" => bucket.label).increment(1);
+        ok
+    }
+}
+
 /// The shared state of one budget.
 #[derive(Debug)]
 pub(crate) struct Bucket {
+    label: &'static str,
     unlimited: bool,
     per_request: i64,
     floor_per_sec: f64,
     max: i64,
     state: Mutex<State>,
+    shared: Option<Arc<Reconciled>>,
 }
 
 #[derive(Debug)]
@@ -107,13 +185,18 @@ struct State {
 }
 
 impl Bucket {
-    pub(crate) fn new(b: &HedgeBudget) -> Self {
+    pub(crate) fn new(b: &HedgeBudget, label: &'static str) -> Self {
         let max = (b.max_balance * UNIT as f64) as i64;
         Bucket {
+            label,
             unlimited: b.unlimited,
             per_request: (b.ratio * UNIT as f64) as i64,
             floor_per_sec: b.floor_per_sec,
             max,
+            shared: (!b.unlimited)
+                .then(|| b.shared.clone())
+                .flatten()
+                .map(|s| Reconciled::new(s, b.floor_per_sec, b.max_balance)),
             state: Mutex::new(State {
                 balance: max,
                 last_floor: Instant::now(),
@@ -126,7 +209,10 @@ impl Bucket {
     }
 
     /// An eligible request arrived.
-    pub(crate) fn deposit(&self) {
+    fn deposit(&self) {
+        if let Some(s) = &self.shared {
+            s.deposit(self.per_request as f64 / UNIT as f64);
+        }
         if !self.unlimited {
             let mut st = self.state();
             st.balance = st.balance.saturating_add(self.per_request).min(self.max);
@@ -134,9 +220,12 @@ impl Bucket {
     }
 
     /// Takes one token for an extra attempt; `false` when the bucket is empty.
-    pub(crate) fn withdraw(&self, now: Instant) -> bool {
+    fn withdraw(&self, now: Instant) -> bool {
         if self.unlimited {
             return true;
+        }
+        if let Some(granted) = self.shared.as_ref().and_then(|s| s.withdraw()) {
+            return granted;
         }
         let mut st = self.state();
         let elapsed = now.saturating_duration_since(st.last_floor);
@@ -165,6 +254,7 @@ mod tests {
                 .with_ratio(0.1)
                 .with_floor(0.0)
                 .with_max_balance(2.0),
+            "hedge",
         );
         let now = Instant::now();
         // Starts full.
@@ -186,6 +276,7 @@ mod tests {
                 .with_ratio(0.0)
                 .with_floor(2.0)
                 .with_max_balance(3.0),
+            "hedge",
         );
         let t0 = Instant::now();
         for _ in 0..3 {
@@ -203,9 +294,24 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn unlimited_never_refuses() {
-        let b = Bucket::new(&HedgeBudget::unlimited());
+        let b = Bucket::new(&HedgeBudget::unlimited(), "hedge");
         for _ in 0..100 {
             assert!(b.withdraw(Instant::now()));
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_two_budgets_are_separate() {
+        let one = HedgeBudget::new()
+            .with_ratio(0.0)
+            .with_floor(0.0)
+            .with_max_balance(1.0);
+        let b = Budgets::new(&one, &one.clone().with_max_balance(2.0));
+        let now = Instant::now();
+        assert!(b.withdraw(false, now));
+        assert!(!b.withdraw(false, now));
+        assert!(b.withdraw(true, now));
+        assert!(b.withdraw(true, now));
+        assert!(!b.withdraw(true, now));
     }
 }

@@ -7,10 +7,17 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use http::request::Parts;
-use tailguard_core::RequestFacts;
+use tailguard_core::{Deadlines, RequestFacts};
 use tokio::time::Instant;
 
 /// How long `FirstTokenHedge` waits for the first token of an attempt before it sends the next.
+///
+/// Whatever the source, a request whose extensions carry core's
+/// [`Deadlines`] (set by a timeout layer outside the hedge) waits at most half of the
+/// first-token time it has left: a backup sent at `now` goes out no later than halfway to the
+/// first-token deadline, so it has at least as long as the attempt before it had on its own;
+/// once that time is gone no backup is sent for the delay. The delay a request used is that
+/// capped one ([`HedgeOutcome::delay`](tailguard_core::HedgeOutcome)).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum HedgeDelay {
@@ -112,9 +119,12 @@ impl fmt::Debug for DelayKey {
 /// A hedge delay that follows a percentile of recent times to first token (TTFT).
 ///
 /// Every attempt that produces a first token records its TTFT (from the moment it was sent).
-/// Every attempt cancelled before its first token (the loser of a race, or every attempt of a
-/// request whose client went away) records a *censored* sample: its true TTFT is at least the
-/// time it waited. The percentile is computed with the Kaplan–Meier estimator over a log-scale
+/// Every attempt still waiting when another attempt of its request produced the first token
+/// (the loser of a race) records a *censored* sample: its true TTFT is at least the time it
+/// waited. Attempts of a race nobody won (every attempt failed, the client went away, a timeout
+/// outside the hedge dropped the request) record nothing: when every replica is stuck their
+/// waits say how long the request was allowed to wait, not how slow first tokens are, and
+/// would hold the estimate at that limit for a whole window after the outage. The percentile is computed with the Kaplan–Meier estimator over a log-scale
 /// histogram (4% wide buckets), so losers do not bias the estimate low, which a plain
 /// percentile of winners would (a hedge only wins when the primary was slow).
 ///
@@ -313,6 +323,16 @@ impl Estimator {
         h.total = h.total.saturating_add(1);
     }
 
+    /// The expected time to first token, the median of the window (within the bounds); `None`
+    /// while the window holds fewer than the minimum samples.
+    pub(crate) fn expected(&self, now: Instant) -> Option<Duration> {
+        let st = self.state(now);
+        let samples = st.current.total.saturating_add(st.previous.total);
+        (samples >= self.config.min_samples.max(1)).then(|| {
+            kaplan_meier(&st.current, &st.previous, 0.5).clamp(self.config.min, self.config.max)
+        })
+    }
+
     /// The delay in force, `None` while the window holds fewer than the minimum samples.
     pub(crate) fn current(&self, now: Instant) -> Option<Duration> {
         let st = self.state(now);
@@ -353,6 +373,53 @@ fn kaplan_meier(a: &Hist, b: &Hist, p: f64) -> Duration {
     // Censoring left the quantile above every observation: the best lower bound is the
     // largest time seen.
     bucket_value(last)
+}
+
+/// The delay a backup waits when the previous attempt was sent at `now`: `delay`, at most half
+/// of the first-token time `deadlines` leave; `None` (no delay-triggered backup) once that time
+/// is gone.
+pub(crate) fn within(
+    delay: Duration,
+    deadlines: Option<&Deadlines>,
+    now: Instant,
+) -> Option<Duration> {
+    match deadlines.and_then(|d| d.first_token_left(now)) {
+        None => Some(delay),
+        Some(left) if left.is_zero() => None,
+        Some(left) => Some(delay.min(left / 2)),
+    }
+}
+
+/// Polls the sleep in `timer` (armed, or re-armed, for `at`); `true` once `at` has passed.
+pub(crate) fn poll_sleep(
+    timer: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    at: Instant,
+    cx: &mut std::task::Context<'_>,
+) -> bool {
+    let timer = match timer {
+        Some(t) => {
+            if t.deadline() != at {
+                t.as_mut().reset(at);
+            }
+            t
+        }
+        None => timer.insert(Box::pin(tokio::time::sleep_until(at))),
+    };
+    std::future::Future::poll(timer.as_mut(), cx).is_ready()
+}
+
+/// Whether a backup sent at `now` could still win: not when the first-token time `deadlines`
+/// leave is shorter than the `expected` time to first token (the median of the estimate);
+/// always without either.
+pub(crate) fn could_win(
+    deadlines: Option<&Deadlines>,
+    expected: Option<Duration>,
+    now: Instant,
+) -> bool {
+    match (deadlines.and_then(|d| d.first_token_left(now)), expected) {
+        (Some(left), Some(expected)) => left >= expected,
+        _ => true,
+    }
 }
 
 /// The delay source of one layer: fixed, or one or more estimators.
@@ -542,6 +609,65 @@ mod tests {
             e.record(Duration::from_secs(50), false, now);
         }
         assert_eq!(e.current(now), Some(Duration::from_secs(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_is_at_most_half_the_first_token_time_left() {
+        let now = Instant::now();
+        let d = Duration::from_secs(5);
+        assert_eq!(within(d, None, now), Some(d));
+        let none = Deadlines::default();
+        assert_eq!(within(d, Some(&none), now), Some(d));
+        let three = Deadlines {
+            first_token: Some(now + Duration::from_secs(3)),
+            total: None,
+        };
+        assert_eq!(
+            within(d, Some(&three), now),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            within(Duration::from_millis(200), Some(&three), now),
+            Some(Duration::from_millis(200))
+        );
+        // Later in the request, half of what is left then.
+        let later = now + Duration::from_secs(2);
+        assert_eq!(
+            within(d, Some(&three), later),
+            Some(Duration::from_millis(500))
+        );
+        // The total deadline counts when it is the earlier one.
+        let total = Deadlines {
+            first_token: Some(now + Duration::from_secs(3)),
+            total: Some(now + Duration::from_secs(1)),
+        };
+        assert_eq!(
+            within(d, Some(&total), now),
+            Some(Duration::from_millis(500))
+        );
+        // Past the deadline: no backup for the delay.
+        assert_eq!(within(d, Some(&three), now + Duration::from_secs(3)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backup_could_win_only_with_the_expected_ttft_left() {
+        let now = Instant::now();
+        let e = Estimator::new(AdaptiveDelay::new().with_min_samples(3), Arc::from("t"));
+        assert_eq!(e.expected(now), None, "too few samples");
+        for ms in [1000, 1500, 4000] {
+            e.record(Duration::from_millis(ms), false, now);
+        }
+        let expected = e.expected(now).unwrap();
+        let ms = expected.as_millis();
+        assert!((1440..=1560).contains(&ms), "the median, {ms} ms");
+        let left = |s: u64| Deadlines {
+            first_token: None,
+            total: Some(now + Duration::from_secs(s)),
+        };
+        assert!(could_win(Some(&left(2)), Some(expected), now));
+        assert!(!could_win(Some(&left(1)), Some(expected), now));
+        assert!(could_win(Some(&left(1)), None, now), "no estimate");
+        assert!(could_win(None, Some(expected), now), "no deadline");
     }
 
     #[tokio::test(start_paused = true)]

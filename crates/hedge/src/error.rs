@@ -1,9 +1,13 @@
 //! Errors of `FirstTokenHedge`.
 //!
-//! The response future's error is a [`BoxError`]. It is the inner service's own error when
-//! every attempt failed in transport (see [`FirstTokenHedge`](crate::FirstTokenHedge) for the
-//! rule), recovered with `downcast_ref`, or a [`RequestBodyError`] when the request body failed
-//! while it was being buffered for replay.
+//! In response mode (the default) the service's error type is the inner service's, and its
+//! only error is the inner service's own, when every attempt failed without a response (see
+//! [`FirstTokenHedge`](crate::FirstTokenHedge) for the rule). In error mode
+//! ([`with_error_mode`](crate::FirstTokenHedgeLayer::with_error_mode)) it is a [`BoxError`]:
+//! that same inner error (recovered with `downcast_ref`); an
+//! [`UpstreamError`](tailguard_core::UpstreamError) when every attempt failed; or a
+//! [`RequestBodyError`] when the request body failed while it was being buffered for replay
+//! (which response mode answers with a `400`).
 
 use std::fmt;
 

@@ -11,7 +11,7 @@ use tailguard_core::{EndReport, StreamTracker};
 use tokio::time::Instant;
 
 use crate::body::{Live, LiveProj};
-use crate::layer::FirstTokenHedgeLayer;
+use crate::layer::Config;
 use crate::verdict::{self, Fault, Verdict};
 
 /// An attempt whose response head arrived: the head, the frames it sent so far (all before
@@ -80,7 +80,7 @@ where
 
     /// Polls the attempt as far as it goes: its response head, then its body frame by frame,
     /// until a verdict.
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>, cfg: &FirstTokenHedgeLayer) -> Step<RB, E> {
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>, cfg: &Config) -> Step<RB, E> {
         if let State::Head(fut) = &mut self.state {
             let res = match fut.as_mut().poll(cx) {
                 Poll::Pending => return Step::Pending,
@@ -132,7 +132,7 @@ where
 fn read_until_token<RB: Body>(
     stream: &mut Streaming<RB>,
     cx: &mut Context<'_>,
-    cfg: &FirstTokenHedgeLayer,
+    cfg: &Config,
 ) -> (Verdict, Option<RB::Error>) {
     let LiveProj {
         tracker,
@@ -183,6 +183,24 @@ fn read_until_token<RB: Body>(
         if end_stream {
             body.set(None);
             return (verdict::of_end(&tracker.finish()), None);
+        }
+    }
+}
+
+/// What caused an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Trigger {
+    Primary,
+    Delay,
+    Failure,
+}
+
+impl Trigger {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Primary => "primary",
+            Trigger::Delay => "delay",
+            Trigger::Failure => "failure",
         }
     }
 }

@@ -1,18 +1,21 @@
 //! `FirstTokenHedgeLayer`: the configuration of the hedge.
 
 use std::fmt;
-use std::sync::Arc;
+use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
 
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
-use tailguard_core::{DEFAULT_REPLAY_CAP, Dialect, Priority, RequestFacts};
+use tailguard_core::{
+    DEFAULT_REPLAY_CAP, Dialect, Fail, GrpcCode, Priority, RequestFacts, Respond,
+};
 use tower_layer::Layer;
 
 use crate::attempt::ATTEMPT_HEADER;
 use crate::budget::HedgeBudget;
 use crate::delay::HedgeDelay;
 use crate::replicas::ReplicaSet;
-use crate::service::FirstTokenHedge;
+use crate::service::{FirstTokenHedge, Shared};
 
 /// The header a client sets (to any value) to opt its request out of hedging.
 pub const OPT_OUT_HEADER: &str = "x-tailguard-no-hedge";
@@ -22,18 +25,15 @@ pub const MAX_ATTEMPTS: u8 = 5;
 
 type Predicate = dyn Fn(&Parts) -> bool + Send + Sync;
 
-/// Hedges LLM streaming calls on the first token: see [`FirstTokenHedge`].
-///
-/// A `Clone + Debug` configuration value. Each service the layer builds (each call to
-/// [`Layer::layer`]) gets its own TTFT estimate, budget and rollout counter; clones of that
-/// service share them.
+/// The configuration of a hedge.
 #[derive(Clone)]
-pub struct FirstTokenHedgeLayer {
+pub(crate) struct Config {
     pub(crate) max_attempts: u8,
     pub(crate) delay: HedgeDelay,
     pub(crate) budget: HedgeBudget,
+    pub(crate) failover_budget: HedgeBudget,
     pub(crate) retryable: Arc<[StatusCode]>,
-    pub(crate) retryable_grpc: Arc<[u16]>,
+    pub(crate) retryable_grpc: Arc<[GrpcCode]>,
     pub(crate) replay_cap: usize,
     pub(crate) pre_token_cap: usize,
     pub(crate) dialect: Dialect,
@@ -42,7 +42,44 @@ pub struct FirstTokenHedgeLayer {
     pub(crate) attempt_header: Option<HeaderName>,
     pub(crate) priorities: Option<Arc<[Priority]>>,
     pub(crate) rollout: f64,
-    pub(crate) failures_as_errors: bool,
+    /// Error mode: every attempt failing is an `Err` (set with the `Fail` type).
+    pub(crate) as_errors: bool,
+}
+
+/// Hedges LLM streaming calls on the first token: see [`FirstTokenHedge`].
+///
+/// A `Clone + Debug` configuration value.
+///
+/// # State
+///
+/// One layer value is one hedge: every service it builds (every call to [`Layer::layer`],
+/// e.g. once per route under axum's `Router::layer`) and every clone of the layer share the
+/// same TTFT estimate, budgets and rollout counter, as one `BoundedAdmissionLayer` is one
+/// gate. Each `with_*` call starts a new state with the changed configuration. For a hedge of
+/// its own, build another layer value.
+///
+/// # Modes
+///
+/// In response mode ([`Respond`], the default) the service's error type is the inner
+/// service's: when every attempt failed the client gets the most informative failure as a
+/// response (see [`FirstTokenHedge`]), or the inner service's own error when no attempt got a
+/// response at all; a request body that fails while it is buffered is answered with a `400`.
+/// In error mode ([`Fail`], [`with_error_mode`](Self::with_error_mode)) the error type is
+/// [`BoxError`](crate::error::BoxError) and every such end is an `Err`.
+pub struct FirstTokenHedgeLayer<M = Respond> {
+    pub(crate) config: Config,
+    shared: Arc<OnceLock<Arc<Shared>>>,
+    _mode: PhantomData<fn() -> M>,
+}
+
+impl<M> Clone for FirstTokenHedgeLayer<M> {
+    fn clone(&self) -> Self {
+        FirstTokenHedgeLayer {
+            config: self.config.clone(),
+            shared: self.shared.clone(),
+            _mode: PhantomData,
+        }
+    }
 }
 
 impl Default for FirstTokenHedgeLayer {
@@ -51,13 +88,15 @@ impl Default for FirstTokenHedgeLayer {
     }
 }
 
-impl FirstTokenHedgeLayer {
-    /// A layer with the defaults:
+impl FirstTokenHedgeLayer<Respond> {
+    /// A layer in response mode with the defaults:
     ///
     /// * **2 attempts** (one backup): a second replica removes most of the tail; each further
     ///   attempt adds load for a smaller gain;
     /// * delay [`HedgeDelay::adaptive`] (p90 of recent TTFTs), see [`AdaptiveDelay`](crate::AdaptiveDelay);
-    /// * budget [`HedgeBudget::new`] (10% of requests, floor 1/s);
+    /// * budget [`HedgeBudget::new`] (10% of requests, no floor) for delay-triggered hedges,
+    ///   and a separate failover budget [`HedgeBudget::failover`] (20% of requests, floor
+    ///   1/s) for attempts sent at once after a failure before the first token;
     /// * retryable statuses **429, 500, 502, 503, 504**: the statuses another replica may well
     ///   not return (overload, crash, bad gateway, timeout); other statuses are answers about
     ///   the request itself and are returned as they are;
@@ -74,14 +113,18 @@ impl FirstTokenHedgeLayer {
     ///   [`with_predicate`](Self::with_predicate)); not opted out with [`OPT_OUT_HEADER`];
     ///   every priority (see [`with_priorities`](Self::with_priorities)); rollout 100%;
     /// * attempt header [`ATTEMPT_HEADER`](crate::ATTEMPT_HEADER) set on every attempt;
-    /// * when every attempt fails, the most informative failure is returned as it is (a
-    ///   response, or the inner error), see [`FirstTokenHedge`]; a proxy passes the upstream's
-    ///   own status and `Retry-After` on (see [`with_failures_as_errors`](Self::with_failures_as_errors)).
+    /// * when every attempt fails, the most informative failure is answered as it is (an
+    ///   upstream's error status or in-band error, replayed; the inner error, returned), and a
+    ///   `2xx` stream that failed before its first token with a rendered `502`, see
+    ///   [`FirstTokenHedge`]: a proxy passes the upstream's own status and `Retry-After` on,
+    ///   and a client never gets a `200` that carries no answer (see
+    ///   [`with_error_mode`](Self::with_error_mode)).
     pub fn new() -> Self {
-        FirstTokenHedgeLayer {
+        let config = Config {
             max_attempts: 2,
             delay: HedgeDelay::default(),
             budget: HedgeBudget::default(),
+            failover_budget: HedgeBudget::failover(),
             retryable: Arc::new([
                 StatusCode::TOO_MANY_REQUESTS,
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -89,7 +132,11 @@ impl FirstTokenHedgeLayer {
                 StatusCode::SERVICE_UNAVAILABLE,
                 StatusCode::GATEWAY_TIMEOUT,
             ]),
-            retryable_grpc: Arc::new([8, 13, 14]),
+            retryable_grpc: Arc::new([
+                GrpcCode::ResourceExhausted,
+                GrpcCode::Internal,
+                GrpcCode::Unavailable,
+            ]),
             replay_cap: DEFAULT_REPLAY_CAP,
             pre_token_cap: 256 << 10,
             dialect: Dialect::Auto,
@@ -98,125 +145,174 @@ impl FirstTokenHedgeLayer {
             attempt_header: Some(HeaderName::from_static(ATTEMPT_HEADER)),
             priorities: None,
             rollout: 1.0,
-            failures_as_errors: false,
+            as_errors: false,
+        };
+        FirstTokenHedgeLayer {
+            config,
+            shared: Arc::default(),
+            _mode: PhantomData,
         }
+    }
+
+    /// Switches to error mode ([`Fail`]): when every attempt fails the response future
+    /// resolves to an [`UpstreamError`](tailguard_core::UpstreamError) (its kind that of the
+    /// most informative failure) instead of answering with that failure (replayed, rendered as
+    /// a `502`, or the inner error), and a request body that fails while buffered is an `Err`
+    /// holding a [`RequestBodyError`](crate::error::RequestBodyError). For stacks that render
+    /// errors in one place.
+    pub fn with_error_mode(mut self) -> FirstTokenHedgeLayer<Fail> {
+        self.config.as_errors = true;
+        FirstTokenHedgeLayer {
+            config: self.config,
+            shared: Arc::default(),
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<M> FirstTokenHedgeLayer<M> {
+    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(&mut self.config);
+        self.shared = Arc::default();
+        self
+    }
+
+    /// The state every service of this layer value shares, made on first use.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared
+            .get_or_init(|| Arc::new(Shared::new(self.config.clone())))
+            .clone()
     }
 
     /// Sets the most attempts per request, the primary included (clamped to `1..=5`; `1`
     /// disables hedging: every request passes straight through).
-    pub fn with_max_attempts(mut self, n: u8) -> Self {
-        self.max_attempts = n.clamp(1, MAX_ATTEMPTS);
-        self
+    pub fn with_max_attempts(self, n: u8) -> Self {
+        self.with(|c| {
+            c.max_attempts = n.clamp(1, MAX_ATTEMPTS);
+        })
     }
 
     /// Sets the hedge delay (a [`HedgeDelay`], an [`AdaptiveDelay`](crate::AdaptiveDelay) or a
     /// `Duration` for a fixed delay).
-    pub fn with_delay(mut self, delay: impl Into<HedgeDelay>) -> Self {
-        self.delay = delay.into();
-        self
+    pub fn with_delay(self, delay: impl Into<HedgeDelay>) -> Self {
+        self.with(|c| {
+            c.delay = delay.into();
+        })
     }
 
-    /// Sets the budget.
-    pub fn with_budget(mut self, budget: HedgeBudget) -> Self {
-        self.budget = budget;
-        self
+    /// Sets the budget of delay-triggered hedges.
+    pub fn with_budget(self, budget: HedgeBudget) -> Self {
+        self.with(|c| {
+            c.budget = budget;
+        })
+    }
+
+    /// Sets the budget of failovers: attempts sent at once because an earlier attempt failed
+    /// before its first token (transport error, retryable status, in-band error, a stream that
+    /// ended with no token).
+    pub fn with_failover_budget(self, budget: HedgeBudget) -> Self {
+        self.with(|c| {
+            c.failover_budget = budget;
+        })
     }
 
     /// Sets the HTTP statuses that count as a failed attempt (a backup is sent at once).
-    pub fn with_retryable_statuses(
-        mut self,
-        statuses: impl IntoIterator<Item = StatusCode>,
-    ) -> Self {
-        self.retryable = statuses.into_iter().collect();
-        self
+    pub fn with_retryable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.with(|c| {
+            c.retryable = statuses.into_iter().collect();
+        })
     }
 
     /// Sets the gRPC status codes that count as a failed attempt.
-    pub fn with_retryable_grpc_codes(mut self, codes: impl IntoIterator<Item = u16>) -> Self {
-        self.retryable_grpc = codes.into_iter().collect();
-        self
+    pub fn with_retryable_grpc_codes(self, codes: impl IntoIterator<Item = GrpcCode>) -> Self {
+        self.with(|c| {
+            c.retryable_grpc = codes.into_iter().collect();
+        })
     }
 
     /// Sets the most request-body bytes buffered for replay.
-    pub fn with_replay_cap(mut self, bytes: usize) -> Self {
-        self.replay_cap = bytes;
-        self
+    pub fn with_replay_cap(self, bytes: usize) -> Self {
+        self.with(|c| {
+            c.replay_cap = bytes;
+        })
     }
 
     /// Sets the most response bytes held per attempt before its first token.
-    pub fn with_pre_token_cap(mut self, bytes: usize) -> Self {
-        self.pre_token_cap = bytes;
-        self
+    pub fn with_pre_token_cap(self, bytes: usize) -> Self {
+        self.with(|c| {
+            c.pre_token_cap = bytes;
+        })
     }
 
     /// Sets how tokens are found in response bodies.
-    pub fn with_dialect(mut self, dialect: Dialect) -> Self {
-        self.dialect = dialect;
-        self
+    pub fn with_dialect(self, dialect: Dialect) -> Self {
+        self.with(|c| {
+            c.dialect = dialect;
+        })
     }
 
     /// Replaces the default eligibility predicate (`POST`, and not
     /// [`RequestFacts::stream`]` == Some(false)`). The opt-out header, the priority switch
     /// and the rollout still apply.
-    pub fn with_predicate<F>(mut self, f: F) -> Self
+    pub fn with_predicate<F>(self, f: F) -> Self
     where
         F: Fn(&Parts) -> bool + Send + Sync + 'static,
     {
-        self.predicate = Some(Arc::new(f));
-        self
+        self.with(|c| {
+            c.predicate = Some(Arc::new(f));
+        })
     }
 
     /// Sets the opt-out header (`None`: no opt-out).
-    pub fn with_opt_out_header(mut self, header: Option<HeaderName>) -> Self {
-        self.opt_out = header;
-        self
+    pub fn with_opt_out_header(self, header: Option<HeaderName>) -> Self {
+        self.with(|c| {
+            c.opt_out = header;
+        })
     }
 
     /// Sets the header that carries the attempt index (`None`: no header; the
     /// [`Attempt`](crate::Attempt) extension is always set).
-    pub fn with_attempt_header(mut self, header: Option<HeaderName>) -> Self {
-        self.attempt_header = header;
-        self
+    pub fn with_attempt_header(self, header: Option<HeaderName>) -> Self {
+        self.with(|c| {
+            c.attempt_header = header;
+        })
     }
 
     /// Hedges only requests whose [`Priority`] is one of `priorities` (requests without a
     /// `Priority` are then not hedged). A [`ClassPolicy`](tailguard_core::ClassPolicy) with
     /// `hedge` set overrides this either way.
-    pub fn with_priorities(mut self, priorities: impl IntoIterator<Item = Priority>) -> Self {
-        self.priorities = Some(priorities.into_iter().collect());
-        self
+    pub fn with_priorities(self, priorities: impl IntoIterator<Item = Priority>) -> Self {
+        self.with(|c| {
+            c.priorities = Some(priorities.into_iter().collect());
+        })
     }
 
     /// Hedges only this fraction of eligible requests (`0.0..=1.0`), spread evenly (a
     /// low-discrepancy sequence, not a coin toss, so 10% means every tenth request on average
     /// over any short run).
-    pub fn with_rollout(mut self, fraction: f64) -> Self {
-        self.rollout = if fraction.is_nan() {
-            0.0
-        } else {
-            fraction.clamp(0.0, 1.0)
-        };
-        self
+    pub fn with_rollout(self, fraction: f64) -> Self {
+        self.with(|c| {
+            c.rollout = if fraction.is_nan() {
+                0.0
+            } else {
+                fraction.clamp(0.0, 1.0)
+            };
+        })
     }
 
-    /// Builds the hedge over an explicit set of replicas: each attempt of a request goes to a
-    /// replica no earlier attempt went to (see [`ReplicaSet`]).
+    /// Builds the hedge over an explicit set of replicas with [`ReplicaSet::new`]'s defaults
+    /// (load-aware primaries, backups to the best untried replica, outlier ejection). For
+    /// other settings build the set yourself and [`layer`](Layer::layer) it, e.g.
+    /// `layer.layer(ReplicaSet::round_robin(replicas))`.
     pub fn layer_replicas<S>(
         &self,
         replicas: impl IntoIterator<Item = S>,
-    ) -> FirstTokenHedge<ReplicaSet<S>> {
-        FirstTokenHedge::new(ReplicaSet::new(replicas), self.clone())
+    ) -> FirstTokenHedge<ReplicaSet<S>, M> {
+        self.layer(ReplicaSet::new(replicas))
     }
+}
 
-    /// When every attempt fails, resolve to an
-    /// [`UpstreamError`](tailguard_core::UpstreamError) (its kind that of the most
-    /// informative failure) instead of returning that failure as it is. For stacks that
-    /// render errors in one place.
-    pub fn with_failures_as_errors(mut self, on: bool) -> Self {
-        self.failures_as_errors = on;
-        self
-    }
-
+impl Config {
     /// Whether the default predicate accepts the request.
     pub(crate) fn default_predicate(parts: &Parts) -> bool {
         parts.method == Method::POST
@@ -227,12 +323,22 @@ impl FirstTokenHedgeLayer {
     }
 }
 
-impl fmt::Debug for FirstTokenHedgeLayer {
+impl<M> fmt::Debug for FirstTokenHedgeLayer<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FirstTokenHedgeLayer")
+            .field("config", &self.config)
+            .field("mode", &std::any::type_name::<M>())
+            .finish()
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
             .field("max_attempts", &self.max_attempts)
             .field("delay", &self.delay)
             .field("budget", &self.budget)
+            .field("failover_budget", &self.failover_budget)
             .field("retryable", &self.retryable)
             .field("retryable_grpc", &self.retryable_grpc)
             .field("replay_cap", &self.replay_cap)
@@ -243,15 +349,37 @@ impl fmt::Debug for FirstTokenHedgeLayer {
             .field("attempt_header", &self.attempt_header)
             .field("priorities", &self.priorities)
             .field("rollout", &self.rollout)
-            .field("failures_as_errors", &self.failures_as_errors)
+            .field("as_errors", &self.as_errors)
             .finish()
     }
 }
 
-impl<S> Layer<S> for FirstTokenHedgeLayer {
-    type Service = FirstTokenHedge<S>;
+impl<S, M> Layer<S> for FirstTokenHedgeLayer<M> {
+    type Service = FirstTokenHedge<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        FirstTokenHedge::new(inner, self.clone())
+        FirstTokenHedge::from_shared(inner, self.shared())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_layer_value_is_one_state() {
+        let layer = FirstTokenHedgeLayer::new();
+        let (a, b) = (layer.layer(()), layer.clone().layer(()));
+        assert!(
+            Arc::ptr_eq(&a.shared, &b.shared),
+            "every layer() call and clone share it"
+        );
+        let changed = layer.with_max_attempts(3).layer(());
+        assert!(
+            !Arc::ptr_eq(&a.shared, &changed.shared),
+            "a with_* call starts a new one"
+        );
+        let errors = FirstTokenHedgeLayer::new().with_error_mode();
+        assert!(errors.config.as_errors);
     }
 }

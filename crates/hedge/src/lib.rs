@@ -40,7 +40,7 @@
 //! let res = client.oneshot(req).await?;
 //! // The first token came well within the delay: no backup was sent.
 //! let outcome = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
-//! assert_eq!((outcome.attempts, outcome.winner), (1, 0));
+//! assert_eq!((outcome.attempts, outcome.winner), (1, Some(0)));
 //! let body = res.into_body().collect().await?.to_bytes();
 //! assert!(body.ends_with(b"data: [DONE]\n\n"));
 //! # Ok(())
@@ -79,7 +79,29 @@
 //!    [`HedgeOutcome`](tailguard_core::HedgeOutcome) in the response extensions. The others
 //!    are dropped, cancelling their upstream requests.
 //!
-//! Headers therefore reach the client only once a winner is committed or every attempt failed.
+//! Headers therefore reach the client only once a winner is committed or every attempt failed;
+//! then the client gets the upstream's own error answer, or a rendered `502` when the best
+//! failure was a stream with no token (never a `200` with no answer), see [`FirstTokenHedge`].
+//!
+//! A request whose extensions carry core's [`Deadlines`](tailguard_core::Deadlines) (a timeout
+//! layer outside sets them) waits at most half of the first-token time it has left before each
+//! backup, so a backup always has at least as long as the attempt before it had (see
+//! [`HedgeDelay`]). With an adaptive delay, a backup (delay-triggered or a failover) is not
+//! sent when the first-token time left is shorter than the expected time to first token (the
+//! median of the estimate, once it has its minimum samples): it could not win and would only
+//! add load; [`HedgeOutcome::deadline_skipped`](tailguard_core::HedgeOutcome) says so. Every
+//! attempt carries the budget left when it is sent (`grpc-timeout`, or the configured HTTP
+//! header, see [`ClientDeadline`](tailguard_core::ClientDeadline)), so a deadline-aware
+//! upstream can drop work nobody waits for.
+//!
+//! ## What hedging costs
+//!
+//! The [`HedgeOutcome`](tailguard_core::HedgeOutcome) in the response extensions records, beside
+//! the attempts sent and the winner, every losing attempt with how long it ran before it was
+//! cancelled (or failed), the request body bytes sent on the losing attempts, and the prompt
+//! tokens sent on them when the request's [`RequestFacts`](tailguard_core::RequestFacts) know
+//! its `prompt_tokens`: the prefill the hedge paid for. `LatencyPhaseRecorder` turns them into
+//! per-upstream counters and puts them on the request's log line.
 //!
 //! ## Composition
 //!
@@ -92,13 +114,11 @@
 //!
 //! ## tonic
 //!
-//! A tonic `Channel` takes `tonic::body::Body`; the replayed request body yields
-//! [`Chunk<Bytes>`](tailguard_core::Chunk), which turns back into `Bytes` without a copy:
+//! A tonic `Channel` takes exactly `tonic::body::Body`; the replayed request body keeps the
+//! `Bytes` data of the body it replays, so wrapping it is all it takes:
 //!
 //! ```no_run
-//! use bytes::Buf;
 //! use http::Request;
-//! use http_body_util::BodyExt;
 //! use tailguard_core::ReplayBody;
 //! use tailguard_hedge::FirstTokenHedgeLayer;
 //! use tower::ServiceBuilder;
@@ -107,13 +127,7 @@
 //! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let hedged = ServiceBuilder::new()
 //!     .layer(FirstTokenHedgeLayer::new())
-//!     .map_request(|r: Request<ReplayBody<tonic::body::Body>>| {
-//!         r.map(|b| {
-//!             tonic::body::Body::new(
-//!                 b.map_frame(|f| f.map_data(|mut c| c.copy_to_bytes(c.remaining()))),
-//!             )
-//!         })
-//!     })
+//!     .map_request(|r: Request<ReplayBody<tonic::body::Body>>| r.map(tonic::body::Body::new))
 //!     .service(channel);
 //! // `hedged` is a `GrpcService`: hand it to any generated client, e.g.
 //! // `GeneratorClient::new(hedged)`; every message of a server stream is a token.
@@ -126,7 +140,11 @@
 //!
 //! * `tailguard_hedge_sent_total{trigger="delay"|"failure"}`: extra attempts sent;
 //! * `tailguard_hedge_won_total`: races won by a backup's first token;
-//! * `tailguard_hedge_budget_exhausted_total`: extra attempts refused by the budget;
+//! * `tailguard_hedge_budget_withdrawn_total{budget="hedge"|"failover"}` and
+//!   `tailguard_hedge_budget_exhausted_total{budget}`: extra attempts each budget allowed and
+//!   refused;
+//! * `tailguard_hedge_ejections_total{replica, reason="failures"|"slow"}`: [`ReplicaSet`]
+//!   outlier ejections;
 //! * `tailguard_hedge_all_failed_total`: requests whose every attempt failed;
 //! * `tailguard_hedge_delay_seconds{key}` (gauge): the adaptive delay in force, per estimate
 //!   key (bounded by [`AdaptiveDelay::with_max_keys`]), or `key="fixed"`;
@@ -136,28 +154,41 @@
 
 // Where things are: `layer` (the configuration), `service` (eligibility, and `call` starting a
 // race), `future` (the response future), `race` (one request's race: sending attempts, the
-// hedge timer, commit, the every-attempt-failed answer), `inflight` (one attempt read up to its
-// first token), `verdict` (what a head, a frame, trailers or the end say; which failure ranks
-// highest), `template` (the request head each attempt is copied from), `body` (the client's
-// body: replay, then live), `delay`, `budget`, `attempt` and `replicas`.
+// hedge timer, commit, every attempt failed), `inflight` (one attempt read up to its first
+// token), `verdict` (what a head, a frame, trailers or the end say; which failure ranks
+// highest), `answer` (the rendered error, or the error, when every attempt failed), `template`
+// (the request head each attempt is copied from), `body` (the client's body: replay, then
+// live, or a rendered error), `delay`, `budget`, `attempt` and `replicas`.
+mod answer;
 mod attempt;
+mod base_uri;
 mod body;
 mod budget;
+mod cost;
 mod delay;
+mod eject;
 pub mod error;
 pub mod future;
 mod inflight;
 mod layer;
+mod metrics;
 mod race;
 mod replicas;
+mod score;
 mod service;
+mod shared_budget;
+mod slots;
 mod template;
 mod verdict;
 
 pub use attempt::{ATTEMPT_HEADER, Attempt, ReplicaId};
+pub use base_uri::{BaseUri, InvalidBaseUri};
 pub use body::HedgeBody;
 pub use budget::HedgeBudget;
 pub use delay::{AdaptiveDelay, DelayKey, HedgeDelay};
+pub use eject::Ejection;
 pub use layer::{FirstTokenHedgeLayer, MAX_ATTEMPTS, OPT_OUT_HEADER};
-pub use replicas::ReplicaSet;
+pub use replicas::{ReplicaSet, Routing};
 pub use service::FirstTokenHedge;
+pub use shared_budget::{BudgetBackend, Exchange, ExchangeFuture, SharedBudget};
+pub use slots::ReplicaBody;

@@ -8,39 +8,25 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use tailguard_core::replay::Buffering;
-use tailguard_core::{BoxError, EndReason, EndReport, HedgeOutcome, ReplayBody, UpstreamError};
+use tailguard_core::{BoxError, Deadlines, EndReport, HedgeOutcome, ReplayBody, deadline};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use crate::answer::{self, Escape};
 use crate::attempt::Attempt;
 use crate::body::{Forward, HedgeBody};
-use crate::delay::Estimator;
+use crate::cost::Costs;
+use crate::delay::{self, Estimator};
 use crate::error::RequestBodyError;
-use crate::inflight::{Failure, InFlight, Step, Streaming};
+use crate::inflight::{Failure, InFlight, Step, Streaming, Trigger};
+use crate::score::Settle;
 use crate::service::Shared;
 use crate::template::Template;
-
-/// What caused an attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Trigger {
-    Primary,
-    Delay,
-    Failure,
-}
-
-impl Trigger {
-    fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Primary => "primary",
-            Trigger::Delay => "delay",
-            Trigger::Failure => "failure",
-        }
-    }
-}
 
 /// A deadline that does not come (about 30 years).
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -57,7 +43,8 @@ enum Phase<F, B> {
     Done,
 }
 
-type Output<RB> = Result<Response<HedgeBody<RB>>, BoxError>;
+/// What a race resolves to, before the mode says what the caller gets.
+pub(crate) type Output<RB, E> = Result<Response<HedgeBody<RB>>, Escape<E>>;
 
 /// The race of one eligible request.
 pub(crate) struct Race<S, B, RB>
@@ -76,9 +63,14 @@ where
     body: Option<ReplayBody<B>>,
     record: Attempt,
     estimator: Option<Arc<Estimator>>,
+    /// The request's deadlines, set by a layer outside (the delay stays within them).
+    deadlines: Option<Deadlines>,
+    /// The delay in force for this request (the outcome's), capped by the deadlines at start.
     delay: Option<Duration>,
     /// When the next delay-triggered attempt is due.
     hedge_at: Option<Instant>,
+    /// The delay that set `hedge_at` (within the deadlines).
+    armed: Duration,
     timer: Option<Pin<Box<Sleep>>>,
     /// The attempts in flight, in the order they were sent.
     attempts: Vec<InFlight<S::Future, RB>>,
@@ -86,6 +78,9 @@ where
     pending_send: Option<Trigger>,
     best: Option<Kept<RB, S::Error>>,
     budget_exhausted: bool,
+    /// A backup was skipped: it could not have won before the deadline.
+    deadline_skipped: bool,
+    costs: Costs,
 }
 
 impl<S, B, RB> fmt::Debug for Race<S, B, RB>
@@ -110,14 +105,21 @@ where
     B: Body + Unpin,
     B::Error: Into<BoxError>,
     RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
 {
     pub(crate) fn new(shared: Arc<Shared>, service: S, parts: Parts, body: B) -> Self {
         shared.budget.deposit();
         let estimator = shared.delay.estimator(&parts);
         let cap = shared.config.replay_cap;
         let outer_report = parts.extensions.get::<EndReport>().cloned();
+        let deadlines = parts.extensions.get::<Deadlines>().copied();
+        let costs = Costs::new(&parts);
         Race {
+            costs,
+            deadline_skipped: false,
             outer_report,
+            deadlines,
             shared,
             service,
             ready: true,
@@ -128,6 +130,7 @@ where
             estimator,
             delay: None,
             hedge_at: None,
+            armed: Duration::ZERO,
             timer: None,
             attempts: Vec::new(),
             sent: 0,
@@ -157,9 +160,17 @@ where
         req
     }
 
-    fn outcome(&self, winner: u8) -> HedgeOutcome {
-        HedgeOutcome::new(self.sent, winner, self.delay)
-            .with_budget_exhausted(self.budget_exhausted)
+    /// What the hedge did: `winner` is `None` when every attempt failed (then every attempt
+    /// is a loser).
+    fn outcome(&self, winner: Option<u8>) -> HedgeOutcome {
+        let outcome = match winner {
+            Some(w) => HedgeOutcome::new(self.sent, w, self.delay),
+            None => HedgeOutcome::all_failed(self.sent, self.delay),
+        }
+        .with_budget_exhausted(self.budget_exhausted)
+        .with_deadline_skipped(self.deadline_skipped);
+        let bytes = self.body.as_ref().and_then(ReplayBody::replay_len);
+        self.costs.outcome(outcome, winner, bytes)
     }
 
     /// Sends attempt number `self.sent` on the (ready) service.
@@ -169,7 +180,8 @@ where
         };
         let index = self.sent;
         let report = self.outer_report.as_ref().map(|_| EndReport::new());
-        let req = self.request(index, body, report.as_ref());
+        let mut req = self.request(index, body, report.as_ref());
+        deadline::propagate(&mut req, now);
         let fut = self.service.call(req);
         self.ready = false;
         self.attempts.push(InFlight::new(index, now, report, fut));
@@ -184,10 +196,15 @@ where
             delay_ms = self.delay.map(|d| d.as_millis() as u64),
             "tailguard-hedge: attempt sent"
         );
-        // The next delay-triggered attempt goes out `delay` after this one. The timer itself
-        // is armed lazily, only if the race is still undecided when it would go to sleep.
-        self.hedge_at = match self.delay {
+        // The next delay-triggered attempt goes out `delay` after this one, within what the
+        // deadlines leave. The timer itself is armed lazily, only if the race is still
+        // undecided when it would go to sleep.
+        let next = self
+            .delay
+            .and_then(|d| delay::within(d, self.deadlines.as_ref(), now));
+        self.hedge_at = match next {
             Some(d) if self.sent < self.shared.config.max_attempts => {
+                self.armed = d;
                 // A delay too large to add is as good as none.
                 Some(now.checked_add(d).unwrap_or_else(|| now + FAR_FUTURE))
             }
@@ -200,21 +217,11 @@ where
         let Some(at) = self.hedge_at else {
             return false;
         };
-        let timer = match &mut self.timer {
-            Some(t) => {
-                if t.deadline() != at {
-                    t.as_mut().reset(at);
-                }
-                t
-            }
-            None => self.timer.insert(Box::pin(tokio::time::sleep_until(at))),
-        };
-        if timer.as_mut().poll(cx).is_ready() {
+        let fired = delay::poll_sleep(&mut self.timer, at, cx);
+        if fired {
             self.hedge_at = None;
-            true
-        } else {
-            false
         }
+        fired
     }
 
     /// Decides to send another attempt, if none is waiting to go out, attempts remain and the
@@ -223,19 +230,30 @@ where
         if self.pending_send.is_some() || self.sent >= self.shared.config.max_attempts {
             return;
         }
-        if !self.shared.budget.withdraw(Instant::now()) {
+        let now = Instant::now();
+        let expected = self.estimator.as_ref().and_then(|e| e.expected(now));
+        if !delay::could_win(self.deadlines.as_ref(), expected, now) {
+            self.deadline_skipped = true;
+            metrics::counter!("tailguard_hedge_deadline_skipped_total").increment(1);
+            tracing::debug!(
+                trigger = trigger.as_str(),
+                "tailguard-hedge: no time to win"
+            );
+            return;
+        }
+        // Failovers draw on a budget of their own (counted there).
+        let failover = trigger == Trigger::Failure;
+        if !self.shared.budget.withdraw(failover, now) {
             self.budget_exhausted = true;
-            metrics::counter!("tailguard_hedge_budget_exhausted_total").increment(1);
             tracing::debug!(
                 trigger = trigger.as_str(),
                 "tailguard-hedge: budget exhausted, no attempt sent"
             );
             return;
         }
-        if trigger == Trigger::Delay
-            && let Some(d) = self.delay
-        {
-            metrics::histogram!("tailguard_hedge_delay_used_seconds").record(d.as_secs_f64());
+        if trigger == Trigger::Delay {
+            metrics::histogram!("tailguard_hedge_delay_used_seconds")
+                .record(self.armed.as_secs_f64());
         }
         self.pending_send = Some(trigger);
     }
@@ -243,6 +261,7 @@ where
     /// Keeps `failure` of attempt `index` if it is the most informative so far, and calls for
     /// the next attempt.
     fn fail(&mut self, index: u8, failure: Failure<RB, S::Error>, report: Option<EndReport>) {
+        self.record.settle(index, Settle::Failed);
         let fault = failure.fault();
         tracing::debug!(
             attempt = index,
@@ -259,11 +278,13 @@ where
         self.want(Trigger::Failure);
     }
 
-    /// Drops every attempt still in flight, recording how long each had waited.
-    fn cancel_all(&mut self, now: Instant) {
+    /// Drops every attempt still in flight; `censor` when another attempt just produced the
+    /// first token, so that how long each had waited is a censored TTFT sample.
+    fn cancel_all(&mut self, now: Instant, censor: bool) {
         for attempt in self.attempts.drain(..) {
+            self.costs.ended(attempt.index, attempt.sent_at, now);
             let waited = now.saturating_duration_since(attempt.sent_at);
-            if let Some(e) = &self.estimator {
+            if let Some(e) = self.estimator.as_ref().filter(|_| censor) {
                 e.record(waited, true, now);
             }
             tracing::debug!(
@@ -291,8 +312,15 @@ where
         token: bool,
     ) -> Response<HedgeBody<RB>> {
         let (index, sent_at) = (attempt.index, attempt.sent_at);
+        // Tells a `ReplicaSet` below how the attempt went (its score).
+        let how = if token {
+            Settle::Token
+        } else {
+            Settle::Answered
+        };
+        self.record.settle(index, how);
         let now = Instant::now();
-        self.cancel_all(now);
+        self.cancel_all(now, token);
         self.phase = Phase::Done;
         self.best = None;
         if token {
@@ -311,55 +339,45 @@ where
         );
         let forward = self.forward(attempt.report);
         let mut res = stream.into_response(None, forward);
-        res.extensions_mut().insert(self.outcome(index));
+        res.extensions_mut().insert(self.outcome(Some(index)));
         res
     }
 
-    /// Every attempt failed: the most informative failure, as it is or as an error.
-    fn finalize(&mut self) -> Output<RB> {
+    /// Every attempt failed: the answer to the most informative failure, and the reason in the
+    /// request's end report (after an inner layer's own, see `answer`).
+    fn finalize(&mut self) -> Output<RB, S::Error> {
         self.phase = Phase::Done;
         self.timer = None;
         self.hedge_at = None;
         metrics::counter!("tailguard_hedge_all_failed_total").increment(1);
         let Some((index, failure, report)) = self.best.take() else {
-            return Err("tailguard-hedge: no attempt completed".into());
+            let error = "tailguard-hedge: no attempt completed".into();
+            return Err(Escape::Own(error, self.head.is_grpc()));
         };
-        let kind = failure.fault().kind;
-        // An inner layer's own reason for that attempt first, then ours.
-        let forward = self.forward(report);
-        if let Some(f) = &forward {
-            f.apply();
-        }
-        if let Some(outer) = &self.outer_report {
-            outer.report(EndReason::UpstreamError(kind));
-        }
+        let fault = failure.fault();
         tracing::debug!(
             attempt = index,
             attempts = self.sent,
-            failure = kind.as_str(),
+            failure = fault.kind.as_str(),
             "tailguard-hedge: every attempt failed"
         );
-        if self.shared.config.failures_as_errors {
-            let best = match failure {
-                Failure::Response { stream, .. } => {
-                    format!("the best answer was {}", stream.status())
-                }
-                Failure::Service(e) => format!("the last error: {}", e.into()),
-            };
-            let message = format!("{} attempts failed before a first token; {best}", self.sent);
-            return Err(UpstreamError::new(kind, message).into());
+        let (answer, reason) = answer::every_attempt_failed(
+            failure,
+            self.forward(report),
+            self.shared.config.as_errors,
+            self.sent,
+            self.head.is_grpc(),
+        );
+        if let Some(outer) = &self.outer_report {
+            outer.report(reason);
         }
-        match failure {
-            Failure::Response { stream, error, .. } => {
-                let mut res = stream.into_response(error, forward);
-                res.extensions_mut().insert(self.outcome(index));
-                Ok(res)
-            }
-            Failure::Service(e) => Err(e.into()),
-        }
+        answer.map(|mut res| {
+            res.extensions_mut().insert(self.outcome(None));
+            res
+        })
     }
 
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB>> {
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB, S::Error>> {
         loop {
             match &mut self.phase {
                 Phase::Buffering(buffering) => {
@@ -367,7 +385,8 @@ where
                         Ok(body) => body,
                         Err(e) => {
                             self.phase = Phase::Done;
-                            return Poll::Ready(Err(RequestBodyError::new(e.into()).into()));
+                            let error = RequestBodyError::new(e.into()).into();
+                            return Poll::Ready(Err(Escape::Own(error, self.head.is_grpc())));
                         }
                     };
                     self.start(body);
@@ -381,7 +400,7 @@ where
                             res.extensions_mut().insert(HedgeOutcome::new(1, 0, None));
                             Ok(res)
                         }
-                        Err(e) => Err(e.into()),
+                        Err(e) => Err(Escape::Inner(e)),
                     });
                 }
                 Phase::Racing => return self.poll_race(cx),
@@ -396,7 +415,11 @@ where
             self.body = Some(body);
             self.phase = Phase::Racing;
             let now = Instant::now();
-            self.delay = self.shared.delay.delay(self.estimator.as_deref(), now);
+            self.delay = self
+                .shared
+                .delay
+                .delay(self.estimator.as_deref(), now)
+                .and_then(|d| delay::within(d, self.deadlines.as_ref(), now));
             self.send(Trigger::Primary, now);
         } else {
             tracing::debug!("tailguard-hedge: request body over the replay cap");
@@ -406,7 +429,7 @@ where
         }
     }
 
-    fn poll_race(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB>> {
+    fn poll_race(&mut self, cx: &mut Context<'_>) -> Poll<Output<RB, S::Error>> {
         loop {
             let mut progressed = self.poll_send(cx);
             let mut i = 0;
@@ -419,6 +442,8 @@ where
                     }
                     Step::Failed(failure) => {
                         let attempt = self.attempts.remove(i);
+                        self.costs
+                            .ended(attempt.index, attempt.sent_at, Instant::now());
                         self.fail(attempt.index, failure, attempt.report);
                         progressed = true;
                     }
@@ -469,20 +494,14 @@ where
     RB: Body,
 {
     fn drop(&mut self) {
-        // The client went away during the race: every attempt in flight is cancelled (dropped
-        // with this struct) and recorded as a censored sample.
-        if self.attempts.is_empty() {
-            return;
-        }
+        // The client went away (or a layer outside timed the request out) during the race:
+        // every attempt in flight is cancelled, dropped with this struct. Nobody won, so their
+        // waits are no TTFT samples (see `AdaptiveDelay`).
         let now = Instant::now();
         for attempt in &self.attempts {
-            let waited = now.saturating_duration_since(attempt.sent_at);
-            if let Some(e) = &self.estimator {
-                e.record(waited, true, now);
-            }
             tracing::debug!(
                 attempt = attempt.index,
-                waited_ms = waited.as_millis() as u64,
+                waited_ms = now.saturating_duration_since(attempt.sent_at).as_millis() as u64,
                 "tailguard-hedge: attempt cancelled, response dropped"
             );
         }

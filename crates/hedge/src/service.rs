@@ -1,28 +1,30 @@
 //! `FirstTokenHedge`: the service.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, ClassPolicy, Priority, ReplayBody};
+use tailguard_core::{BoxError, ClassPolicy, Fail, Priority, ReplayBody, Respond};
 use tower_service::Service;
 
 use crate::body::HedgeBody;
-use crate::budget::Bucket;
+use crate::budget::Budgets;
 use crate::delay::DelaySource;
 use crate::future::ResponseFuture;
-use crate::layer::FirstTokenHedgeLayer;
+use crate::layer::{Config, FirstTokenHedgeLayer};
 use crate::race::Race;
 
 /// State shared by the clones of one `FirstTokenHedge`.
 pub(crate) struct Shared {
-    pub(crate) config: FirstTokenHedgeLayer,
+    pub(crate) config: Config,
     pub(crate) delay: DelaySource,
-    pub(crate) budget: Bucket,
+    pub(crate) budget: Budgets,
     rollout_seq: AtomicU64,
     rollout_threshold: u64,
 }
@@ -38,7 +40,8 @@ impl fmt::Debug for Shared {
 }
 
 impl Shared {
-    fn new(config: FirstTokenHedgeLayer) -> Self {
+    pub(crate) fn new(config: Config) -> Self {
+        crate::metrics::describe();
         let rollout_threshold = if config.rollout >= 1.0 {
             u64::MAX
         } else {
@@ -46,7 +49,7 @@ impl Shared {
         };
         Shared {
             delay: DelaySource::new(&config.delay),
-            budget: Bucket::new(&config.budget),
+            budget: Budgets::new(&config.budget, &config.failover_budget),
             rollout_seq: AtomicU64::new(0),
             rollout_threshold,
             config,
@@ -61,7 +64,7 @@ impl Shared {
         }
         let accepted = match &c.predicate {
             Some(p) => p(parts),
-            None => FirstTokenHedgeLayer::default_predicate(parts),
+            None => Config::default_predicate(parts),
         };
         if !accepted {
             return false;
@@ -129,37 +132,69 @@ impl Shared {
 ///
 /// The inner service takes `Request<ReplayBody<B>>` (as linkerd's retry middleware does): for
 /// a raced request each attempt gets a fresh replay of the buffered body; for everything else
-/// the body passes through [`ReplayBody::passthrough`] untouched. Its data type is
-/// [`Chunk<B::Data>`](tailguard_core::Chunk), a `Buf`; a client that needs a body type of its
-/// own adds a `map_request` (for tonic: `tonic::body::Body::new`).
+/// the body passes through [`ReplayBody::passthrough`] untouched. Its data type is `B::Data`;
+/// a client that takes one body type only adds a `map_request` (for tonic:
+/// `tonic::body::Body::new`).
 ///
 /// # When every attempt fails
 ///
-/// The client gets the most informative failure, ties going to the later attempt:
-/// 1. a stream that carried an in-band error event (or a retryable gRPC status): the upstream's
-///    own words, in its own dialect, replayed as it was sent;
-/// 2. a retryable error status (429, 5xx) with its headers (`Retry-After`) and body;
-/// 3. a `2xx` stream that ended, or broke, before its first token, replayed as far as it went
-///    (with the body error, if it broke);
-/// 4. the inner service's error (transport failure), as the response future's error.
+/// The most informative failure decides, ties going to the later attempt:
+/// 1. a stream that carried a complete in-band error event (or a retryable gRPC status): the
+///    upstream's own words, in its own dialect, replayed as they were sent;
+/// 2. a retryable error status (429, 5xx) with its headers (`Retry-After`) and body, replayed;
+/// 3. a `2xx` stream that broke, ended (half an event, junk) or completed before its first
+///    token: not an answer, so never replayed. The client gets a `502` rendered by core (an
+///    OpenAI JSON error body, `type: "upstream_error"`; for a gRPC request a trailers-only
+///    response with `grpc-status: 14`), or a `504` (`grpc-status: 4`) when that stream's body
+///    error was an inner layer's [`TimeoutError`](tailguard_core::TimeoutError);
+/// 4. the inner service's error (no response at all, e.g. connection refused), as the
+///    response future's error, exactly as an unhedged request returns it: the stack's error
+///    handler renders it as it renders any other (a gateway's `502`).
 ///
-/// With [`with_failures_as_errors`](FirstTokenHedgeLayer::with_failures_as_errors) the
+/// In error mode ([`with_error_mode`](FirstTokenHedgeLayer::with_error_mode)) the
 /// future resolves to an [`UpstreamError`](tailguard_core::UpstreamError) of that failure's kind
-/// instead.
+/// instead, whichever it is.
 ///
-/// An [`EndReport`](tailguard_core::EndReport) in the request extensions receives
-/// `EndReason::UpstreamError` with the kind of that failure.
-pub struct FirstTokenHedge<S> {
+/// An [`EndReport`](tailguard_core::EndReport) in the request extensions receives the reason
+/// (first writer wins): for 1, 2 and 4 an inner layer's own reason for that attempt if it
+/// reported one, else `EndReason::UpstreamError` of the failure's kind; for 3 the reason of
+/// the rendered answer, `UpstreamError` of `Transport` (it broke), `Truncated` (it ended
+/// short of its terminal event) or `Protocol` (it completed with no token), or the timeout's
+/// phase for a `504`. The response's status is the one the client gets.
+///
+/// # Bounds
+///
+/// The request and response bodies' data must be `From<Bytes>` (the replayed request bytes,
+/// the rendered error's bytes; every hyper, axum and tonic body has this) and their errors
+/// `Into<BoxError>` (to find a timeout in them).
+///
+/// # Errors
+///
+/// In response mode ([`Respond`], the default) the error type is the inner service's: the
+/// only error is the inner service's own (when no attempt got a response at all); a request
+/// body that fails while it is buffered is answered with a `400`. In error mode ([`Fail`]) the
+/// error type is [`BoxError`]: the inner service's error, an
+/// [`UpstreamError`](tailguard_core::UpstreamError) when every attempt failed, or a
+/// [`RequestBodyError`](crate::error::RequestBodyError).
+pub struct FirstTokenHedge<S, M = Respond> {
     inner: S,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
+    _mode: PhantomData<fn() -> M>,
 }
 
-impl<S> FirstTokenHedge<S> {
-    /// Wraps `inner` with the configuration of `layer`.
-    pub fn new(inner: S, layer: FirstTokenHedgeLayer) -> Self {
+impl<S, M> FirstTokenHedge<S, M> {
+    /// Wraps `inner` with the configuration of `layer`, sharing its state (the same as
+    /// `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &FirstTokenHedgeLayer<M>) -> Self {
+        use tower_layer::Layer;
+        layer.layer(inner)
+    }
+
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
         FirstTokenHedge {
             inner,
-            shared: Arc::new(Shared::new(layer)),
+            shared,
+            _mode: PhantomData,
         }
     }
 
@@ -179,16 +214,17 @@ impl<S> FirstTokenHedge<S> {
     }
 }
 
-impl<S: Clone> Clone for FirstTokenHedge<S> {
+impl<S: Clone, M> Clone for FirstTokenHedge<S, M> {
     fn clone(&self) -> Self {
         FirstTokenHedge {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            _mode: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug> fmt::Debug for FirstTokenHedge<S> {
+impl<S: fmt::Debug, M> fmt::Debug for FirstTokenHedge<S, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FirstTokenHedge")
             .field("inner", &self.inner)
@@ -197,23 +233,67 @@ impl<S: fmt::Debug> fmt::Debug for FirstTokenHedge<S> {
     }
 }
 
-impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S>
+impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S, Respond>
 where
     S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     B: Body + Unpin,
+    B::Data: From<Bytes>,
     B::Error: Into<BoxError>,
     RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<HedgeBody<RB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B, RB, Respond>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        self.start(req)
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for FirstTokenHedge<S, Fail>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Body + Unpin,
+    B::Data: From<Bytes>,
+    B::Error: Into<BoxError>,
+    RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
 {
     type Response = Response<HedgeBody<RB>>;
     type Error = BoxError;
-    type Future = ResponseFuture<S, B, RB>;
+    type Future = ResponseFuture<S, B, RB, Fail>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        self.start(req)
+    }
+}
+
+impl<S, M> FirstTokenHedge<S, M> {
+    /// Races an eligible request; passes anything else straight through.
+    fn start<B, RB>(&mut self, req: Request<B>) -> ResponseFuture<S, B, RB, M>
+    where
+        S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
+        S::Error: Into<BoxError>,
+        B: Body + Unpin,
+        B::Data: From<Bytes>,
+        B::Error: Into<BoxError>,
+        RB: Body,
+        RB::Data: From<Bytes>,
+        RB::Error: Into<BoxError>,
+    {
         let (parts, body) = req.into_parts();
         if !self.shared.eligible(&parts, &body) {
             let req = Request::from_parts(parts, ReplayBody::passthrough(body));

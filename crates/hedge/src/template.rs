@@ -23,6 +23,14 @@ impl Template {
         *req.extensions_mut() = self.0.extensions.clone();
         req
     }
+
+    /// Whether the request is a gRPC call (`content-type: application/grpc*`).
+    pub(crate) fn is_grpc(&self) -> bool {
+        self.0
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    }
 }
 
 #[cfg(test)]

@@ -3,9 +3,9 @@
 
 use http::{HeaderMap, StatusCode};
 use tailguard_core::headers::grpc_status;
-use tailguard_core::{Observation, UpstreamFailure};
+use tailguard_core::{GrpcCode, Observation, UpstreamFailure};
 
-use crate::layer::FirstTokenHedgeLayer;
+use crate::layer::Config;
 
 /// How informative a failed attempt is. When every attempt fails, the client gets the highest
 /// ranked failure (see [`Fault::replaces`]).
@@ -13,7 +13,8 @@ use crate::layer::FirstTokenHedgeLayer;
 pub(crate) enum Rank {
     /// The inner service failed: no response at all.
     NoResponse,
-    /// A `2xx` stream that ended, or broke, before its first token.
+    /// A `2xx` stream that ended, or broke, before its first token (answered with a rendered
+    /// `502`, see [`Fault::replayed`]).
     NoToken,
     /// A retryable HTTP status, with its headers and body.
     Status,
@@ -39,9 +40,15 @@ impl Fault {
         kind: UpstreamFailure::Transport,
         rank: Rank::NoToken,
     };
-    /// The response body ended without a token (or an error).
+    /// The stream completed (its terminal event, or gRPC trailers with `OK`) without a token.
     pub(crate) const NO_TOKEN: Fault = Fault {
         kind: UpstreamFailure::Protocol,
+        rank: Rank::NoToken,
+    };
+    /// The body ended before its first token and before its terminal event (half an event, a
+    /// stream cut short).
+    pub(crate) const TRUNCATED: Fault = Fault {
+        kind: UpstreamFailure::Truncated,
         rank: Rank::NoToken,
     };
     /// An in-band error event, or a retryable gRPC status.
@@ -64,6 +71,13 @@ impl Fault {
     pub(crate) fn replaces(self, kept: Fault) -> bool {
         self.rank >= kept.rank
     }
+
+    /// Whether the response of this failure is replayed to the client as it was sent, should
+    /// every attempt fail: an error status or an in-band error is the upstream's own answer; a
+    /// `2xx` stream with no token is no answer at all, and gets a rendered `502` instead.
+    pub(crate) fn replayed(self) -> bool {
+        self.rank >= Rank::Status
+    }
 }
 
 /// What an attempt's response says so far.
@@ -82,11 +96,7 @@ pub(crate) enum Verdict {
 /// trailers-only response) fails it when retryable and is returned as it is otherwise; any
 /// other status that is not a success is an answer about the request itself, returned as it
 /// is; a success is read on for its first token.
-pub(crate) fn of_head(
-    cfg: &FirstTokenHedgeLayer,
-    status: StatusCode,
-    headers: &HeaderMap,
-) -> Verdict {
+pub(crate) fn of_head(cfg: &Config, status: StatusCode, headers: &HeaderMap) -> Verdict {
     if cfg.retryable.contains(&status) {
         return Verdict::Fail(Fault::status(status));
     }
@@ -98,13 +108,16 @@ pub(crate) fn of_head(
 }
 
 /// A data frame the tracker observed, with `held` bytes read before the first token so far
-/// (this frame included). A stream that can no longer be judged (an event over the scanner's
-/// cap) or held (over the pre-token cap) fails open: it is committed to.
-pub(crate) fn of_data(cfg: &FirstTokenHedgeLayer, obs: &Observation, held: u64) -> Verdict {
+/// (this frame included). A terminal event before any token ends the attempt (it completed
+/// with no token). A stream that can no longer be judged (an event over the scanner's cap) or
+/// held (over the pre-token cap) fails open: it is committed to.
+pub(crate) fn of_data(cfg: &Config, obs: &Observation, held: u64) -> Verdict {
     if obs.first_token {
         Verdict::Commit { token: true }
     } else if obs.error {
         Verdict::Fail(Fault::IN_BAND)
+    } else if obs.done {
+        Verdict::Fail(Fault::NO_TOKEN)
     } else if obs.scan_error.is_some() || held > cfg.pre_token_cap as u64 {
         Verdict::Commit { token: false }
     } else {
@@ -113,37 +126,38 @@ pub(crate) fn of_data(cfg: &FirstTokenHedgeLayer, obs: &Observation, held: u64) 
 }
 
 /// Trailers, which end the body: a token they carried wins; else a gRPC error status decides
-/// as in a trailers-only head; else the stream ended without a token.
-pub(crate) fn of_trailers(
-    cfg: &FirstTokenHedgeLayer,
-    obs: &Observation,
-    trailers: &HeaderMap,
-) -> Verdict {
+/// as in a trailers-only head; else the stream completed (`grpc-status: 0`) or was cut short
+/// (no `grpc-status`) without a token.
+pub(crate) fn of_trailers(cfg: &Config, obs: &Observation, trailers: &HeaderMap) -> Verdict {
     if obs.first_token {
         return Verdict::Commit { token: true };
     }
     match grpc_status(trailers) {
         Some(code) if code != 0 => of_grpc_error(cfg, code),
         _ if obs.error => Verdict::Fail(Fault::IN_BAND),
-        _ => Verdict::Fail(Fault::NO_TOKEN),
+        Some(_) => Verdict::Fail(Fault::NO_TOKEN),
+        None => Verdict::Fail(Fault::TRUNCATED),
     }
 }
 
 /// The end of the body, with what the tracker's last flush observed (a last NDJSON line may
-/// have had no line end).
+/// have had no line end): with no token and no terminal event, the stream was cut short.
 pub(crate) fn of_end(obs: &Observation) -> Verdict {
     if obs.first_token {
         Verdict::Commit { token: true }
     } else if obs.error {
         Verdict::Fail(Fault::IN_BAND)
-    } else {
+    } else if obs.done {
         Verdict::Fail(Fault::NO_TOKEN)
+    } else {
+        Verdict::Fail(Fault::TRUNCATED)
     }
 }
 
 /// A gRPC status other than `OK`: retryable codes fail the attempt, others are answers about
 /// the request, returned as they are.
-fn of_grpc_error(cfg: &FirstTokenHedgeLayer, code: u16) -> Verdict {
+fn of_grpc_error(cfg: &Config, code: u16) -> Verdict {
+    let code = GrpcCode::from_u16(code).unwrap_or(GrpcCode::Unknown);
     if cfg.retryable_grpc.contains(&code) {
         Verdict::Fail(Fault::IN_BAND)
     } else {
@@ -154,6 +168,7 @@ fn of_grpc_error(cfg: &FirstTokenHedgeLayer, code: u16) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::FirstTokenHedgeLayer;
 
     fn grpc(code: &'static str) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -173,7 +188,7 @@ mod tests {
 
     #[test]
     fn heads() {
-        let cfg = FirstTokenHedgeLayer::new();
+        let cfg = FirstTokenHedgeLayer::new().config;
         let none = HeaderMap::new();
         assert_eq!(of_head(&cfg, StatusCode::OK, &none), Verdict::ReadOn);
         for s in [429, 500, 502, 503, 504] {
@@ -204,7 +219,8 @@ mod tests {
         // The configured lists, not the defaults.
         let cfg = FirstTokenHedgeLayer::new()
             .with_retryable_statuses([StatusCode::NOT_FOUND])
-            .with_retryable_grpc_codes([3]);
+            .with_retryable_grpc_codes([GrpcCode::InvalidArgument])
+            .config;
         let not_found = StatusCode::NOT_FOUND;
         assert_eq!(
             of_head(&cfg, not_found, &none),
@@ -217,7 +233,7 @@ mod tests {
 
     #[test]
     fn data_frames() {
-        let cfg = FirstTokenHedgeLayer::new().with_pre_token_cap(100);
+        let cfg = FirstTokenHedgeLayer::new().with_pre_token_cap(100).config;
         assert_eq!(of_data(&cfg, &obs(false, false), 100), Verdict::ReadOn);
         assert_eq!(of_data(&cfg, &obs(true, false), 10), TOKEN);
         // A token in the frame wins over an error event after it, and over the cap.
@@ -232,11 +248,15 @@ mod tests {
         let mut unjudged = obs(false, false);
         unjudged.scan_error = Some(tailguard_core::ScanError::too_long("sse event", 10));
         assert_eq!(of_data(&cfg, &unjudged, 10), COMMIT);
+        // A terminal event before any token: the attempt completed with none.
+        let mut done = obs(false, false);
+        done.done = true;
+        assert_eq!(of_data(&cfg, &done, 10), Verdict::Fail(Fault::NO_TOKEN));
     }
 
     #[test]
     fn trailers() {
-        let cfg = FirstTokenHedgeLayer::new();
+        let cfg = FirstTokenHedgeLayer::new().config;
         let none = HeaderMap::new();
         assert_eq!(of_trailers(&cfg, &obs(true, false), &grpc("14")), TOKEN);
         assert_eq!(
@@ -248,20 +268,26 @@ mod tests {
             of_trailers(&cfg, &obs(false, true), &none),
             Verdict::Fail(Fault::IN_BAND)
         );
-        // A clean end with no message, and trailers with no status: no token.
-        for t in [grpc("0"), none] {
-            assert_eq!(
-                of_trailers(&cfg, &obs(false, false), &t),
-                Verdict::Fail(Fault::NO_TOKEN)
-            );
-        }
+        // A clean end with no message: complete, no token; trailers with no status: cut short.
+        assert_eq!(
+            of_trailers(&cfg, &obs(false, false), &grpc("0")),
+            Verdict::Fail(Fault::NO_TOKEN)
+        );
+        assert_eq!(
+            of_trailers(&cfg, &obs(false, false), &none),
+            Verdict::Fail(Fault::TRUNCATED)
+        );
     }
 
     #[test]
     fn ends() {
         assert_eq!(of_end(&obs(true, false)), TOKEN);
         assert_eq!(of_end(&obs(false, true)), Verdict::Fail(Fault::IN_BAND));
-        assert_eq!(of_end(&obs(false, false)), Verdict::Fail(Fault::NO_TOKEN));
+        // No terminal event: cut short; a terminal event in the last flush: no token.
+        assert_eq!(of_end(&obs(false, false)), Verdict::Fail(Fault::TRUNCATED));
+        let mut done = obs(false, false);
+        done.done = true;
+        assert_eq!(of_end(&done), Verdict::Fail(Fault::NO_TOKEN));
     }
 
     #[test]
@@ -279,9 +305,21 @@ mod tests {
                 assert_eq!(a.replaces(*b), i >= j, "{a:?} over {b:?}");
             }
         }
-        assert!(Fault::NO_TOKEN.replaces(Fault::BODY_ERROR));
-        assert!(Fault::BODY_ERROR.replaces(Fault::NO_TOKEN));
+        for a in [Fault::NO_TOKEN, Fault::TRUNCATED, Fault::BODY_ERROR] {
+            for b in [Fault::NO_TOKEN, Fault::TRUNCATED, Fault::BODY_ERROR] {
+                assert!(a.replaces(b), "{a:?} over {b:?}");
+            }
+        }
         let other = Fault::status(StatusCode::TOO_MANY_REQUESTS);
         assert!(other.replaces(status) && status.replaces(other));
+    }
+
+    #[test]
+    fn only_an_upstreams_own_answer_is_replayed() {
+        let status = Fault::status(StatusCode::SERVICE_UNAVAILABLE);
+        assert!(status.replayed() && Fault::IN_BAND.replayed());
+        for f in [Fault::BODY_ERROR, Fault::NO_TOKEN, Fault::TRUNCATED] {
+            assert!(!f.replayed(), "{f:?}");
+        }
     }
 }

@@ -8,28 +8,21 @@ use bytes::Bytes;
 use common::*;
 use http_body::Body;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
-use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
 use tower::{Layer, ServiceExt};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 async fn no_allocation_per_frame_after_the_first_token() {
-    let mut items = vec![data(ROLE), Item::Wait(ms(600)), data(&token("a"))];
+    let mut items = vec![data(ROLE), Step::Wait(ms(600)), data(token("a"))];
     for i in 0..1000 {
-        items.push(Item::Data(Bytes::from(token(&format!("t{i}")))));
+        items.push(Step::Data(Bytes::from(token(&format!("t{i}")))));
     }
     items.push(data(DONE));
     let plan = Plan::items(items);
     // The primary is slow, so this is a raced response: a backup won.
     let up = Upstream::new(vec![Plan::sse(ms(10_000)), plan.clone()]);
-    let res = FirstTokenHedgeLayer::new()
-        .with_delay(ms(500))
-        .with_budget(HedgeBudget::unlimited())
-        .layer(up)
-        .oneshot(chat_request())
-        .await
-        .unwrap();
+    let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
     assert!(res.body().is_raced());
     let mut body = std::pin::pin!(res.into_body());
     let mut cx = Context::from_waker(Waker::noop());
@@ -54,12 +47,7 @@ async fn no_allocation_per_frame_after_the_first_token() {
 // process-wide, and libtest's own threads allocate while a test runs. Run on the main thread
 // with nothing else alive, the count is exactly this test's.
 fn main() {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("runtime")
-        .block_on(no_allocation_per_frame_after_the_first_token());
+    paused_runtime().block_on(no_allocation_per_frame_after_the_first_token());
     println!("test no_allocation_per_frame_after_the_first_token ... ok");
     println!("1 passed, 0 failed");
 }

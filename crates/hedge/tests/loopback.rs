@@ -1,5 +1,6 @@
 //! End to end over real loopback sockets: a hyper client (and a tonic `Channel`) behind
-//! `FirstTokenHedge`, in front of `tailguard-mock` replicas, on a paused clock.
+//! `FirstTokenHedge`, in front of `tailguard-mock` replicas, on a paused clock; where the
+//! client's view matters, the hedge itself served by hyper as a gateway serves it.
 
 use std::time::Duration;
 
@@ -7,45 +8,29 @@ use bytes::{Buf, Bytes};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use tailguard_core::{HedgeOutcome, ReplayBody};
-use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tailguard_core::{
+    BoxError, Deadlines, EndReason, EndReport, HedgeOutcome, ReplayBody, UpstreamFailure,
+};
+use tailguard_hedge::{AdaptiveDelay, FirstTokenHedgeLayer, HedgeBudget};
 use tailguard_mock::{MockServer, Outcome, Script};
+use tailguard_test_support::{
+    CHAT, HttpClient, MESSAGES, client as plain_client, client_of, ms, post, read_all,
+};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
-type HedgeClient = Client<HttpConnector, ReplayBody<Full<Bytes>>>;
-
-const CHAT: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi there"}]}"#;
-const MESSAGES: &str = r#"{"model":"claude","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+type HedgeClient = HttpClient<ReplayBody<Full<Bytes>>>;
 
 fn client() -> HedgeClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-fn plain_client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
+    client_of()
 }
 
 fn layer() -> FirstTokenHedgeLayer {
     FirstTokenHedgeLayer::new()
         .with_delay(ms(500))
         .with_budget(HedgeBudget::unlimited())
-}
-
-fn post(uri: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::post(uri).header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::new(Bytes::from(body.to_owned()))).unwrap()
 }
 
 /// A replica: the shared client with requests sent to `base`.
@@ -66,23 +51,47 @@ fn replica(
     })
 }
 
-async fn read_all<B>(body: B) -> (Vec<u8>, bool)
+/// Serves `svc` on a loopback port as a gateway does (the request body collected, then sent
+/// through the stack; an error closes the connection); returns its base URL.
+async fn serve<S, B>(svc: S) -> String
 where
-    B: Body<Data = Bytes>,
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
 {
-    let mut body = std::pin::pin!(body);
-    let mut out = Vec::new();
-    while let Some(f) = body.frame().await {
-        match f {
-            Ok(f) => {
-                if let Ok(d) = f.into_data() {
-                    out.extend_from_slice(&d);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = svc.clone();
+            let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let svc = svc.clone();
+                async move {
+                    let (parts, body) = req.into_parts();
+                    let body = body.collect().await?.to_bytes();
+                    svc.oneshot(Request::from_parts(parts, Full::new(body)))
+                        .await
+                        .map_err(Into::<BoxError>::into)
                 }
-            }
-            Err(_) => return (out, true),
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), handler),
+            );
         }
-    }
-    (out, false)
+    });
+    format!("http://{addr}")
+}
+
+/// A request with deadlines as `SseIdleTimeout` sets them: `first_token` left from now.
+fn within(mut req: Request<Full<Bytes>>, first_token: Duration) -> Request<Full<Bytes>> {
+    req.extensions_mut().insert(Deadlines {
+        first_token: Some(Instant::now() + first_token),
+        total: None,
+    });
+    req
 }
 
 /// The bytes a direct call (no hedge) to `server` returns.
@@ -97,8 +106,13 @@ async fn direct(server: &MockServer, path: &str, body: &str, headers: &[(&str, &
     bytes
 }
 
+/// The outcome without its cost fields (tests/race.rs checks those).
 fn outcome<B>(res: &Response<B>) -> HedgeOutcome {
-    res.extensions().get::<HedgeOutcome>().cloned().unwrap()
+    let mut o = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
+    o.losers.clear();
+    o.wasted_prompt_bytes = 0;
+    o.wasted_prompt_tokens = None;
+    o
 }
 
 fn script() -> Script {
@@ -281,7 +295,7 @@ async fn tower_hedge_does_not_hedge_a_slow_first_token() {
         .await
         .unwrap();
     assert!(start.elapsed() < ms(700));
-    assert_eq!(outcome(&res).winner, 1);
+    assert_eq!(outcome(&res).winner, Some(1));
     let _ = read_all(res.into_body()).await;
     assert_eq!(server.stats().requests, 2);
 }
@@ -321,18 +335,18 @@ async fn primary_503_sends_the_backup_at_once() {
 async fn primary_reset_sends_the_backup_at_once() {
     let (gap, _, o) = failover("reset=before_headers, head_delay=20ms").await;
     assert!(gap >= ms(20) && gap < ms(30), "{gap:?}");
-    assert_eq!(o.winner, 1);
+    assert_eq!(o.winner, Some(1));
     // A reset after the head, before any token.
     let (gap, _, o) = failover("reset=0, ttft=60ms").await;
     assert!(gap >= ms(60) && gap < ms(70), "{gap:?}");
-    assert_eq!(o.winner, 1);
+    assert_eq!(o.winner, Some(1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn primary_in_band_error_sends_the_backup_at_once() {
     let (gap, bytes, o) = failover("error_after=0, ttft=70ms").await;
     assert!(gap >= ms(70) && gap < ms(80), "{gap:?}");
-    assert_eq!(o.winner, 1);
+    assert_eq!(o.winner, Some(1));
     assert!(!String::from_utf8_lossy(&bytes).contains("error"));
 }
 
@@ -357,7 +371,11 @@ async fn every_attempt_failing_returns_the_documented_failure() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["retry-after"], "3");
-    assert_eq!(outcome(&res), HedgeOutcome::new(2, 1, Some(ms(500))));
+    assert_eq!(
+        outcome(&res),
+        HedgeOutcome::all_failed(2, Some(ms(500))),
+        "every attempt failed: no winner"
+    );
     let (bytes, _) = read_all(res.into_body()).await;
     assert!(String::from_utf8_lossy(&bytes).contains("\"error\""));
     assert_eq!(server.stats().requests, 2);
@@ -377,7 +395,7 @@ async fn every_attempt_failing_returns_the_documented_failure() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(outcome(&res).winner, 0);
+    assert_eq!(outcome(&res).winner, None, "a replayed failure is no win");
     let (bytes, _) = read_all(res.into_body()).await;
     let text = String::from_utf8_lossy(&bytes);
     assert!(text.contains("data: {\"error\""), "{text}");
@@ -389,16 +407,13 @@ async fn every_attempt_failing_returns_the_documented_failure() {
         s.shutdown().await;
         url
     };
-    let err = layer()
+    // Response mode keeps the inner service's error type: the client's own error.
+    let err: hyper_util::client::legacy::Error = layer()
         .layer(client())
         .oneshot(post(&format!("{dead}/v1/chat/completions"), CHAT, &[]))
         .await
         .unwrap_err();
-    assert!(
-        err.downcast_ref::<hyper_util::client::legacy::Error>()
-            .is_some(),
-        "{err}"
-    );
+    assert!(err.is_connect(), "{err}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -506,7 +521,7 @@ async fn anthropic_stream_is_hedged_on_its_first_content_delta() {
         .oneshot(post("/v1/messages", MESSAGES, &[]))
         .await
         .unwrap();
-    assert_eq!(outcome(&res).winner, 1);
+    assert_eq!(outcome(&res).winner, Some(1));
     let (bytes, _) = read_all(res.into_body()).await;
     assert_eq!(bytes, expected);
     assert!(String::from_utf8_lossy(&bytes).contains("message_start"));
@@ -526,14 +541,8 @@ async fn tonic_streaming_call_is_hedged_through_a_channel() {
         .unwrap();
     let stack = ServiceBuilder::new()
         .layer(layer())
-        // The replayed body yields `Chunk<Bytes>`; tonic wants `Bytes` (a zero-copy conversion).
-        .map_request(|r: Request<ReplayBody<tonic::body::Body>>| {
-            r.map(|b| {
-                tonic::body::Body::new(
-                    b.map_frame(|f| f.map_data(|mut c| c.copy_to_bytes(c.remaining()))),
-                )
-            })
-        })
+        // A `Channel` takes tonic's own body type; the replayed body keeps its `Bytes` data.
+        .map_request(|r: Request<ReplayBody<tonic::body::Body>>| r.map(tonic::body::Body::new))
         .service(channel);
     let mut client = GenerateClient::new(stack);
 
@@ -547,7 +556,13 @@ async fn tonic_streaming_call_is_hedged_through_a_channel() {
     let res = client.generate(req).await.unwrap();
     assert!(start.elapsed() >= ms(580) && start.elapsed() < ms(600));
     let outcome = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
-    assert_eq!(outcome, HedgeOutcome::new(2, 1, Some(ms(500))));
+    assert_eq!(
+        (outcome.attempts, outcome.winner, outcome.delay),
+        (2, Some(1), Some(ms(500)))
+    );
+    // The primary lost; the 9-byte gRPC message it was sent is what the hedge paid.
+    assert_eq!(outcome.losers.len(), 1);
+    assert_eq!(outcome.wasted_prompt_bytes, 9);
     let mut stream = res.into_inner();
     let mut texts = Vec::new();
     while let Some(msg) = stream.message().await.unwrap() {
@@ -602,4 +617,119 @@ async fn adaptive_delay_converges_to_the_p90_of_a_scripted_ttft_distribution() {
         hedges > 40,
         "once warm, the slowest first tokens were hedged: {hedges}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_attempt_reset_before_its_first_token_gets_a_502_not_an_empty_reply() {
+    // Issue 15: two replicas each send a role-only chunk, then reset the connection. The
+    // client got no status line and no bytes, and the recorder logged a 200.
+    let server = MockServer::start(script()).await.unwrap();
+    let reset = [("x-mock-script", "reset=0")];
+    let base = serve(layer().layer(replica(client(), server.url()))).await;
+    let res = plain_client()
+        .request(post(&format!("{base}/v1/chat/completions"), CHAT, &reset))
+        .await
+        .expect("a status line, not an empty reply");
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(!err);
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["error"]["type"], "upstream_error");
+    assert_eq!(v["error"]["code"], "upstream_stream_broken");
+    assert!(v["error"]["message"].is_string() && v["error"]["param"].is_null());
+    assert_eq!(server.stats().requests, 2);
+
+    // What a recorder outside the hedge sees: the status the client got, the true failure.
+    let report = EndReport::new();
+    let mut req = post(
+        &format!("{}/v1/chat/completions", server.url()),
+        CHAT,
+        &reset,
+    );
+    req.extensions_mut().insert(report.clone());
+    let res = layer().layer(client()).oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(outcome(&res), HedgeOutcome::all_failed(2, Some(ms(500))));
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Transport))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_call_reset_before_its_first_message_on_every_attempt_is_unavailable() {
+    use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
+
+    let server = MockServer::start(script()).await.unwrap();
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let stack = ServiceBuilder::new()
+        .layer(layer())
+        .map_request(|r: Request<ReplayBody<tonic::body::Body>>| {
+            r.map(|b| {
+                tonic::body::Body::new(
+                    b.map_frame(|f| f.map_data(|mut c| c.copy_to_bytes(c.remaining()))),
+                )
+            })
+        })
+        .service(channel);
+    let mut client = GenerateClient::new(stack);
+    let mut req = tonic::Request::new(GenerateRequest {
+        prompt: "hi".into(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-mock-script", "reset=0".parse().unwrap());
+    let status = client.generate(req).await.expect_err("no stream");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("before a first token"),
+        "{status:?}"
+    );
+    assert_eq!(server.stats().requests, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_leaves_the_adaptive_delay_alone_and_the_next_hedge_is_in_time() {
+    // Issue 15: attempts cut off by the 3 s first-token timeout were recorded as censored
+    // samples; after 4 requests with both replicas stuck the p90 was above 3 s, and a single
+    // stuck replica then meant a 504 for the rest of the window.
+    let server = MockServer::start(script()).await.unwrap();
+    let svc = FirstTokenHedgeLayer::new()
+        .with_delay(AdaptiveDelay::new())
+        .with_budget(HedgeBudget::unlimited())
+        .layer(client());
+    let url = format!("{}/v1/chat/completions", server.url());
+    let budget = Duration::from_secs(3);
+    // The outer first-token timeout: SseIdleTimeout drops the race when the budget is gone.
+    let ask = |headers: &[(&str, &str)]| {
+        let req = within(post(&url, CHAT, headers), budget);
+        tokio::time::timeout(budget, svc.clone().oneshot(req))
+    };
+    // Warm: 20 first tokens at 80 ms, the minimum sample count.
+    for _ in 0..20 {
+        let res = ask(&[]).await.unwrap().unwrap();
+        let _ = read_all(res.into_body()).await;
+    }
+    // The outage: every attempt stuck until the timeout.
+    for _ in 0..4 {
+        let r = ask(&[("x-mock-script", "ttft=60s")]).await;
+        assert!(r.is_err(), "timed out");
+    }
+    // One stuck replica: the delay is still the healthy p90, and the backup wins in time.
+    let start = Instant::now();
+    let res = ask(&[("x-mock-script-0", "ttft=60s")])
+        .await
+        .expect("a first token within the budget")
+        .unwrap();
+    let o = outcome(&res);
+    assert_eq!((o.attempts, o.winner), (2, Some(1)));
+    let delay = o.delay.unwrap();
+    assert!(delay < ms(100), "the estimate was left alone: {delay:?}");
+    assert!(start.elapsed() < ms(300), "{:?}", start.elapsed());
+    let _ = read_all(res.into_body()).await;
 }

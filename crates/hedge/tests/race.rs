@@ -9,22 +9,55 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use tailguard_core::{
-    ClassPolicy, EndReason, EndReport, HedgeOutcome, Priority, RequestFacts, UpstreamFailure,
+    ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, LoserRun, Priority, RequestFacts,
+    UpstreamFailure,
 };
 use tailguard_hedge::{
-    AdaptiveDelay, FirstTokenHedgeLayer, HedgeBudget, HedgeDelay, OPT_OUT_HEADER,
+    AdaptiveDelay, FirstTokenHedgeLayer, HedgeBody, HedgeBudget, HedgeDelay, OPT_OUT_HEADER,
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
-fn layer() -> FirstTokenHedgeLayer {
-    FirstTokenHedgeLayer::new()
-        .with_delay(ms(500))
-        .with_budget(HedgeBudget::unlimited())
+/// The outcome without its cost fields (those are checked in `losing_attempts_are_costed`).
+fn outcome<B>(res: &http::Response<B>) -> Option<HedgeOutcome> {
+    outcome_without_costs(res)
 }
 
-fn outcome<B>(res: &http::Response<B>) -> Option<HedgeOutcome> {
-    res.extensions().get::<HedgeOutcome>().cloned()
+/// A rendered OpenAI error answer: its status, and the `error` object of its JSON body (which
+/// has exactly the OpenAI keys).
+async fn openai_error(
+    res: http::Response<HedgeBody<AttemptBody>>,
+) -> (StatusCode, serde_json::Value) {
+    let status = res.status();
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let (got, trailers, err) = frames(res.into_body()).await;
+    assert!(!err && trailers.is_none(), "a whole body, no body error");
+    let v: serde_json::Value = serde_json::from_slice(&concat(&got)).expect("JSON");
+    let e = v["error"].clone();
+    let mut keys: Vec<_> = e
+        .as_object()
+        .expect("an error object")
+        .keys()
+        .cloned()
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["code", "message", "param", "type"]);
+    assert_eq!(e["type"], "upstream_error");
+    (status, e)
+}
+
+/// A request carrying an end report (as the recorder inserts) and deadlines (as
+/// `SseIdleTimeout` inserts), with `first_token` left for the first token.
+fn chat_request_within(report: &EndReport, first_token: Option<Duration>) -> Request<Full<Bytes>> {
+    let mut req = chat_request();
+    req.extensions_mut().insert(report.clone());
+    if let Some(d) = first_token {
+        req.extensions_mut().insert(Deadlines {
+            first_token: Some(Instant::now() + d),
+            total: None,
+        });
+    }
+    req
 }
 
 /// Split frames: a comment, a role chunk cut in two, a first token cut in two.
@@ -33,14 +66,14 @@ fn split_stream(ttft: Duration) -> Plan {
     let tok = token("Hi");
     Plan::items(vec![
         data(": warming up\n\n"),
-        Item::Data(Bytes::copy_from_slice(&role[..17])),
-        Item::Data(Bytes::copy_from_slice(&role[17..])),
-        Item::Wait(ttft),
-        Item::Data(Bytes::copy_from_slice(&tok.as_bytes()[..20])),
-        Item::Wait(ms(5)),
-        Item::Data(Bytes::copy_from_slice(&tok.as_bytes()[20..])),
-        Item::Wait(ms(10)),
-        Item::Data(Bytes::from(token(" there"))),
+        Step::Data(Bytes::copy_from_slice(&role[..17])),
+        Step::Data(Bytes::copy_from_slice(&role[17..])),
+        Step::Wait(ttft),
+        Step::Data(Bytes::copy_from_slice(&tok.as_bytes()[..20])),
+        Step::Wait(ms(5)),
+        Step::Data(Bytes::copy_from_slice(&tok.as_bytes()[20..])),
+        Step::Wait(ms(10)),
+        Step::Data(Bytes::from(token(" there"))),
         data(DONE),
     ])
 }
@@ -73,6 +106,40 @@ async fn fast_primary_sends_no_backup_and_frames_pass_unchanged() {
         &seen[0].body[..],
         br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn losing_attempts_are_costed() {
+    // Two slow attempts, the third wins: both losers ran until the winner's first token.
+    let up = Upstream::new(vec![
+        Plan::sse(ms(10_000)),
+        Plan::sse(ms(10_000)),
+        split_stream(ms(50)),
+    ]);
+    let mut req = chat_request();
+    req.extensions_mut()
+        .insert(RequestFacts::new().with_prompt_tokens(7));
+    let layer = layer().with_max_attempts(3);
+    let res = layer.layer(up.clone()).oneshot(req).await.unwrap();
+    let o = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
+    assert_eq!((o.attempts, o.winner), (3, Some(2)));
+    // Sent at 0, 500 and 1000 ms; the winner's first token at 1055 ms.
+    assert_eq!(
+        o.losers,
+        [LoserRun::new(0, ms(1055)), LoserRun::new(1, ms(555))]
+    );
+    assert_eq!(o.loser_time(), ms(1610));
+    let body = up.seen()[0].body.len() as u64;
+    assert!(body > 0);
+    assert_eq!(o.wasted_prompt_bytes, 2 * body);
+    assert_eq!(o.wasted_prompt_tokens, Some(14));
+
+    // No loser, no waste; no facts, no tokens.
+    let up = Upstream::new(vec![split_stream(ms(50))]);
+    let res = layer.layer(up).oneshot(chat_request()).await.unwrap();
+    let o = res.extensions().get::<HedgeOutcome>().cloned().unwrap();
+    assert_eq!((o.losers.len(), o.wasted_prompt_bytes), (0, 0));
+    assert_eq!(o.wasted_prompt_tokens, None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -177,7 +244,7 @@ async fn transport_error_triggers_the_backup_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn reset_before_the_first_token_triggers_the_backup_at_once() {
-    let p = Plan::items(vec![data(ROLE), Item::Wait(ms(80)), Item::Error]);
+    let p = Plan::items(vec![data(ROLE), Step::Wait(ms(80)), Step::Error]);
     failover_at(p, ms(80)).await;
 }
 
@@ -185,7 +252,7 @@ async fn reset_before_the_first_token_triggers_the_backup_at_once() {
 async fn in_band_error_triggers_the_backup_at_once() {
     let p = Plan::items(vec![
         data(ROLE),
-        Item::Wait(ms(60)),
+        Step::Wait(ms(60)),
         data("data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n"),
         data(DONE),
     ]);
@@ -194,7 +261,7 @@ async fn in_band_error_triggers_the_backup_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn stream_without_a_token_triggers_the_backup_at_once() {
-    let p = Plan::items(vec![data(ROLE), Item::Wait(ms(70)), data(DONE)]);
+    let p = Plan::items(vec![data(ROLE), Step::Wait(ms(70)), data(DONE)]);
     failover_at(p, ms(70)).await;
 }
 
@@ -229,7 +296,10 @@ async fn every_attempt_failing_returns_the_latest_error_status_and_reports_it() 
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["x-which"], "1");
     assert_eq!(res.headers()["retry-after"], "7");
-    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
+    assert_eq!(
+        outcome(&res),
+        Some(HedgeOutcome::all_failed(2, Some(ms(500))))
+    );
     assert_eq!(
         report.get(),
         Some(EndReason::UpstreamError(UpstreamFailure::Status(
@@ -245,13 +315,16 @@ async fn an_in_band_error_outranks_a_status_and_is_replayed_whole() {
     let in_band = Plan::items(vec![
         data(ROLE),
         data("data: {\"error\":{\"message\":\"model overloaded\"}}\n\n"),
-        Item::Wait(ms(5)),
+        Step::Wait(ms(5)),
         data(DONE),
     ]);
     let up = Upstream::new(vec![in_band.clone(), Plan::status(502)]);
     let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 0, Some(ms(500)))));
+    assert_eq!(
+        outcome(&res),
+        Some(HedgeOutcome::all_failed(2, Some(ms(500))))
+    );
     let (got, _, err) = frames(res.into_body()).await;
     assert!(!err);
     assert_eq!(got, in_band.frames(), "the rest of the stream follows live");
@@ -259,12 +332,18 @@ async fn an_in_band_error_outranks_a_status_and_is_replayed_whole() {
 
 #[tokio::test(start_paused = true)]
 async fn a_status_outranks_a_stream_without_tokens_which_outranks_transport() {
+    // A stream that completed without a token beats a transport error: it is answered with a
+    // rendered 502 (issue 15: it was replayed as a 200 with no content).
     let no_token = Plan::items(vec![data(ROLE), data(DONE)]);
     let up = Upstream::new(vec![no_token.clone(), Plan::transport_error()]);
     let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
-    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 0, Some(ms(500)))));
-    let (got, _, _) = frames(res.into_body()).await;
-    assert_eq!(got, no_token.frames());
+    assert_eq!(
+        outcome(&res),
+        Some(HedgeOutcome::all_failed(2, Some(ms(500))))
+    );
+    let (status, e) = openai_error(res).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(e["code"], "upstream_no_token");
 
     let up = Upstream::new(vec![Plan::status(504), no_token]);
     let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
@@ -275,7 +354,7 @@ async fn a_status_outranks_a_stream_without_tokens_which_outranks_transport() {
 async fn every_attempt_failing_as_an_upstream_error_when_asked() {
     let up = Upstream::new(vec![Plan::status(503), Plan::status(502)]);
     let err = layer()
-        .with_failures_as_errors(true)
+        .with_error_mode()
         .layer(up)
         .oneshot(chat_request())
         .await
@@ -291,6 +370,21 @@ async fn every_attempt_failing_as_an_upstream_error_when_asked() {
         e.to_string(),
         "upstream failed (5xx): 2 attempts failed before a first token; the best answer was 502 Bad Gateway"
     );
+
+    // A stream with no token is an error of its kind in this mode too.
+    let up = Upstream::new(vec![Plan::items(vec![data(ROLE)])]);
+    let err = layer()
+        .with_error_mode()
+        .layer(up)
+        .oneshot(chat_request())
+        .await
+        .unwrap_err();
+    let e = err.downcast_ref::<tailguard_core::UpstreamError>().unwrap();
+    assert_eq!(e.failure(), UpstreamFailure::Truncated);
+    assert_eq!(
+        e.to_string(),
+        "upstream failed (truncated): 2 attempts failed before a first token; in the best, its stream ended before its first token"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -299,13 +393,14 @@ async fn every_attempt_failing_in_transport_returns_the_inner_error() {
     let report = EndReport::new();
     let mut req = chat_request();
     req.extensions_mut().insert(report.clone());
-    let err = layer()
+    // Response mode keeps the inner service's error type: the error is the inner one, typed.
+    let err: TransportError = layer()
         .with_max_attempts(3)
         .layer(up.clone())
         .oneshot(req)
         .await
         .unwrap_err();
-    assert!(err.downcast_ref::<TransportError>().is_some(), "{err}");
+    assert_eq!(err.to_string(), TransportError.to_string());
     assert_eq!(up.seen().len(), 3);
     assert_eq!(
         report.get(),
@@ -314,16 +409,122 @@ async fn every_attempt_failing_in_transport_returns_the_inner_error() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_body_error_before_the_token_is_kept_when_it_is_the_best_failure() {
-    let broken = Plan::items(vec![data(ROLE), Item::Error]);
-    let up = Upstream::new(vec![broken, Plan::transport_error()]);
-    let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
+async fn a_body_error_before_the_token_is_answered_with_a_502_when_it_is_the_best_failure() {
+    // Issue 15: every replica sends a role-only chunk, then resets. The client used to get a
+    // 200 head, the role chunk and a body error (an empty reply through a server), and the
+    // recorder a 200; now a 502 in OpenAI's shape, and the true failure in the report.
+    let broken = Plan::items(vec![data(ROLE), Step::Error]);
+    for second in [broken.clone(), Plan::transport_error()] {
+        let up = Upstream::new(vec![broken.clone(), second]);
+        let report = EndReport::new();
+        let req = chat_request_within(&report, None);
+        let res = layer().layer(up).oneshot(req).await.unwrap();
+        assert_eq!(outcome(&res).unwrap().attempts, 2);
+        assert!(res.body().is_raced());
+        let (status, e) = openai_error(res).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert_eq!(e["code"], "upstream_stream_broken");
+        let message = e["message"].as_str().unwrap();
+        assert!(message.contains("before a first token"), "{message}");
+        assert_eq!(
+            report.get(),
+            Some(EndReason::UpstreamError(UpstreamFailure::Transport))
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_attempt_ending_before_a_token_with_junk_gets_a_502_not_a_200() {
+    // Issue 15: half an event, or garbage data lines, on every replica, then the end. They
+    // were replayed as a 200 (an empty completion, or a decode error in the SDK).
+    let half = Plan::items(vec![
+        data(ROLE),
+        data("data: {\"choices\":[{\"delta\":{\"cont"),
+    ]);
+    let garbage = Plan::items(vec![
+        Step::Data(Bytes::from_static(b"data: \xff\xfe\x00 not json\n\n")),
+        data("data: {\"choices\": 7}\n\n"),
+    ]);
+    let mut garbage_done = garbage.clone();
+    garbage_done.items.push(data(DONE));
+    let cases = [
+        (half, UpstreamFailure::Truncated, "upstream_truncated"),
+        (garbage, UpstreamFailure::Truncated, "upstream_truncated"),
+        (garbage_done, UpstreamFailure::Protocol, "upstream_no_token"),
+    ];
+    for (plan, kind, code) in cases {
+        let up = Upstream::new(vec![plan]);
+        let report = EndReport::new();
+        let res = layer()
+            .layer(up.clone())
+            .oneshot(chat_request_within(&report, None))
+            .await
+            .unwrap();
+        let (status, e) = openai_error(res).await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (StatusCode::BAD_GATEWAY, Some(code))
+        );
+        assert_eq!(report.get(), Some(EndReason::UpstreamError(kind)));
+        assert_eq!(
+            up.seen().len(),
+            2,
+            "the junk failed the primary over at once"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_before_the_first_token_on_every_attempt_gets_a_504() {
+    // An inner per-attempt timeout that ends the body with its TimeoutError: a 504 rendered
+    // from that error, and its phase in the report.
+    let timed_out = Plan::items(vec![data(ROLE), Step::Wait(ms(100))]).timing_out();
+    let up = Upstream::new(vec![Plan::items(vec![data(ROLE), Step::Error]), timed_out]);
+    let report = EndReport::new();
+    let res = layer()
+        .layer(up)
+        .oneshot(chat_request_within(&report, None))
+        .await
+        .unwrap();
     let (got, _, err) = frames(res.into_body()).await;
-    assert_eq!(concat(&got), ROLE.as_bytes());
-    assert!(
-        err,
-        "the client sees the upstream's body error after the replayed frames"
-    );
+    assert!(!err);
+    let v: serde_json::Value = serde_json::from_slice(&concat(&got)).unwrap();
+    assert_eq!(v["error"]["type"], "timeout_error");
+    assert_eq!(v["error"]["code"], "first_token_timeout");
+    assert_eq!(report.get(), Some(EndReason::FirstTokenTimeout));
+
+    // The status itself.
+    let timed_out = Plan::items(vec![data(ROLE)]).timing_out();
+    let up = Upstream::new(vec![timed_out]);
+    let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_call_whose_every_attempt_broke_gets_a_trailers_only_unavailable() {
+    let grpc = |items| Plan {
+        headers: vec![("content-type", "application/grpc".into())],
+        ..Plan::items(items)
+    };
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    let up = Upstream::new(vec![
+        grpc(vec![Step::Error]),
+        grpc(vec![Step::Trailers(trailers)]),
+    ]);
+    let req = Request::post("/gen.Generator/Generate")
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\0")))
+        .unwrap();
+    let res = layer().layer(up).oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["content-type"], "application/grpc");
+    assert_eq!(res.headers()["grpc-status"], "14");
+    let message = res.headers()["grpc-message"].to_str().unwrap().to_owned();
+    assert!(message.contains("completed without a token"), "{message}");
+    assert!(http_body::Body::is_end_stream(res.body()));
+    let (got, trailers, err) = frames(res.into_body()).await;
+    assert!(got.is_empty() && trailers.is_none() && !err);
 }
 
 #[tokio::test(start_paused = true)]
@@ -352,6 +553,50 @@ async fn up_to_n_attempts_at_successive_delays() {
         .map(|s| s.attempt_header.clone().unwrap())
         .collect();
     assert_eq!(headers, ["0", "1", "2", "3"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hedge_delay_stays_within_half_the_first_token_time_left() {
+    // Issue 15: a 5 s delay (fixed here; an adaptive estimate is capped alike) and 3 s left for
+    // the first token. The backup goes out at 1.5 s, so it has at least as long as the primary
+    // had; the next one halfway from there to the deadline; the third attempt wins in time.
+    let up = Upstream::new(vec![
+        Plan::sse(ms(10_000)),
+        Plan::sse(ms(10_000)),
+        Plan::sse(ms(100)),
+    ]);
+    let report = EndReport::new();
+    let start = Instant::now();
+    let res = layer()
+        .with_delay(ms(5000))
+        .with_max_attempts(3)
+        .layer(up.clone())
+        .oneshot(chat_request_within(&report, Some(ms(3000))))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(3, 2, Some(ms(1500)))));
+    let at: Vec<_> = up.seen().iter().map(|s| s.at - start).collect();
+    assert_eq!(at, [ms(0), ms(1500), ms(2250)]);
+    assert_eq!(start.elapsed(), ms(2350));
+
+    // A delay shorter than half the time left is used as it is.
+    let up = Upstream::new(vec![Plan::sse(ms(10_000)), Plan::sse(ms(100))]);
+    let res = layer()
+        .layer(up)
+        .oneshot(chat_request_within(&report, Some(ms(3000))))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
+
+    // No first-token time left: no backup for the delay.
+    let up = Upstream::new(vec![Plan::sse(ms(1000))]);
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request_within(&report, Some(Duration::ZERO)))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(1, 0, None)));
+    assert_eq!(up.seen().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -485,7 +730,7 @@ async fn budget_bounds_hedges_under_a_half_slow_upstream() {
     });
     let svc = FirstTokenHedgeLayer::new()
         .with_delay(ms(200))
-        .with_budget(HedgeBudget::new()) // 10%, floor 1/s, 10 tokens
+        .with_budget(HedgeBudget::new().with_floor(1.0)) // 10%, floor 1/s, 10 tokens
         .layer(up.clone());
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -581,11 +826,11 @@ async fn pre_token_overflow_fails_open() {
     let comment = format!(": {}\n\n", "k".repeat(96));
     let mut items = vec![data(ROLE)];
     for _ in 0..100 {
-        items.push(Item::Data(Bytes::from(comment.clone())));
-        items.push(Item::Wait(ms(1)));
+        items.push(Step::Data(Bytes::from(comment.clone())));
+        items.push(Step::Wait(ms(1)));
     }
-    items.push(Item::Wait(ms(5000)));
-    items.push(Item::Data(Bytes::from(token("late"))));
+    items.push(Step::Wait(ms(5000)));
+    items.push(Step::Data(Bytes::from(token("late"))));
     let plan = Plan::items(items);
     let up = Upstream::new(vec![plan.clone()]);
     let res = layer()
@@ -612,19 +857,14 @@ async fn grpc_trailers_only_unavailable_fails_over_and_messages_are_tokens() {
     };
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", "0".parse().unwrap());
-    let msg = |s: &str| {
-        let mut v = vec![0u8];
-        v.extend_from_slice(&(s.len() as u32).to_be_bytes());
-        v.extend_from_slice(s.as_bytes());
-        Item::Data(Bytes::from(v))
-    };
+    let msg = |s: &str| Step::Data(grpc_message(s.as_bytes()));
     let ok = Plan {
         headers: vec![("content-type", "application/grpc".into())],
         ..Plan::items(vec![
-            Item::Wait(ms(30)),
+            Step::Wait(ms(30)),
             msg("hello"),
             msg("world"),
-            Item::Trailers(trailers),
+            Step::Trailers(trailers),
         ])
     };
     let up = Upstream::new(vec![grpc_err, ok.clone()]);
@@ -664,14 +904,24 @@ async fn replica_set_sends_each_attempt_to_a_replica_not_yet_tried() {
 #[tokio::test(start_paused = true)]
 async fn request_body_error_is_reported_and_nothing_is_sent() {
     let up = Upstream::new(vec![Plan::sse(ms(10))]);
-    let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
-        Ok(http_body::Frame::data(Bytes::from_static(b"{\"a\""))),
-        Err(std::io::Error::other("client went away")),
-    ];
-    let req = Request::post("/v1/chat/completions")
-        .body(StreamBody::new(futures_util::stream::iter(chunks)))
-        .unwrap();
-    let err = layer().layer(up.clone()).oneshot(req).await.unwrap_err();
+    let failing = || {
+        let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"{\"a\""))),
+            Err(std::io::Error::other("client went away")),
+        ];
+        Request::post("/v1/chat/completions")
+            .body(StreamBody::new(futures_util::stream::iter(chunks)))
+            .unwrap()
+    };
+    // Response mode answers it with a 400; error mode returns a `RequestBodyError`.
+    let res = layer().layer(up.clone()).oneshot(failing()).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::BAD_REQUEST);
+    let err = layer()
+        .with_error_mode()
+        .layer(up.clone())
+        .oneshot(failing())
+        .await
+        .unwrap_err();
     assert!(
         err.downcast_ref::<tailguard_hedge::error::RequestBodyError>()
             .is_some()

@@ -6,7 +6,6 @@ use bytes::Bytes;
 use common::*;
 use proptest::prelude::*;
 use tailguard_core::HedgeOutcome;
-use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
 use tower::{Layer, ServiceExt};
 
 fn stream() -> Vec<u8> {
@@ -36,32 +35,21 @@ proptest! {
         frames.push(Bytes::copy_from_slice(&all[at..]));
         let mut items = Vec::new();
         for f in &frames {
-            items.push(Item::Wait(ms(7)));
-            items.push(Item::Data(f.clone()));
+            items.push(Step::Wait(ms(7)));
+            items.push(Step::Data(f.clone()));
         }
         let backup = Plan::items(items);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let (outcome, got) = rt.block_on(async {
+        let (outcome, got) = paused_runtime().block_on(async {
             let up = Upstream::new(vec![Plan::sse(ms(60_000)), backup]);
-            let res = FirstTokenHedgeLayer::new()
-                .with_delay(ms(500))
-                .with_budget(HedgeBudget::unlimited())
+            let res = layer()
                 .layer(up)
                 .oneshot(chat_request())
                 .await
                 .unwrap();
-            let outcome = res.extensions().get::<HedgeOutcome>().cloned();
-            (outcome, frames_of(res.into_body()).await)
+            let outcome = common::outcome_without_costs(&res);
+            (outcome, common::frames(res.into_body()).await.0)
         });
         prop_assert_eq!(outcome, Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
         prop_assert_eq!(got, frames);
     }
-}
-
-async fn frames_of<B: http_body::Body<Data = Bytes>>(body: B) -> Vec<Bytes> {
-    frames(body).await.0
 }

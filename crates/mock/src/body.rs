@@ -3,15 +3,17 @@
 
 use std::fmt;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
-use crate::stats::{Outcome, RequestGuard};
+use crate::stats::{InFlight, Outcome, RequestGuard};
 
 /// What the producer hands the body.
 #[derive(Debug)]
@@ -25,8 +27,9 @@ pub(crate) enum Item {
     Trailers(HeaderMap, Outcome),
     /// The end of the body with this outcome.
     End(Outcome),
-    /// Break the connection (body error) after this many tokens.
-    Reset(u32),
+    /// Break the connection (body error) with this outcome, once the bytes before are
+    /// flushed.
+    Break(Outcome),
 }
 
 /// The error a mock body fails with to break the connection on purpose.
@@ -53,10 +56,19 @@ enum Source {
 ///
 /// Dropping it before its end (hyper does so when the client resets the stream or closes the
 /// connection) records the request as [`Outcome::Cancelled`] and stops its producer task,
-/// which releases the single slot if it held it.
+/// which releases the single slot if it held it; with
+/// [`ReplicaOptions::prefill_cancelled`](crate::ReplicaOptions::prefill_cancelled) the producer
+/// runs on to its first token instead, and the request stays in flight until then.
 pub struct MockBody {
     source: Source,
     guard: RequestGuard,
+    /// Set before a break: the connection then closes with a TCP RST.
+    rst: Option<Arc<AtomicBool>>,
+    /// Where the in-flight count goes when the body is dropped early (prefill of a cancelled
+    /// request).
+    late: Option<oneshot::Sender<InFlight>>,
+    /// A break waiting for the bytes before it to be flushed.
+    breaking: Option<Outcome>,
 }
 
 impl fmt::Debug for MockBody {
@@ -72,14 +84,33 @@ impl MockBody {
         MockBody {
             source: Source::Full((!bytes.is_empty()).then_some(bytes), outcome),
             guard,
+            rst: None,
+            late: None,
+            breaking: None,
         }
     }
 
-    pub(crate) fn stream(rx: mpsc::Receiver<Item>, task: AbortHandle, guard: RequestGuard) -> Self {
+    /// Frames from a producer task. `rst`: the connection's abort flag, set before a break;
+    /// `late`: hand the in-flight count to the producer when dropped early instead of
+    /// aborting it.
+    pub(crate) fn stream(
+        rx: mpsc::Receiver<Item>,
+        task: AbortHandle,
+        guard: RequestGuard,
+        rst: Option<Arc<AtomicBool>>,
+        late: Option<oneshot::Sender<InFlight>>,
+    ) -> Self {
         MockBody {
             source: Source::Stream(rx, task),
             guard,
+            rst,
+            late,
+            breaking: None,
         }
+    }
+
+    pub(crate) fn headers_sent(&self) {
+        self.guard.headers_sent();
     }
 
     fn end(&mut self, outcome: Outcome) {
@@ -97,6 +128,13 @@ impl Body for MockBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, MockReset>>> {
         let this = self.get_mut();
+        if let Some(outcome) = this.breaking.take() {
+            if let Some(flag) = &this.rst {
+                flag.store(true, Ordering::Relaxed);
+            }
+            this.end(outcome);
+            return Poll::Ready(Some(Err(MockReset)));
+        }
         match &mut this.source {
             Source::Done => Poll::Ready(None),
             Source::Full(bytes, outcome) => {
@@ -122,9 +160,11 @@ impl Body for MockBody {
                     this.end(outcome);
                     Poll::Ready(None)
                 }
-                Poll::Ready(Some(Item::Reset(n))) => {
-                    this.end(Outcome::ResetAfterTokens(n));
-                    Poll::Ready(Some(Err(MockReset)))
+                Poll::Ready(Some(Item::Break(outcome))) => {
+                    // Pending once, so the connection flushes what came before; then fail.
+                    this.breaking = Some(outcome);
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
                 }
                 // The producer stopped without an end: it only does so when it was aborted,
                 // which happens on drop; treat as a reset to be safe.
@@ -152,7 +192,17 @@ impl Body for MockBody {
 impl Drop for MockBody {
     fn drop(&mut self) {
         if let Source::Stream(_, task) = &self.source {
-            task.abort();
+            match self.late.take() {
+                Some(late) => {
+                    // The replica notices the client is gone only at its first token.
+                    let in_flight = self.guard.take_in_flight();
+                    self.guard.finish(Outcome::Cancelled);
+                    if let Some(n) = in_flight {
+                        let _ = late.send(n);
+                    }
+                }
+                None => task.abort(),
+            }
         }
         // The guard records `Cancelled` unless the body already ended.
     }

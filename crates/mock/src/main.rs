@@ -3,6 +3,7 @@
 //! ```text
 //! tailguard-mock serve --replicas 3 --script "ttft=lognormal(200ms,0.5),tokens=50,gap=20ms"
 //! tailguard-mock serve --port 8080 --script "ttft=50ms" --replica-script 1="stall_after=3"
+//! tailguard-mock serve --script "single_slot=true,ttft=2s" --interrupt --keep-alive-timeout 5s
 //! tailguard-mock load --url http://127.0.0.1:8080 --rate 50 --duration 30s --json out.json
 //! tailguard-mock bench --script "ttft=mix(0.05,50ms,500ms)" --rate 100 --duration 10s
 //! ```
@@ -15,7 +16,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use http::{HeaderName, HeaderValue};
 use tailguard_mock::load::{LoadConfig, LoadReport, run};
-use tailguard_mock::{MockServer, SCRIPT_HEADER, Script, parse_duration};
+use tailguard_mock::{MockServer, ReplicaOptions, SCRIPT_HEADER, Script, parse_duration};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -61,6 +62,32 @@ struct ServeArgs {
     /// Stop after this long (e.g. 60s) instead of waiting for Ctrl-C.
     #[arg(long = "for", value_parser = parse_duration)]
     run_for: Option<Duration>,
+    /// Every request takes the one slot and gets its response head only once it holds it
+    /// (llama-cpp-python). With `--script single_slot=true` instead, heads come at once and
+    /// first tokens when the slot frees.
+    #[arg(long)]
+    head_after_slot: bool,
+    /// A newer request interrupts the running stream: a bare `data: [DONE]`, then the
+    /// connection closes without the terminating chunk (llama.cpp-style).
+    #[arg(long)]
+    interrupt: bool,
+    /// Close idle HTTP/1.1 connections after this long (uvicorn: 5s) [default: never].
+    #[arg(long, value_parser = parse_duration)]
+    keep_alive_timeout: Option<Duration>,
+    /// A request cancelled before its first token still takes the slot for its prefill (and
+    /// is counted as served late).
+    #[arg(long)]
+    prefill_cancelled: bool,
+}
+
+impl ServeArgs {
+    fn options(&self) -> ReplicaOptions {
+        ReplicaOptions::new()
+            .head_after_slot(self.head_after_slot)
+            .interrupt(self.interrupt)
+            .keep_alive_timeout(self.keep_alive_timeout)
+            .prefill_cancelled(self.prefill_cancelled)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -224,10 +251,14 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             args.port.checked_add(i).ok_or("port overflow")?
         };
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let server = MockServer::start_on(addr, script.clone())
+        let server = MockServer::start_with(addr, script.clone(), args.options())
             .await
             .map_err(|e| format!("binding {addr}: {e}"))?;
-        println!("replica {i}: {} script: {script}", server.url());
+        println!(
+            "replica {i}: {} script: {script} options: {}",
+            server.url(),
+            server.options()
+        );
         servers.push(server);
     }
     match args.run_for {
@@ -248,13 +279,17 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 fn print_stats(i: usize, server: &MockServer) {
     let s = server.stats();
     println!(
-        "replica {i}: requests={} completed={} cancelled={} status_errors={} resets={} error_events={} peak_concurrent={}",
+        "replica {i}: requests={} completed={} cancelled={} status_errors={} resets={} error_events={} \
+         interrupted={} truncated={} served_late={} peak_concurrent={}",
         s.requests,
         s.completed,
         s.cancelled,
         s.status_errors,
         s.resets,
         s.error_events,
+        s.interrupted,
+        s.truncated,
+        s.served_late,
         s.peak_concurrent
     );
 }

@@ -27,6 +27,12 @@ pub enum Outcome {
     ErrorEvent(u32),
     /// The request was not understood (unknown route, bad JSON, bad script header): 4xx.
     BadRequest(u16),
+    /// The stream was interrupted after this many tokens because a newer request arrived
+    /// ([`ReplicaOptions::interrupt`](crate::ReplicaOptions::interrupt)).
+    Interrupted(u32),
+    /// The body ended cleanly but cut short on purpose after this many tokens: half an event,
+    /// an endless line, or no terminal event.
+    Truncated(u32),
 }
 
 /// One request as the mock saw it.
@@ -54,6 +60,9 @@ pub struct RequestRecord {
     pub ended: Option<Instant>,
     /// Tokens produced.
     pub tokens_sent: u32,
+    /// The client went away before the first token, yet the replica still spent the slot and
+    /// the prefill on it ([`ReplicaOptions::prefill_cancelled`](crate::ReplicaOptions::prefill_cancelled)).
+    pub served_late: bool,
     /// How it ended.
     pub outcome: Outcome,
 }
@@ -91,7 +100,15 @@ pub struct Stats {
     pub resets: u64,
     /// Streams ended with a scripted in-band error event.
     pub error_events: u64,
-    /// Requests being served now (from arrival until the body ends or is dropped).
+    /// Streams interrupted by a newer request ([`Outcome::Interrupted`]).
+    pub interrupted: u64,
+    /// Streams cut short with a clean end ([`Outcome::Truncated`]).
+    pub truncated: u64,
+    /// Requests cancelled before their first token that the replica still worked on
+    /// ([`RequestRecord::served_late`]); they are counted in `cancelled` too.
+    pub served_late: u64,
+    /// Requests being served now (from arrival until the body ends or is dropped, or, for a
+    /// request served late, until the replica stops working on it).
     pub in_flight: u64,
     /// The most requests ever in flight at once.
     pub peak_concurrent: u64,
@@ -200,6 +217,7 @@ impl Shared {
             first_token: None,
             ended: None,
             tokens_sent: 0,
+            served_late: false,
             outcome: Outcome::InFlight,
         });
         drop(st);
@@ -209,17 +227,39 @@ impl Shared {
             shared: self.clone(),
             index,
             done: false,
+            in_flight: Some(InFlight {
+                shared: self.clone(),
+            }),
         }
     }
 }
 
+/// One request counted in [`Stats::in_flight`] until dropped.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    shared: Arc<Shared>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        let s = &mut st.stats;
+        s.in_flight = s.in_flight.saturating_sub(1);
+        let n = s.in_flight;
+        drop(st);
+        self.shared.in_flight.send_replace(n);
+    }
+}
+
 /// Ends one request's record exactly once: explicitly with [`RequestGuard::finish`], or on drop
-/// as [`Outcome::Cancelled`].
+/// as [`Outcome::Cancelled`]; and counts it in flight until then, unless its [`InFlight`] was
+/// taken to outlive it.
 #[derive(Debug)]
 pub(crate) struct RequestGuard {
     shared: Arc<Shared>,
     index: u64,
     done: bool,
+    in_flight: Option<InFlight>,
 }
 
 /// Marks progress of one request (held by its producer task).
@@ -244,6 +284,11 @@ impl Recorder {
             }
             r.tokens_sent += 1;
         });
+    }
+
+    pub(crate) fn served_late(&self) {
+        self.shared.lock().stats.served_late += 1;
+        self.with_record(|r| r.served_late = true);
     }
 }
 
@@ -280,16 +325,23 @@ impl RequestGuard {
             Outcome::Status(_) => s.status_errors += 1,
             Outcome::ResetBeforeHeaders | Outcome::ResetAfterTokens(_) => s.resets += 1,
             Outcome::ErrorEvent(_) => s.error_events += 1,
+            Outcome::Interrupted(_) => s.interrupted += 1,
+            Outcome::Truncated(_) => s.truncated += 1,
             Outcome::BadRequest(_) | Outcome::InFlight => {}
         }
-        s.in_flight = s.in_flight.saturating_sub(1);
-        let n = s.in_flight;
         if let Some(r) = st.record(self.index) {
             r.ended = Some(Instant::now());
             r.outcome = outcome;
         }
         drop(st);
-        self.shared.in_flight.send_replace(n);
+        // No longer in flight, unless the count was taken to outlive the record's end.
+        drop(self.in_flight.take());
+    }
+
+    /// Takes the in-flight count out of the guard, to be dropped when the replica stops
+    /// working on the request.
+    pub(crate) fn take_in_flight(&mut self) -> Option<InFlight> {
+        self.in_flight.take()
     }
 }
 

@@ -1,5 +1,6 @@
 //! The bytes of each dialect: SSE events for OpenAI chat / completions and Anthropic
-//! messages, gRPC length-prefixed messages, and the error bodies.
+//! messages (the OpenAI Responses API's in [`crate::responses`]), gRPC length-prefixed
+//! messages, and the error bodies.
 //!
 //! Shapes follow the captured streams in `testdata/fixtures/` (compact JSON as llmock and the
 //! hosted APIs send it).
@@ -13,7 +14,7 @@ use tailguard_core::render::{ErrorInfo, GrpcCode, grpc_trailers, in_band, openai
 use crate::grpc::GenerateResponse;
 
 /// `created` timestamp of every mock chunk (fixed, so output is reproducible).
-const CREATED: u64 = 1_796_053_661;
+pub(crate) const CREATED: u64 = 1_796_053_661;
 /// The same instant as Ollama writes it.
 const OLLAMA_CREATED_AT: &str = "2026-12-01T10:27:41Z";
 
@@ -49,6 +50,8 @@ pub(crate) enum Api {
     Chat,
     Completions,
     Anthropic,
+    /// OpenAI Responses API (`/v1/responses`, named `response.*` events).
+    Responses,
     Grpc,
     /// Ollama `/api/generate` (NDJSON, `response` field).
     OllamaGenerate,
@@ -78,21 +81,21 @@ pub(crate) struct Ctx {
 /// JSON text. The mock writes its events with keys in the order real servers send them (`id`
 /// first); `serde_json`'s own map would sort them.
 #[derive(Clone, Debug)]
-struct J(String);
+pub(crate) struct J(pub(crate) String);
 
 impl J {
-    fn null() -> J {
+    pub(crate) fn null() -> J {
         J("null".to_owned())
     }
 
     /// `[a,b,..]`.
-    fn arr(items: impl IntoIterator<Item = J>) -> J {
+    pub(crate) fn arr(items: impl IntoIterator<Item = J>) -> J {
         let items: Vec<String> = items.into_iter().map(|j| j.0).collect();
         J(format!("[{}]", items.join(",")))
     }
 
     /// Adds a key to an object.
-    fn with(mut self, key: &str, value: impl Into<J>) -> J {
+    pub(crate) fn with(mut self, key: &str, value: impl Into<J>) -> J {
         self.0.pop();
         if self.0.len() > 1 {
             self.0.push(',');
@@ -145,12 +148,13 @@ macro_rules! obj {
         o
     }};
 }
+pub(crate) use obj;
 
 fn sse_data(v: &J) -> Bytes {
     Bytes::from(format!("data: {}\n\n", v.0))
 }
 
-fn sse_event(name: &str, v: &J) -> Bytes {
+pub(crate) fn sse_event(name: &str, v: &J) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {}\n\n", v.0))
 }
 
@@ -259,6 +263,7 @@ impl Ctx {
                 vec![self.chat_chunk(delta, None)]
             }
             Api::Completions | Api::Grpc | Api::OllamaGenerate | Api::OllamaChat => Vec::new(),
+            Api::Responses => self.responses_preamble(),
             Api::Anthropic => vec![
                 sse_event(
                     "message_start",
@@ -299,6 +304,7 @@ impl Ctx {
                 &obj! {"type": "content_block_delta", "index": 0u32,
                 "delta": obj! {"type": "text_delta", "text": text}},
             ),
+            Api::Responses => self.responses_token(i),
             Api::Grpc => grpc_frame(&GenerateResponse {
                 text: text.to_owned(),
                 index: i,
@@ -344,6 +350,7 @@ impl Ctx {
                 ),
                 sse_event("message_stop", &obj! {"type": "message_stop"}),
             ],
+            Api::Responses => self.responses_epilogue(n),
             Api::Grpc => vec![grpc_frame(&GenerateResponse {
                 text: String::new(),
                 index: n,
@@ -356,7 +363,9 @@ impl Ctx {
     /// The keepalive of this dialect (`None` for gRPC).
     pub(crate) fn keepalive(&self) -> Option<Bytes> {
         match self.api {
-            Api::Chat | Api::Completions => Some(Bytes::from_static(KEEPALIVE_COMMENT)),
+            Api::Chat | Api::Completions | Api::Responses => {
+                Some(Bytes::from_static(KEEPALIVE_COMMENT))
+            }
             Api::Anthropic => Some(Bytes::from_static(PING)),
             Api::Grpc | Api::OllamaGenerate | Api::OllamaChat => None,
         }
@@ -367,6 +376,7 @@ impl Ctx {
         let wire = match self.api {
             Api::Chat | Api::Completions => Wire::OpenAiSse,
             Api::Anthropic => Wire::AnthropicSse,
+            Api::Responses => return Some(self.responses_error(&upstream_error_info())),
             // Ollama's own shape: `{"error":"..."}`.
             Api::OllamaGenerate | Api::OllamaChat => {
                 return Some(Bytes::from(format!(
@@ -400,6 +410,7 @@ impl Ctx {
                     "finish_reason": self.finish_reason()}]),
                 )
                 .with("usage", self.usage(n)),
+            Api::Responses => self.response_object("completed", &text, n),
             Api::OllamaGenerate | Api::OllamaChat => {
                 let line = self.ollama_line(&text, Some(n));
                 return line.slice(..line.len() - 1);

@@ -79,3 +79,39 @@ fn bad_scripts_are_reported_not_panics() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid mock script"));
 }
+
+#[test]
+fn serve_takes_the_replica_options() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tailguard-mock"))
+        .args([
+            "serve",
+            "--script",
+            "single_slot=true,garbage=not_json",
+            "--head-after-slot",
+            "--interrupt",
+            "--keep-alive-timeout",
+            "5s",
+            "--prefill-cancelled",
+            "--for",
+            "50ms",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains(
+            "options: head_after_slot=true,interrupt=true,keep_alive_timeout=5s,prefill_cancelled=true"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("garbage=not_json"), "{stdout}");
+    assert!(
+        stdout.contains("interrupted=0 truncated=0 served_late=0"),
+        "{stdout}"
+    );
+}

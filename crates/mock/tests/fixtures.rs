@@ -10,11 +10,7 @@ use serde_json::Value;
 use tailguard_mock::{MockServer, Script};
 
 fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/../../testdata/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    String::from_utf8(tailguard_test_support::fixture(name).to_vec()).expect("utf-8")
 }
 
 /// (event name, data) of every SSE event.
@@ -368,4 +364,32 @@ async fn ollama_lines() {
     let v: Value = serde_json::from_str(&c.text()).unwrap();
     assert_eq!(v["response"], "Hello there,");
     assert_eq!(v["done"], true);
+}
+
+#[tokio::test(start_paused = true)]
+async fn responses_api_matches_llmock() {
+    let body = r#"{"model":"gpt-4o-mini","stream":true,"input":"Say hello in five words."}"#;
+    let c = mock_text("/v1/responses", body, Script::new().tokens(10)).await;
+    let fx = fixture("llmock-openai-responses-stream.sse");
+    let names = |t: &str| shape(events(t).into_iter().map(|(n, _)| n.unwrap()));
+    assert_eq!(names(&c.text()), names(&fx));
+    // Every event's data is named by its `type`, numbered in sequence, and has no key the
+    // fixture's event of that name lacks (the mock leaves out sampling settings and logprobs).
+    let theirs = events(&fx);
+    for (seq, (name, data)) in events(&c.text()).into_iter().enumerate() {
+        let name = name.unwrap();
+        let v: Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(v["type"], name.as_str());
+        assert_eq!(v["sequence_number"], seq as u64);
+        let (_, fd) = theirs
+            .iter()
+            .find(|(n, _)| n.as_deref() == Some(&name))
+            .unwrap();
+        let f: Value = serde_json::from_str(fd).unwrap();
+        assert!(keys(&v).is_subset(&keys(&f)), "{name}");
+        for sub in ["response", "item", "part"] {
+            assert!(keys(&v[sub]).is_subset(&keys(&f[sub])), "{name}.{sub}");
+        }
+    }
+    assert!(c.text().contains(r#""output_tokens":10"#));
 }

@@ -1,4 +1,4 @@
-//! Bounded metric labels: route, model, upstream.
+//! Bounded metric labels: route, model, upstream, operation.
 
 use std::fmt;
 use std::sync::Arc;
@@ -78,6 +78,58 @@ impl fmt::Debug for Upstream {
     }
 }
 
+/// The operation names (OpenTelemetry `gen_ai.operation.name`) of the OpenAI and Anthropic
+/// routes, as route label and operation: chat completions, the Responses API and Anthropic
+/// Messages are `chat` (the conventions' inference operation of each), legacy completions
+/// `text_completion`, embeddings `embeddings`. A route with no entry here or in
+/// [`with_operations`](crate::LatencyPhaseRecorderLayer::with_operations) is its own
+/// operation name.
+pub const DEFAULT_OPERATIONS: &[(&str, &str)] = &[
+    ("/v1/chat/completions", "chat"),
+    ("/v1/responses", "chat"),
+    ("/v1/messages", "chat"),
+    ("/v1/completions", "text_completion"),
+    ("/v1/embeddings", "embeddings"),
+];
+
+/// Route labels and their operation names.
+#[derive(Clone, Debug)]
+pub(crate) struct OperationTable(Vec<(Arc<str>, Arc<str>)>);
+
+impl Default for OperationTable {
+    fn default() -> Self {
+        let mut table = OperationTable(Vec::new());
+        table.add(
+            DEFAULT_OPERATIONS
+                .iter()
+                .map(|&(route, op)| (Arc::from(route), Arc::from(op))),
+        );
+        table
+    }
+}
+
+impl OperationTable {
+    /// Adds `entries`, each replacing an earlier one for the same route.
+    pub(crate) fn add(&mut self, entries: impl IntoIterator<Item = (Arc<str>, Arc<str>)>) {
+        for (route, op) in entries {
+            self.0.retain(|(r, _)| !same_route(r, &route));
+            self.0.push((route, op));
+        }
+    }
+
+    /// The operation of the route labelled `route` (a trailing `/` ignored), else `route`.
+    pub(crate) fn name(&self, route: &Arc<str>) -> Arc<str> {
+        self.0
+            .iter()
+            .find(|(r, _)| same_route(r, route))
+            .map_or_else(|| route.clone(), |(_, op)| op.clone())
+    }
+}
+
+fn same_route(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
 /// A user function that names the route of a request (e.g. from axum's `MatchedPath`).
 pub(crate) type RouteFn = Arc<dyn Fn(&Parts) -> Option<Route> + Send + Sync>;
 
@@ -143,6 +195,28 @@ mod tests {
         assert_eq!(&**t.find("/v2/").unwrap(), "/v2/");
         assert_eq!(&**t.find("/v3").unwrap(), "/");
         assert_eq!(&**t.find("").unwrap(), "/");
+    }
+
+    #[test]
+    fn operations_default_to_the_openai_and_anthropic_routes() {
+        let t = OperationTable::default();
+        let op = |route: &str| t.name(&Arc::from(route)).to_string();
+        assert_eq!(op("/v1/chat/completions"), "chat");
+        assert_eq!(op("/v1/chat/completions/"), "chat");
+        assert_eq!(op("/v1/messages"), "chat");
+        assert_eq!(op("/v1/completions"), "text_completion");
+        assert_eq!(op("/v1/embeddings"), "embeddings");
+        assert_eq!(op("/generate"), "/generate");
+        assert_eq!(op(OTHER), OTHER);
+        let mut t = t;
+        t.add([
+            (Arc::from("/v1/completions/"), Arc::from("chat")),
+            (Arc::from("/generate"), Arc::from("text_completion")),
+        ]);
+        let op = |route: &str| t.name(&Arc::from(route)).to_string();
+        assert_eq!(op("/v1/completions"), "chat");
+        assert_eq!(op("/generate"), "text_completion");
+        assert_eq!(op("/v1/chat/completions"), "chat");
     }
 
     #[test]

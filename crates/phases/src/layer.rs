@@ -8,7 +8,7 @@ use http::request::Parts;
 use tailguard_core::Dialect;
 use tower_layer::Layer;
 
-use crate::labels::{LabelTable, OTHER, Route, RouteFn, UNKNOWN};
+use crate::labels::{LabelTable, OTHER, OperationTable, Route, RouteFn, UNKNOWN};
 use crate::metrics_sink::MetricsSink;
 use crate::request_id::X_REQUEST_ID;
 use crate::service::LatencyPhaseRecorder;
@@ -23,7 +23,8 @@ use crate::sink::{PhaseSink, Sinks, TracingSink};
 ///
 /// * dialect [`Dialect::Auto`]: the framing follows each response's `content-type`, which is
 ///   right for any mix of OpenAI, Anthropic, gRPC and NDJSON upstreams;
-/// * usage extraction on: billing needs it (see
+/// * usage extraction on: billing needs it, and it makes the output count exact (a finish-only
+///   chunk is not output; see
 ///   [`StreamTracker::with_usage`](tailguard_core::StreamTracker::with_usage));
 /// * sinks: a [`MetricsSink`] (the [`MetricNames::tailguard`](crate::MetricNames::tailguard)
 ///   scheme, to the `metrics` facade's recorder) and a [`TracingSink`]: with no recorder and no
@@ -33,6 +34,12 @@ use crate::sink::{PhaseSink, Sinks, TracingSink};
 /// * no configured models: every model is `other` (or `unknown` when the request carries
 ///   none), for the same reason;
 /// * upstream label `default`;
+/// * operation names [`DEFAULT_OPERATIONS`](crate::DEFAULT_OPERATIONS) (the OpenAI and
+///   Anthropic routes), else the route label: what the OpenTelemetry conventions name them;
+/// * provider `openai`: the OpenTelemetry name of the OpenAI API, which OpenAI and the
+///   OpenAI-compatible servers a gateway usually fronts (vLLM, SGLang, llama.cpp) speak; the
+///   conventions ask for the client's best knowledge, so set
+///   [`with_provider`](Self::with_provider) for another (`anthropic`, ...);
 /// * request ids in `x-request-id`, the de-facto standard header (nginx, Envoy, Heroku);
 /// * one span per request (`llm_request`, INFO).
 #[derive(Clone)]
@@ -49,6 +56,8 @@ pub(crate) struct Config {
     pub(crate) route_fn: Option<RouteFn>,
     pub(crate) models: LabelTable,
     pub(crate) upstream: Arc<str>,
+    pub(crate) operations: OperationTable,
+    pub(crate) provider: Arc<str>,
     pub(crate) request_id_header: Option<HeaderName>,
     pub(crate) span: bool,
     pub(crate) other: Arc<str>,
@@ -66,6 +75,8 @@ impl fmt::Debug for LatencyPhaseRecorderLayer {
             .field("route_fn", &c.route_fn.is_some())
             .field("models", &c.models)
             .field("upstream", &c.upstream)
+            .field("operations", &c.operations)
+            .field("provider", &c.provider)
             .field("request_id_header", &c.request_id_header)
             .field("span", &c.span)
             .finish()
@@ -93,6 +104,8 @@ impl LatencyPhaseRecorderLayer {
                 route_fn: None,
                 models: LabelTable::default(),
                 upstream: Arc::from("default"),
+                operations: OperationTable::default(),
+                provider: Arc::from("openai"),
                 request_id_header: Some(HeaderName::from_static(X_REQUEST_ID)),
                 span: true,
                 other: Arc::from(OTHER),
@@ -189,6 +202,31 @@ impl LatencyPhaseRecorderLayer {
         self
     }
 
+    /// Names the operation of routes (OpenTelemetry `gen_ai.operation.name`, a
+    /// [`PhaseLabels::operation`](crate::PhaseLabels::operation)), as route label and operation
+    /// name; each pair replaces a [default](crate::DEFAULT_OPERATIONS) or earlier one for the same
+    /// route (a trailing `/` ignored). Use the conventions' names where one applies (`chat`,
+    /// `text_completion`, `embeddings`, `generate_content`, ...).
+    pub fn with_operations<I, R, O>(mut self, operations: I) -> Self
+    where
+        I: IntoIterator<Item = (R, O)>,
+        R: Into<Arc<str>>,
+        O: Into<Arc<str>>,
+    {
+        let entries = operations.into_iter().map(|(r, o)| (r.into(), o.into()));
+        self.cfg().operations.add(entries);
+        self
+    }
+
+    /// The provider label of this stack (OpenTelemetry `gen_ai.provider.name`, a
+    /// [`PhaseLabels::provider`](crate::PhaseLabels::provider)): use the conventions' name where
+    /// one applies (`openai`, `anthropic`, `aws.bedrock`, `azure.ai.openai`, `gcp.vertex_ai`,
+    /// ...).
+    pub fn with_provider(mut self, provider: impl Into<Arc<str>>) -> Self {
+        self.cfg().provider = provider.into();
+        self
+    }
+
     /// The header that carries request ids (`None` turns request ids off: nothing is read,
     /// generated or added).
     pub fn with_request_id_header(mut self, header: Option<HeaderName>) -> Self {
@@ -207,6 +245,6 @@ impl<S> Layer<S> for LatencyPhaseRecorderLayer {
     type Service = LatencyPhaseRecorder<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LatencyPhaseRecorder::new(inner, self.clone())
+        LatencyPhaseRecorder::new(inner, self)
     }
 }

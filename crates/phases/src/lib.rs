@@ -58,17 +58,13 @@
 //!
 //! ## Where it goes
 //!
-//! Outermost among the layers that take time: its clock starts before admission queueing, and
-//! it creates the [`EndReport`](tailguard_core::EndReport) through which inner layers (timeouts,
-//! admission, hedging) tell it why they ended a stream. It reads [`AdmissionOutcome`],
-//! [`HedgeOutcome`], [`Priority`] and [`RequestFacts`] from the request extensions, or from the
-//! response extensions when an inner layer put them there. Layers that only classify and take
-//! no time — `PriorityClass`, whatever fills in [`RequestFacts`] — go *outside* it, so that what
-//! they write into the request extensions is there when the recorder's `call` runs:
-//!
-//! ```text
-//! PriorityClass -> LatencyPhaseRecorder -> SseIdleTimeout -> BoundedAdmission -> FirstTokenHedge -> client
-//! ```
+//! Outermost, so that its clock starts before admission queueing (where it goes in a stack, and
+//! why: [the recommended order](../tailguard/index.html#the-recommended-order), in the
+//! `tailguard` facade). It creates the [`EndReport`](tailguard_core::EndReport) through which
+//! inner layers (timeouts, admission, hedging) tell it why they ended a stream. It reads
+//! [`AdmissionOutcome`], [`HedgeOutcome`], [`Priority`] and [`RequestFacts`] from the request
+//! extensions, or from the response extensions when an inner layer put them there (as
+//! `PriorityClass` does with the `Priority`).
 //!
 //! ## What is measured
 //!
@@ -123,6 +119,13 @@
 //! `other`), `upstream`, `priority`, `end_reason` ([`end_reason_label`]) and `streamed`. Request
 //! ids and raw client strings appear in traces and reports only.
 //!
+//! [`MetricNames::otel_genai`] switches to the OpenTelemetry GenAI client metrics
+//! (`gen_ai.client.operation.duration`, `gen_ai.client.operation.time_to_first_chunk`, ...,
+//! semantic conventions v1.41.0), which add `gen_ai.operation.name` (per route, see
+//! [`DEFAULT_OPERATIONS`]), `gen_ai.provider.name`
+//! ([`with_provider`](LatencyPhaseRecorderLayer::with_provider)) and `error.type`;
+//! [`MetricNames::otel_genai_server`] to the model-server ones.
+//!
 //! ## Request ids
 //!
 //! `x-request-id` is taken from the request when it is short printable ASCII, else generated
@@ -145,12 +148,13 @@ mod metric_names;
 mod metrics_sink;
 mod recording;
 mod report;
+mod report_fmt;
 mod request_id;
 mod service;
 mod sink;
 
 pub use body::LatencyPhaseRecorderBody;
-pub use labels::{OTHER, Route, UNKNOWN, Upstream};
+pub use labels::{DEFAULT_OPERATIONS, OTHER, Route, UNKNOWN, Upstream};
 pub use layer::LatencyPhaseRecorderLayer;
 pub use metric_names::{MetricNames, buckets};
 pub use metrics_sink::{MAX_CACHED_LABEL_SETS, MetricsSink};

@@ -6,6 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use metrics::{Histogram, Key, KeyName, Label, Level, Metadata, Recorder, Unit};
+use tailguard_core::EndReason;
 
 use crate::metric_names::MetricNames;
 use crate::report::{PhaseLabels, PhaseReport, end_reason_label};
@@ -28,8 +29,8 @@ static METADATA: Metadata<'static> =
 ///
 /// # Caching
 ///
-/// Labels are bounded by design (configured routes and models, upstreams, priorities, end
-/// reasons, streamed or not), so the sink builds the metric [`Key`]s of each label set once, on
+/// Labels are bounded by design (configured routes and models, upstreams, operations and
+/// providers, priorities, end reasons, streamed or not), so the sink builds the metric [`Key`]s of each label set once, on
 /// its first use, and keeps them in a map shared by the sink's clones. At most
 /// [`MAX_CACHED_LABEL_SETS`] label sets are kept; should a misconfigured route function produce
 /// more, the keys of the extra ones are built per request, as without a cache, so memory stays
@@ -123,6 +124,10 @@ impl MetricsSink {
                     n.time_per_output_token,
                     "(total - TTFT) / (output events - 1)",
                 ),
+                (
+                    n.hedge_loser_duration,
+                    "How long each losing hedge attempt ran before it was cancelled",
+                ),
             ] {
                 r.describe_histogram(d(name), Some(Unit::Seconds), help.into());
             }
@@ -139,7 +144,17 @@ impl MetricsSink {
             r.describe_counter(
                 d(n.hedged_requests),
                 Some(Unit::Count),
-                "Requests for which a hedge was sent, by winner".into(),
+                "Requests for which a hedge was sent and an attempt won, by winner".into(),
+            );
+            r.describe_counter(
+                d(n.hedge_wasted_prompt_bytes),
+                Some(Unit::Bytes),
+                "Request body bytes sent on losing hedge attempts".into(),
+            );
+            r.describe_counter(
+                d(n.hedge_wasted_prompt_tokens),
+                Some(Unit::Count),
+                "Prompt tokens sent on losing hedge attempts".into(),
             );
         });
     }
@@ -159,6 +174,8 @@ impl MetricsSink {
             route: labels.route.clone(),
             model: labels.model.clone(),
             upstream: labels.upstream.clone(),
+            operation: labels.operation.clone(),
+            provider: labels.provider.clone(),
             priority: Arc::from(labels.priority()),
             streamed: labels.streamed,
             end_reason,
@@ -169,10 +186,11 @@ impl MetricsSink {
     /// Records every metric of `rep`, whose keys are `keys`.
     fn emit(&self, rep: &PhaseReport, keys: &[Key]) {
         self.with(|r| {
-            let count = |m: Metric| {
+            let add = |m: Metric, n: u64| {
                 r.register_counter(&keys[m as usize], &METADATA)
-                    .increment(1)
+                    .increment(n)
             };
+            let count = |m: Metric| add(m, 1);
             let record = |m: Metric, value: f64| {
                 r.register_histogram(&keys[m as usize], &METADATA)
                     .record(value);
@@ -201,12 +219,20 @@ impl MetricsSink {
             }
             if let Some(h) = &rep.hedge {
                 record(Metric::HedgeAttempts, f64::from(h.attempts));
-                if h.attempts > 1 {
-                    count(if h.winner == 0 {
-                        Metric::HedgedPrimary
-                    } else {
-                        Metric::HedgedHedge
-                    });
+                // A request whose every attempt failed has no winner to count.
+                match h.winner {
+                    Some(0) if h.attempts > 1 => count(Metric::HedgedPrimary),
+                    Some(_) if h.attempts > 1 => count(Metric::HedgedHedge),
+                    _ => {}
+                }
+                for l in &h.losers {
+                    record(Metric::HedgeLoserDuration, l.ran.as_secs_f64());
+                }
+                if h.wasted_prompt_bytes > 0 {
+                    add(Metric::HedgeWastedPromptBytes, h.wasted_prompt_bytes);
+                }
+                if let Some(t) = h.wasted_prompt_tokens.filter(|&t| t > 0) {
+                    add(Metric::HedgeWastedPromptTokens, t);
                 }
             }
         });
@@ -240,10 +266,13 @@ enum Metric {
     HedgeAttempts,
     HedgedPrimary,
     HedgedHedge,
+    HedgeLoserDuration,
+    HedgeWastedPromptBytes,
+    HedgeWastedPromptTokens,
 }
 
 impl Metric {
-    const ALL: [Metric; 12] = [
+    const ALL: [Metric; 15] = [
         Metric::Requests,
         Metric::RequestDuration,
         Metric::QueueWait,
@@ -256,6 +285,9 @@ impl Metric {
         Metric::HedgeAttempts,
         Metric::HedgedPrimary,
         Metric::HedgedHedge,
+        Metric::HedgeLoserDuration,
+        Metric::HedgeWastedPromptBytes,
+        Metric::HedgeWastedPromptTokens,
     ];
 
     /// The metric's name, and the label it adds to the report's labels, if any.
@@ -274,6 +306,9 @@ impl Metric {
             Metric::HedgeAttempts => (n.hedge_attempts, None),
             Metric::HedgedPrimary => (n.hedged_requests, label(n.winner_label, "primary")),
             Metric::HedgedHedge => (n.hedged_requests, label(n.winner_label, "hedge")),
+            Metric::HedgeLoserDuration => (n.hedge_loser_duration, None),
+            Metric::HedgeWastedPromptBytes => (n.hedge_wasted_prompt_bytes, None),
+            Metric::HedgeWastedPromptTokens => (n.hedge_wasted_prompt_tokens, None),
         }
     }
 }
@@ -284,6 +319,8 @@ struct LabelSet {
     route: Arc<str>,
     model: Arc<str>,
     upstream: Arc<str>,
+    operation: Arc<str>,
+    provider: Arc<str>,
     priority: Arc<str>,
     streamed: bool,
     /// `None` for the inter-token gaps, which are recorded before the end.
@@ -303,10 +340,23 @@ impl LabelSet {
                 if self.streamed { "true" } else { "false" },
             ),
         ];
+        if let Some(key) = n.operation_label {
+            labels.push(Label::new(key, self.operation.clone()));
+        }
+        if let Some(key) = n.provider_label {
+            labels.push(Label::new(key, self.provider.clone()));
+        }
         let Some(reason) = self.end_reason else {
             return Arc::new([Key::from_parts(n.inter_token_gap, labels)]);
         };
         labels.push(Label::new(n.end_reason_label, reason));
+        // Set only on a request that did not complete, as `error.type` is.
+        if let Some(key) = n
+            .error_type_label
+            .filter(|_| reason != EndReason::Completed.as_str())
+        {
+            labels.push(Label::new(key, reason));
+        }
         Metric::ALL
             .iter()
             .map(|m| {

@@ -70,9 +70,11 @@ impl Recording {
         facts: Option<RequestFacts>,
     ) -> Box<Self> {
         let labels = PhaseLabels {
+            operation: cfg.operations.name(&route),
             route,
             model: model_label(&cfg, facts.as_ref()),
             upstream: cfg.upstream.clone(),
+            provider: cfg.provider.clone(),
             priority,
             streamed: facts.as_ref().and_then(|f| f.stream).unwrap_or(false),
         };

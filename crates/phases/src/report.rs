@@ -21,6 +21,8 @@ pub struct PhaseLabels {
     pub(crate) route: Arc<str>,
     pub(crate) model: Arc<str>,
     pub(crate) upstream: Arc<str>,
+    pub(crate) operation: Arc<str>,
+    pub(crate) provider: Arc<str>,
     pub(crate) priority: Option<Priority>,
     pub(crate) streamed: bool,
 }
@@ -40,6 +42,19 @@ impl PhaseLabels {
     /// The upstream label.
     pub fn upstream(&self) -> &str {
         &self.upstream
+    }
+
+    /// The operation name of the route (OpenTelemetry `gen_ai.operation.name`): from
+    /// [`with_operations`](crate::LatencyPhaseRecorderLayer::with_operations) or
+    /// [`DEFAULT_OPERATIONS`](crate::DEFAULT_OPERATIONS), else the route label.
+    pub fn operation(&self) -> &str {
+        &self.operation
+    }
+
+    /// The provider label (OpenTelemetry `gen_ai.provider.name`), from
+    /// [`with_provider`](crate::LatencyPhaseRecorderLayer::with_provider).
+    pub fn provider(&self) -> &str {
+        &self.provider
     }
 
     /// The priority label: the [`Priority`] name, or `unknown` when the request had none.
@@ -138,7 +153,9 @@ pub struct PhaseReport {
     /// Time until the frame carrying the stream's terminal event was handed on, when
     /// [`done_seen`](PhaseReport::done_seen); else time until the request ended.
     pub total: Duration,
-    /// Output (token) events of a streamed response.
+    /// Output (token) events of a streamed response. With usage extraction on (the default) a
+    /// chunk that carries only the finish reason is not output; with it off such a chunk counts
+    /// (the tracker then reads only the first bytes of each event after the first token).
     pub output_events: u64,
     /// Events of every class (tokens, meta, keepalives, done, error).
     pub events: u64,
@@ -149,7 +166,8 @@ pub struct PhaseReport {
     pub usage: Option<Usage>,
     /// What admission did (queue wait, rejection).
     pub admission: Option<AdmissionOutcome>,
-    /// What the hedge did (attempts, winner).
+    /// What the hedge did (attempts, winner) and what its losing attempts cost (how long each
+    /// ran, the prompt bytes and tokens sent on them).
     pub hedge: Option<HedgeOutcome>,
     /// The request's class, when one was assigned.
     pub priority: Option<Priority>,
@@ -204,6 +222,7 @@ mod tests {
             EndReason::HeadTimeout,
             EndReason::FirstTokenTimeout,
             EndReason::IdleTimeout,
+            EndReason::LivenessTimeout,
             EndReason::Deadline,
             EndReason::ClientDisconnect,
             EndReason::Rejected,

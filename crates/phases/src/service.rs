@@ -32,9 +32,13 @@ pub struct LatencyPhaseRecorder<S> {
 }
 
 impl<S> LatencyPhaseRecorder<S> {
-    /// Wraps `inner` with the configuration of `layer`.
-    pub fn new(inner: S, layer: LatencyPhaseRecorderLayer) -> Self {
-        LatencyPhaseRecorder { inner, layer }
+    /// Wraps `inner` with the configuration of `layer`, sharing its sink (the same as
+    /// `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &LatencyPhaseRecorderLayer) -> Self {
+        LatencyPhaseRecorder {
+            inner,
+            layer: layer.clone(),
+        }
     }
 
     /// The inner service.
@@ -157,5 +161,9 @@ fn request_span(id: Option<&RequestId>, route: &str, facts: Option<&RequestFacts
         prompt_bytes = Empty,
         hedge_attempts = Empty,
         hedge_winner = Empty,
+        hedge_losers_ran_s = Empty,
+        hedge_wasted_prompt_bytes = Empty,
+        hedge_wasted_prompt_tokens = Empty,
+        hedge_deadline_skipped = Empty,
     )
 }

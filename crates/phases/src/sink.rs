@@ -60,7 +60,9 @@ impl fmt::Debug for Sinks {
 /// `request_id`, `route`, `model`, `requested_model`, `priority`, `upstream`, `streamed`,
 /// `status`, `end_reason`, `queue_wait_s`, `time_to_headers_s`, `ttft_s`, `tpot_s`, `total_s`,
 /// `output_events`, `events`, `gaps`, `max_gap_s`, `prompt_tokens`, `completion_tokens`,
-/// `max_tokens`, `prompt_bytes`, `hedge_attempts`, `hedge_winner`.
+/// `max_tokens`, `prompt_bytes`, `hedge_attempts`, `hedge_winner`, `hedge_losers_ran_s` (how
+/// long each losing attempt ran, in the order they were sent), `hedge_wasted_prompt_bytes`,
+/// `hedge_wasted_prompt_tokens`, `hedge_deadline_skipped`.
 ///
 /// The end event (message `"llm request finished"`) is INFO for a completed request and WARN
 /// otherwise.
@@ -146,5 +148,14 @@ fn record_span(r: &PhaseReport) {
     if let Some(h) = &r.hedge {
         span.record("hedge_attempts", h.attempts);
         span.record("hedge_winner", h.winner);
+        if !h.losers.is_empty() {
+            let ran: Vec<f64> = h.losers.iter().map(|l| l.ran.as_secs_f64()).collect();
+            span.record("hedge_losers_ran_s", tracing::field::debug(&ran));
+            span.record("hedge_wasted_prompt_bytes", h.wasted_prompt_bytes);
+            span.record("hedge_wasted_prompt_tokens", h.wasted_prompt_tokens);
+        }
+        if h.deadline_skipped {
+            span.record("hedge_deadline_skipped", true);
+        }
     }
 }

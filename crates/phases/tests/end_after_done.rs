@@ -48,14 +48,14 @@ where
 async fn drop_after_openai_done_is_completed() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer(service_fn(|_req: Request<Empty<Bytes>>| async {
-        Ok::<_, Infallible>(sse(Scripted::new([
-            Step::Data(ROLE),
-            Step::Wait(ms(10)),
-            Step::Data(TOKEN), // t = 10 ms
-            Step::Wait(ms(20)),
-            Step::Data(TOKEN), // t = 30 ms
-            Step::Wait(ms(10)),
-            Step::Data(DONE), // t = 40 ms
+        Ok::<_, Infallible>(sse(ScriptBody::new([
+            data(ROLE),
+            wait_ms(10),
+            data(TOKEN), // t = 10 ms
+            wait_ms(20),
+            data(TOKEN), // t = 30 ms
+            wait_ms(10),
+            data(DONE), // t = 40 ms
             Step::Pending,
         ])))
     }));
@@ -91,15 +91,15 @@ async fn drop_after_openai_done_is_completed() {
 async fn drop_after_anthropic_message_stop_is_completed() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer(service_fn(|_req: Request<Empty<Bytes>>| async {
-        Ok::<_, Infallible>(sse(Scripted::new([
-            Step::Data(MESSAGE_START),
-            Step::Wait(ms(15)),
-            Step::Data(DELTA), // t = 15 ms
-            Step::Wait(ms(5)),
-            Step::Data(DELTA), // t = 20 ms
-            Step::Data(MESSAGE_DELTA),
-            Step::Wait(ms(5)),
-            Step::Data(MESSAGE_STOP), // t = 25 ms
+        Ok::<_, Infallible>(sse(ScriptBody::new([
+            data(MESSAGE_START),
+            wait_ms(15),
+            data(DELTA), // t = 15 ms
+            wait_ms(5),
+            data(DELTA), // t = 20 ms
+            data(MESSAGE_DELTA),
+            wait_ms(5),
+            data(MESSAGE_STOP), // t = 25 ms
             Step::Pending,
         ])))
     }));
@@ -124,13 +124,13 @@ async fn drop_after_anthropic_message_stop_is_completed() {
 async fn drop_before_done_is_a_client_disconnect() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer(service_fn(|_req: Request<Empty<Bytes>>| async {
-        Ok::<_, Infallible>(sse(Scripted::new([
-            Step::Wait(ms(10)),
-            Step::Data(TOKEN),
-            Step::Wait(ms(10)),
-            Step::Data(TOKEN),
+        Ok::<_, Infallible>(sse(ScriptBody::new([
+            wait_ms(10),
+            data(TOKEN),
+            wait_ms(10),
+            data(TOKEN),
             Step::Pending,
-            Step::Data(DONE),
+            data(DONE),
         ])))
     }));
     let res = svc.oneshot(Request::new(Empty::new())).await.unwrap();
@@ -154,10 +154,10 @@ async fn drop_before_done_is_a_client_disconnect() {
 async fn drop_after_done_keeps_an_in_band_error() {
     let (layer, reports, _snap) = layer();
     let svc = layer.layer(service_fn(|_req: Request<Empty<Bytes>>| async {
-        Ok::<_, Infallible>(sse(Scripted::new([
-            Step::Data(TOKEN),
-            Step::Data(IN_BAND_ERROR),
-            Step::Data(DONE),
+        Ok::<_, Infallible>(sse(ScriptBody::new([
+            data(TOKEN),
+            data(IN_BAND_ERROR),
+            data(DONE),
             Step::Pending,
         ])))
     }));
@@ -181,10 +181,10 @@ async fn grpc_trailers_with_status_zero_then_drop_is_completed() {
         Ok::<_, Infallible>(
             Response::builder()
                 .header("content-type", "application/grpc")
-                .body(Scripted::new([
-                    Step::Wait(ms(30)),
-                    Step::Data("\0\0\0\0\x02\x0a\0"),
-                    Step::Wait(ms(10)),
+                .body(ScriptBody::new([
+                    wait_ms(30),
+                    data("\0\0\0\0\x02\x0a\0"),
+                    wait_ms(10),
                     Step::Trailers(t),
                     Step::Pending,
                 ]))
@@ -238,12 +238,7 @@ async fn inner_reports_after_done() {
         let (layer, reports, _snap) = layer();
         let svc = layer.layer(service_fn(move |req: Request<Empty<Bytes>>| async move {
             let report = req.extensions().get::<EndReport>().cloned().unwrap();
-            let inner = Scripted::new([
-                Step::Data(TOKEN),
-                Step::Wait(ms(10)),
-                Step::Data(DONE),
-                Step::Pending,
-            ]);
+            let inner = ScriptBody::new([data(TOKEN), wait_ms(10), data(DONE), Step::Pending]);
             Ok::<_, Infallible>(sse(ReportWhenPending {
                 inner,
                 report,
@@ -266,7 +261,7 @@ async fn inner_client_disconnect_before_done_is_kept() {
     let (layer, reports, _snap) = layer();
     let svc = layer.layer(service_fn(|req: Request<Empty<Bytes>>| async move {
         let report = req.extensions().get::<EndReport>().cloned().unwrap();
-        let inner = Scripted::new([Step::Data(TOKEN), Step::Pending, Step::Data(DONE)]);
+        let inner = ScriptBody::new([data(TOKEN), Step::Pending, data(DONE)]);
         Ok::<_, Infallible>(sse(ReportWhenPending {
             inner,
             report,

@@ -9,46 +9,31 @@ use bytes::Bytes;
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tailguard_core::{EndReason, RequestFacts, UpstreamFailure};
 use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
 use tailguard_mock::{MockServer, Script};
 use tailguard_phases::{LatencyPhaseRecorder, LatencyPhaseRecorderLayer};
 use tower::ServiceExt;
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-const CHAT: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
 const CHAT_USAGE: &str = r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
-const MESSAGES: &str = r#"{"model":"claude-3-5-sonnet","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
 
 fn recorder(layer: LatencyPhaseRecorderLayer) -> LatencyPhaseRecorder<HttpClient> {
     LatencyPhaseRecorder::new(
-        Client::builder(TokioExecutor::new()).build_http(),
-        layer
+        client(),
+        &layer
             .with_routes(["/v1/chat/completions", "/v1/messages"])
             .with_models(["gpt-4o", "claude-3-5-sonnet"])
             .with_upstream("mock"),
     )
 }
 
-fn post(
-    server: &MockServer,
-    path: &str,
-    body: &'static str,
-    script: Option<&str>,
-) -> Request<Full<Bytes>> {
-    let mut b =
-        Request::post(format!("{}{path}", server.url())).header("content-type", "application/json");
-    if let Some(s) = script {
-        b = b.header(tailguard_mock::SCRIPT_HEADER, s);
-    }
-    let mut req = b
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .unwrap();
+/// A streamed request to `path` on `server`, with a mock script and the request facts.
+fn post(server: &MockServer, path: &str, body: &str, script: Option<&str>) -> Request<Full<Bytes>> {
+    let headers: Vec<_> = script
+        .map(|s| (tailguard_mock::SCRIPT_HEADER, s))
+        .into_iter()
+        .collect();
+    let mut req = common::post(&format!("{}{path}", server.url()), body, &headers);
     let model = if path.contains("messages") {
         "claude-3-5-sonnet-20241022"
     } else {
@@ -86,18 +71,17 @@ async fn openai_stream_exact_phases() {
     assert_eq!(r.time_to_headers, Some(ms(30)));
     // The role-only chunk right after the head and the keepalives do not count.
     assert_eq!(r.time_to_first_token, Some(ms(130)));
-    // After the first token the core classifies from syntax alone, so the finish chunk
-    // (`"delta":{}` with `finish_reason`) is an output event too: 5 tokens + 1.
-    assert_eq!(r.output_events, 6);
-    // Four 20 ms gaps, then the finish chunk in a frame of its own at the same instant.
-    assert_eq!(r.gaps.count, 5);
+    // The finish chunk (`"delta":{}` with `finish_reason`) is not output: 5 tokens.
+    assert_eq!(r.output_events, 5);
+    // Four 20 ms gaps between the tokens.
+    assert_eq!(r.gaps.count, 4);
     assert_eq!(
         (r.gaps.min, r.gaps.max, r.gaps.sum),
-        (ms(0), ms(20), ms(80))
+        (ms(20), ms(20), ms(80))
     );
     assert_eq!(r.total, ms(210));
-    // (210 - 130) / (6 - 1)
-    assert_eq!(r.time_per_output_token, Some(ms(16)));
+    // (210 - 130) / (5 - 1)
+    assert_eq!(r.time_per_output_token, Some(ms(20)));
     assert!(r.done_seen);
     assert_eq!(r.labels.model(), "gpt-4o");
     assert_eq!(r.labels.route(), "/v1/chat/completions");
@@ -109,13 +93,13 @@ async fn openai_stream_exact_phases() {
     );
     assert_secs(
         &metric(&all, "tailguard_inter_token_gap_seconds").hist(),
-        &[0.02, 0.02, 0.02, 0.02, 0.0],
+        &[0.02, 0.02, 0.02, 0.02],
     );
     assert_secs(
         &metric(&all, "tailguard_request_duration_seconds").hist(),
         &[0.21],
     );
-    assert_secs(&metric(&all, "tailguard_output_events").hist(), &[6.0]);
+    assert_secs(&metric(&all, "tailguard_output_events").hist(), &[5.0]);
     // The upstream saw the generated request id.
     let stats = server.stats();
     assert_eq!(stats.completed, 1);
@@ -271,8 +255,10 @@ async fn grpc_stream_through_tonic() {
         .connect()
         .await
         .unwrap();
-    let svc =
-        LatencyPhaseRecorder::new(channel, layer.with_routes(["/tailguard.mock.v1.Generator"]));
+    let svc = LatencyPhaseRecorder::new(
+        channel,
+        &layer.with_routes(["/tailguard.mock.v1.Generator"]),
+    );
     let mut client = GenerateClient::new(svc);
     let mut stream = client
         .generate(GenerateRequest {

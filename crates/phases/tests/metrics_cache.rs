@@ -9,34 +9,22 @@ use std::convert::Infallible;
 use bytes::Bytes;
 use common::*;
 use http::{Request, Response};
-use http_body::Body;
 use http_body_util::{BodyExt, Empty};
 use metrics_util::debugging::DebuggingRecorder;
 use tailguard_phases::{LatencyPhaseRecorderLayer, MAX_CACHED_LABEL_SETS, MetricsSink, Route};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
-fn sse(body: Scripted) -> Response<Scripted> {
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(body)
-        .unwrap()
-}
-
-async fn drain<B: Body>(body: B) -> Result<(), B::Error> {
-    body.collect().await.map(|_| ())
-}
-
 fn upstream()
--> impl Service<Request<Empty<Bytes>>, Response = Response<Scripted>, Error = Infallible, Future: Send>
+-> impl Service<Request<Empty<Bytes>>, Response = Response<ScriptBody>, Error = Infallible, Future: Send>
 + Clone {
     service_fn(|_req: Request<Empty<Bytes>>| async {
-        Ok::<_, Infallible>(sse(Scripted::new([
-            Step::Data(ROLE),
+        Ok::<_, Infallible>(sse(ScriptBody::new([
+            data(ROLE),
             Step::Wait(ms(10)),
-            Step::Data(TOKEN),
+            data(TOKEN),
             Step::Wait(ms(10)),
-            Step::Data(TOKEN),
-            Step::Data(DONE),
+            data(TOKEN),
+            data(DONE),
         ])))
     })
 }
@@ -45,7 +33,7 @@ async fn request<S>(svc: &S, route: Option<&str>)
 where
     S: Service<
             Request<Empty<Bytes>>,
-            Response = Response<tailguard_phases::LatencyPhaseRecorderBody<Scripted>>,
+            Response = Response<tailguard_phases::LatencyPhaseRecorderBody<ScriptBody>>,
             Error = Infallible,
         > + Clone,
 {
@@ -59,7 +47,7 @@ where
 
 /// `tailguard_requests_total` by route. (A snapshot drains the debugging recorder's
 /// histograms: take one, then read everything from it.)
-fn requests_total(all: &[Seen]) -> Vec<(String, u64)> {
+fn requests_total(all: &[Series]) -> Vec<(String, u64)> {
     let mut v: Vec<_> = all
         .iter()
         .filter(|s| s.name == "tailguard_requests_total")
@@ -194,7 +182,7 @@ async fn fast_path_matches_the_trait_path() {
     where
         S: Service<
                 Request<Empty<Bytes>>,
-                Response = Response<tailguard_phases::LatencyPhaseRecorderBody<Scripted>>,
+                Response = Response<tailguard_phases::LatencyPhaseRecorderBody<ScriptBody>>,
                 Error = Infallible,
             > + Clone,
     {
@@ -214,7 +202,7 @@ async fn fast_path_matches_the_trait_path() {
     }
 
     // Sorted, comparable views of what a recorder saw.
-    fn view(all: &[Seen]) -> Vec<String> {
+    fn view(all: &[Series]) -> Vec<String> {
         let mut v: Vec<String> = all.iter().map(|s| format!("{s:?}")).collect();
         v.sort();
         v

@@ -33,12 +33,12 @@ async fn buckets_configure_prometheus_histograms() {
             Ok::<_, Infallible>(
                 Response::builder()
                     .header("content-type", "text/event-stream")
-                    .body(Scripted::new([
+                    .body(ScriptBody::new([
                         Step::Wait(ms(90)),
-                        Step::Data(TOKEN),
+                        data(TOKEN),
                         Step::Wait(ms(30)),
-                        Step::Data(TOKEN),
-                        Step::Data(DONE),
+                        data(TOKEN),
+                        data(DONE),
                     ]))
                     .unwrap(),
             )

@@ -10,22 +10,11 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Empty, Full};
 use tailguard_core::{
-    AdmissionOutcome, EndReason, EndReport, HedgeOutcome, OverloadReason, Priority, RequestFacts,
-    UpstreamFailure,
+    AdmissionOutcome, EndReason, EndReport, HedgeOutcome, LoserRun, OverloadReason, Priority,
+    RequestFacts, UpstreamFailure,
 };
 use tailguard_phases::{MetricNames, MetricsSink, RequestId, Route, Upstream};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
-
-fn sse(body: Scripted) -> Response<Scripted> {
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(body)
-        .unwrap()
-}
-
-async fn drain<B: Body>(body: B) -> Result<(), B::Error> {
-    body.collect().await.map(|_| ())
-}
 
 /// The headline scenario: exact TTFT, gaps, TPOT, total and counts, a role-only first chunk and
 /// keepalives not counted, two tokens in one frame counted as one arrival.
@@ -41,20 +30,20 @@ async fn exact_phases_of_a_scripted_stream() {
         )
         .service(service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(50)).await;
-            Ok::<_, Infallible>(sse(Scripted::new([
-                Step::Data(ROLE),
+            Ok::<_, Infallible>(sse(ScriptBody::new([
+                data(ROLE),
                 Step::Wait(ms(40)),
-                Step::Data(KEEPALIVE),
+                data(KEEPALIVE),
                 Step::Wait(ms(60)),
-                Step::Data(TOKEN), // t = 150 ms: first token
+                data(TOKEN), // t = 150 ms: first token
                 Step::Wait(ms(20)),
-                Step::Data(TOKEN), // gap 20 ms
+                data(TOKEN), // gap 20 ms
                 Step::Wait(ms(30)),
-                Step::Data(TWO_TOKENS), // gap 30 ms, two events
+                data(TWO_TOKENS), // gap 30 ms, two events
                 Step::Wait(ms(5)),
-                Step::Data(KEEPALIVE),
+                data(KEEPALIVE),
                 Step::Wait(ms(5)),
-                Step::Data(DONE), // t = 210 ms
+                data(DONE), // t = 210 ms
             ])))
         }));
     let mut req = Request::post("/v1/chat/completions/")
@@ -89,6 +78,31 @@ async fn exact_phases_of_a_scripted_stream() {
     assert_eq!(r.labels.route(), "/v1/chat/completions");
     assert_eq!(r.labels.model(), "gpt-4o");
     assert_eq!(r.labels.upstream(), "vllm-a");
+    // The log line, and the flat record of the `serde` feature.
+    let line = r.to_string();
+    assert!(line.starts_with("request_id="), "{line}");
+    assert!(
+        line.ends_with(
+            " route=/v1/chat/completions model=gpt-4o upstream=vllm-a priority=interactive \
+             streamed=true status=200 end_reason=completed queue_wait=- \
+             time_to_headers=0.050000s ttft=0.150000s total=0.210000s output_events=4 events=8"
+        ),
+        "{line}"
+    );
+    #[cfg(feature = "serde")]
+    {
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["ttft"], 0.15);
+        assert_eq!(v["total"], 0.21);
+        assert_eq!(v["output_events"], 4);
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["end_reason"], "completed");
+        assert_eq!(
+            (v["requested_model"].as_str(), v["max_tokens"].as_u64()),
+            (Some("gpt-4o-2024-08-06"), Some(64))
+        );
+        assert!(v["hedge_attempts"].is_null() && v["queue_wait"].is_null());
+    }
     assert_eq!(r.labels.priority(), "interactive");
     assert!(r.labels.streamed());
     assert_eq!(r.facts.as_ref().unwrap().max_tokens, Some(64));
@@ -136,12 +150,12 @@ async fn role_only_first_chunk_is_not_the_first_token() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
+            Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(100)),
-                Step::Data(ROLE),
+                data(ROLE),
                 Step::Wait(ms(200)),
-                Step::Data(TOKEN),
-                Step::Data(DONE),
+                data(TOKEN),
+                data(DONE),
             ])))
         })
     });
@@ -172,7 +186,7 @@ trait LayerFn {
 
 impl LayerFn for tailguard_phases::LatencyPhaseRecorderLayer {
     fn layer_fn<S, F: FnOnce() -> S>(self, f: F) -> tailguard_phases::LatencyPhaseRecorder<S> {
-        tailguard_phases::LatencyPhaseRecorder::new(f(), self)
+        tailguard_phases::LatencyPhaseRecorder::new(f(), &self)
     }
 }
 
@@ -216,13 +230,13 @@ async fn client_disconnect_mid_stream_is_reported_once() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
+            Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(10_000)),
-                Step::Data(DONE),
+                data(DONE),
             ])))
         })
     });
@@ -249,7 +263,7 @@ async fn response_future_dropped_before_headers_is_a_client_disconnect() {
     let mut svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(1000)).await;
-            Ok::<_, Infallible>(sse(Scripted::new([Step::Data(DONE)])))
+            Ok::<_, Infallible>(sse(ScriptBody::new([data(DONE)])))
         })
     });
     let fut = svc.ready().await.unwrap().call(Request::new(Empty::new()));
@@ -267,15 +281,15 @@ async fn service_error_and_body_error_are_transport_failures() {
     let svc = layer.clone().layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(5)).await;
-            Err::<Response<Scripted>, _>(ScriptError)
+            Err::<Response<ScriptBody>, _>(TransportError)
         })
     });
     assert!(svc.oneshot(Request::new(Empty::new())).await.is_err());
 
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
-                Step::Data(TOKEN),
+            Ok::<_, Infallible>(sse(ScriptBody::new([
+                data(TOKEN),
                 Step::Wait(ms(10)),
                 Step::Error,
             ])))
@@ -338,10 +352,10 @@ async fn in_band_error_event_and_grpc_trailers() {
     let (layer, reports, _snap) = layer();
     let svc = layer.clone().layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
-                Step::Data(TOKEN),
-                Step::Data(IN_BAND_ERROR),
-                Step::Data(DONE),
+            Ok::<_, Infallible>(sse(ScriptBody::new([
+                data(TOKEN),
+                data(IN_BAND_ERROR),
+                data(DONE),
             ])))
         })
     });
@@ -357,11 +371,11 @@ async fn in_band_error_event_and_grpc_trailers() {
             Ok::<_, Infallible>(
                 Response::builder()
                     .header("content-type", "application/grpc")
-                    .body(Scripted::new([
+                    .body(ScriptBody::new([
                         Step::Wait(ms(30)),
-                        Step::Data("\0\0\0\0\x02\x0a\0"),
+                        data("\0\0\0\0\x02\x0a\0"),
                         Step::Wait(ms(10)),
-                        Step::Data("\0\0\0\0\x02\x0a\0\0\0\0\0\x02\x0a\0"),
+                        data("\0\0\0\0\x02\x0a\0\0\0\0\0\x02\x0a\0"),
                         Step::Trailers(t),
                     ]))
                     .unwrap(),
@@ -393,12 +407,11 @@ async fn end_of_stream_after_a_frame_finalises_without_another_poll() {
     let (layer, reports, _snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
+            Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
-                Step::Data(DONE),
-            ])
-            .eager()))
+                data(TOKEN),
+                data(DONE),
+            ])))
         })
     });
     let res = svc.oneshot(Request::new(Empty::new())).await.unwrap();
@@ -444,7 +457,7 @@ async fn reasons_reported_by_inner_layers_win() {
                 .cloned()
                 .expect("EndReport");
             // The simulated inner layer ends the stream after an idle period.
-            let body = Scripted::new([Step::Data(TOKEN), Step::Wait(ms(500))]);
+            let body = ScriptBody::new([data(TOKEN), Step::Wait(ms(500))]);
             let body = ReportOnEnd {
                 inner: body,
                 report,
@@ -499,10 +512,10 @@ async fn admission_and_hedge_outcomes_from_response_extensions() {
     let svc = layer.clone().layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(250)).await;
-            let mut res = sse(Scripted::new([
+            let mut res = sse(ScriptBody::new([
                 Step::Wait(ms(50)),
-                Step::Data(TOKEN),
-                Step::Data(DONE),
+                data(TOKEN),
+                data(DONE),
             ]));
             res.extensions_mut()
                 .insert(AdmissionOutcome::admitted(ms(200), 1));
@@ -538,7 +551,7 @@ async fn admission_and_hedge_outcomes_from_response_extensions() {
     assert_eq!(all[0].queue_wait, Some(ms(200)));
     assert_eq!(
         all[0].hedge.as_ref().map(|h| (h.attempts, h.winner)),
-        Some((2, 1))
+        Some((2, Some(1)))
     );
     assert_eq!(all[0].labels.upstream(), "replica-b");
     assert_eq!(all[0].time_to_first_token, Some(ms(300)));
@@ -560,6 +573,70 @@ async fn admission_and_hedge_outcomes_from_response_extensions() {
     assert_eq!(hedged.label("winner"), Some("hedge"));
     assert_eq!(hedged.counter(), 1);
     assert_secs(&metric(&seen, "tailguard_hedge_attempts").hist(), &[2.0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedge_costs_reach_the_report_and_the_metrics_per_upstream() {
+    let (layer, reports, snap) = layer();
+    let svc = layer.layer_fn(|| {
+        service_fn(|_req: Request<Empty<Bytes>>| async {
+            let mut res = sse(ScriptBody::new([data(TOKEN), data(DONE)]));
+            let losers = vec![LoserRun::new(0, ms(120)), LoserRun::new(1, ms(80))];
+            res.extensions_mut()
+                .insert(HedgeOutcome::new(3, 2, Some(ms(40))).with_losers(losers, 500, Some(30)));
+            res.extensions_mut().insert(Upstream::new("replica-b"));
+            Ok::<_, Infallible>(res)
+        })
+    });
+    let res = svc.oneshot(Request::new(Empty::new())).await.unwrap();
+    drain(res.into_body()).await.unwrap();
+
+    let r = reports.one();
+    let h = r.hedge.unwrap();
+    assert_eq!((h.attempts, h.winner), (3, Some(2)));
+    assert_eq!(h.loser_time(), ms(200));
+    assert_eq!(
+        h.wasted_prompt_bytes, 1000,
+        "two losers sent 500 bytes each"
+    );
+    assert_eq!(h.wasted_prompt_tokens, Some(60));
+    assert!(!h.deadline_skipped);
+
+    let seen = snapshot(&snap);
+    let bytes = metric(&seen, "tailguard_hedge_wasted_prompt_bytes_total");
+    assert_eq!(bytes.label("upstream"), Some("replica-b"));
+    assert_eq!(bytes.counter(), 1000);
+    let tokens = metric(&seen, "tailguard_hedge_wasted_prompt_tokens_total");
+    assert_eq!(tokens.label("upstream"), Some("replica-b"));
+    assert_eq!(tokens.counter(), 60);
+    assert_secs(
+        &metric(&seen, "tailguard_hedge_loser_duration_seconds").hist(),
+        &[0.12, 0.08],
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_nobody_hedged_wastes_nothing() {
+    let (layer, _reports, snap) = layer();
+    let svc = layer.layer_fn(|| {
+        service_fn(|_req: Request<Empty<Bytes>>| async {
+            let mut res = sse(ScriptBody::new([data(TOKEN), data(DONE)]));
+            res.extensions_mut()
+                .insert(HedgeOutcome::new(1, 0, None).with_losers(Vec::new(), 500, Some(30)));
+            Ok::<_, Infallible>(res)
+        })
+    });
+    let res = svc.oneshot(Request::new(Empty::new())).await.unwrap();
+    drain(res.into_body()).await.unwrap();
+    let seen = snapshot(&snap);
+    for name in [
+        "tailguard_hedge_wasted_prompt_bytes_total",
+        "tailguard_hedge_wasted_prompt_tokens_total",
+        "tailguard_hedge_loser_duration_seconds",
+    ] {
+        assert!(seen.iter().all(|s| s.name != name), "{name} recorded");
+    }
+    assert_secs(&metric(&seen, "tailguard_hedge_attempts").hist(), &[1.0]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -674,11 +751,11 @@ async fn usage_is_extracted_from_include_usage_chunks() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
-                Step::Data(ROLE),
-                Step::Data(TOKEN),
-                Step::Data(USAGE),
-                Step::Data(DONE),
+            Ok::<_, Infallible>(sse(ScriptBody::new([
+                data(ROLE),
+                data(TOKEN),
+                data(USAGE),
+                data(DONE),
             ])))
         })
     });
@@ -699,23 +776,23 @@ async fn usage_is_extracted_from_include_usage_chunks() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn otel_genai_names() {
+async fn otel_genai_server_names() {
     let rec = metrics_util::debugging::DebuggingRecorder::new();
     let snap = rec.snapshotter();
     let layer = tailguard_phases::LatencyPhaseRecorderLayer::new()
         .without_sinks()
         .with_sink(
             MetricsSink::new()
-                .with_names(MetricNames::otel_genai())
+                .with_names(MetricNames::otel_genai_server())
                 .with_recorder(rec),
         );
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            Ok::<_, Infallible>(sse(Scripted::new([
+            Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
+                data(TOKEN),
                 Step::Wait(ms(10)),
-                Step::Data(TOKEN),
+                data(TOKEN),
             ])))
         })
     });
@@ -747,7 +824,7 @@ async fn label_cardinality_is_bounded() {
         .with_routes(["/v1/chat/completions", "/v1/completions"])
         .layer_fn(|| {
             service_fn(|_req: Request<Empty<Bytes>>| async {
-                Ok::<_, Infallible>(sse(Scripted::new([Step::Data(TOKEN), Step::Data(DONE)])))
+                Ok::<_, Infallible>(sse(ScriptBody::new([data(TOKEN), data(DONE)])))
             })
         });
     let mut x: u64 = 0x9e37_79b9;

@@ -82,12 +82,7 @@ fn one_span_with_every_phase_and_one_event() {
     let capture = Capture::default();
     let seen = capture.seen.clone();
     tracing::subscriber::with_default(capture, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        paused_runtime().block_on(async {
             let svc = LatencyPhaseRecorderLayer::new()
                 .with_models(["gpt-4o"])
                 .layer(service_fn(|_req: Request<Empty<Bytes>>| async {
@@ -95,13 +90,13 @@ fn one_span_with_every_phase_and_one_event() {
                     Ok::<_, Infallible>(
                         Response::builder()
                             .header("content-type", "text/event-stream")
-                            .body(Scripted::new([
-                                Step::Data(ROLE),
+                            .body(ScriptBody::new([
+                                data(ROLE),
                                 Step::Wait(ms(80)),
-                                Step::Data(TOKEN),
+                                data(TOKEN),
                                 Step::Wait(ms(10)),
-                                Step::Data(TOKEN),
-                                Step::Data(DONE),
+                                data(TOKEN),
+                                data(DONE),
                             ]))
                             .unwrap(),
                     )

@@ -14,23 +14,11 @@ use http::{Request, Response};
 use http_body::{Body, Frame};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tailguard_phases::{LatencyPhaseRecorderLayer, PhaseReport};
+use tailguard_test_support::{ScriptBody, Step};
 use tower::{Layer, Service, service_fn};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-
-struct Frames(std::vec::IntoIter<Bytes>);
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(self.0.next().map(|b| Ok(Frame::data(b))))
-    }
-}
 
 fn poll_frame<B: Body + Unpin>(b: &mut B) -> Option<Frame<B::Data>> {
     let mut cx = Context::from_waker(Waker::noop());
@@ -73,7 +61,7 @@ fn steady_state_allocates_nothing_per_frame() {
             Ok::<_, Infallible>(
                 Response::builder()
                     .header("content-type", "text/event-stream")
-                    .body(Frames(frames.into_iter()))
+                    .body(ScriptBody::new(frames.into_iter().map(Step::Data)))
                     .unwrap(),
             )
         }

@@ -6,9 +6,10 @@
 //! [`ClassPolicy`](tailguard_core::ClassPolicy) go into the request extensions, where admission
 //! (reserved shares, shedding order), hedging (per-class switch), timeouts (per-class limits) and
 //! the recorder (the `priority` label) read them. The `Priority` is also copied into the
-//! response extensions, so a recorder placed *outside* `PriorityClass` (the recommended order:
-//! `LatencyPhaseRecorder -> PriorityClass -> BoundedAdmission -> SseIdleTimeout ->
-//! FirstTokenHedge`) still labels every request with its class.
+//! response extensions, so a recorder placed *outside* `PriorityClass` still labels every
+//! request with its class (where it goes in a stack, and why:
+//! [the recommended order](../tailguard/index.html#the-recommended-order), in the `tailguard`
+//! facade).
 //!
 //! ```
 //! use std::convert::Infallible;

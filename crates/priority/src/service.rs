@@ -8,7 +8,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
-use crate::layer::Classifier;
+use crate::layer::{Classifier, PriorityClassLayer};
 
 /// Classifies each request and inserts its [`Priority`](tailguard_core::Priority) and
 /// [`ClassPolicy`](tailguard_core::ClassPolicy); built by
@@ -32,7 +32,19 @@ impl<S: fmt::Debug> fmt::Debug for PriorityClass<S> {
 }
 
 impl<S> PriorityClass<S> {
+    /// Wraps `inner` with the configuration of `layer` (the same as `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &PriorityClassLayer) -> Self {
+        use tower_layer::Layer;
+        layer.layer(inner)
+    }
+
     pub(crate) fn from_classifier(inner: S, cls: Arc<Classifier>) -> Self {
+        // Help text for exporters that print it (Prometheus `# HELP`).
+        metrics::describe_counter!(
+            "tailguard_priority_classified_total",
+            metrics::Unit::Count,
+            "Requests classified, by priority class and by what decided it"
+        );
         PriorityClass { inner, cls }
     }
 

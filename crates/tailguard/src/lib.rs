@@ -36,6 +36,7 @@
 //!
 //! ## The recommended order
 //!
+//! This is the one place the order and its reasons are told; the other crates' docs link here.
 //! Outermost first:
 //!
 //! ```text
@@ -46,7 +47,9 @@
 //!   (the queue wait is part of what the caller feels) and it sees every outcome, refusals
 //!   included. It creates the `EndReport` through which the inner layers tell it *why* they
 //!   ended a stream (a timeout, a refusal, an upstream failure), and reads the admission and
-//!   hedge outcomes from the response.
+//!   hedge outcomes from the response. `PriorityClass`, inside it, copies the request's
+//!   `Priority` into the response extensions, so the recorder still labels every request with
+//!   its class.
 //! * **`PriorityClass` next**: admission (reserved shares, shedding order), the timeouts
 //!   (per-class limits) and the hedge (per-class switch) read the `Priority` and `ClassPolicy`
 //!   it puts into the request extensions, so it must run before all of them.
@@ -62,13 +65,62 @@
 //!   for replay and sends each attempt to another replica (with a `ReplicaSet`, or any router
 //!   that reads the `Attempt` extension).
 //!
-//! One piece of glue is needed: admission renders its refusals into the body type under it, so
-//! that body's data must be `From<Bytes>`, and the timeout layer yields `Chunk<Bytes>`; a
-//! `map_response` between them turns the data into `Bytes` without copying (see below). Any
-//! subset of the layers composes in the same relative order.
+//! Any subset of the layers composes in the same relative order, with no glue between them:
+//! every layer keeps its body's data type (`B::Data: From<Bytes>`, which every hyper, axum and
+//! tonic body has) and, in its default mode, the inner service's error type.
+//!
+//! **A client's deadline** (`grpc-timeout`, or `x-request-timeout` on HTTP) is read by the
+//! first layer that acts on the time left — `BoundedAdmission` in this order, else
+//! `SseIdleTimeout` — through one function, `tailguard_core::ClientDeadline::accept`, which the
+//! others then find done. Reading it there anchors it at arrival, so time spent queued counts
+//! against it, and any subset of the layers still honours it. It only ever tightens the
+//! request's `Deadlines`, the one source of time left: admission refuses at once what cannot be
+//! served in time, the timeouts fire at it, the hedge sends no backup that could not win, and
+//! every attempt carries the budget left upstream.
 //!
 //! The example gateway (`cargo run --release --example gateway`, `examples/src/gateway`) runs
-//! exactly this stack over a pooled hyper client and embedded mock replicas.
+//! exactly this stack over a pooled hyper client and embedded mock replicas;
+//! `examples/examples/axum_router.rs` puts it on an existing axum `Router`.
+//!
+//! ## Errors: response mode and error mode
+//!
+//! Every layer that can refuse or end a request itself has two modes, chosen by type:
+//! [`Respond`](core::Respond), the default, and [`Fail`](core::Fail), chosen with
+//! `with_error_mode()` on the layer. In response mode a layer renders its own refusals and
+//! timeouts as responses (an OpenAI-shaped JSON error with the right status, or a trailers-only
+//! gRPC response for a gRPC request) and its service keeps the inner service's error type,
+//! like tower-http's `TimeoutLayer`; so the whole stack over an `Infallible` axum handler is
+//! `Infallible`, and `Router::layer` and `route_service` take it with no `HandleErrorLayer`.
+//! In error mode the layer's own ends are `Err`s of a typed error boxed as a
+//! [`BoxError`](core::BoxError), which is then the service's error type.
+//!
+//! What can come out of each layer's service as an `Err`:
+//!
+//! | layer | response mode (default) | error mode (`with_error_mode()`) |
+//! |---|---|---|
+//! | `LatencyPhaseRecorder` | the inner service's error (recorded) | no error mode |
+//! | `PriorityClass` | the inner service's error | no error mode |
+//! | `BoundedAdmission` | the inner service's error; refusals are `429`/`503` responses with `Retry-After` | also [`Overloaded`](core::Overloaded) |
+//! | `SseIdleTimeout` | the inner service's error; an expiry before headers is a `504` (gRPC: `grpc-status: 4`) | also [`TimeoutError`](core::TimeoutError) |
+//! | `FirstTokenHedge` | the inner service's error, when no attempt got a response; every other failed race is answered (the upstream's own error replayed, or a rendered `502`/`504`), a request body that fails while buffered is a `400` | also [`UpstreamError`](core::UpstreamError) when every attempt failed, `RequestBodyError` |
+//!
+//! Response *bodies* are another matter: after the headers are out, a layer ends a stream
+//! in-band (an error event in the stream's dialect, or gRPC trailers); `SseIdleTimeout`'s body
+//! error type is [`BoxError`](core::BoxError), which every server takes, and it carries a
+//! [`TimeoutError`](core::TimeoutError) or [`UpstreamError`](core::UpstreamError) only with
+//! `OnExpiry::BodyError`, or the inner body's own error for a body it does not watch.
+//!
+//! ## State
+//!
+//! One layer value is one piece of state: every service it builds (every `layer()` call, as
+//! axum's `Router::layer` makes once per route) and every clone of the layer share it, like
+//! tower's `GlobalConcurrencyLimitLayer`: one `BoundedAdmissionLayer` is one gate, one
+//! `FirstTokenHedgeLayer` one TTFT estimate and budget, one `LatencyPhaseRecorderLayer` one sink.
+//! Each `with_*` call starts a new state with the changed configuration; for separate state,
+//! build separate layer values. Every service also has the same constructor,
+//! `Service::new(inner, &layer)`, the same as `layer.layer(inner)`, and every layer crate the
+//! same module rule: only `future` and `error` are public modules (the types signatures name);
+//! everything else is at the crate root.
 
 pub use tailguard_core as core;
 
@@ -91,3 +143,24 @@ pub use tailguard_priority as priority;
 /// `LatencyPhaseRecorder`: every phase of every request (feature `phases`).
 #[cfg(feature = "phases")]
 pub use tailguard_phases as phases;
+
+/// The README snippets of the workspace, compiled and run as doctests where users copy them.
+#[cfg(all(doctest, feature = "full"))]
+mod readme {
+    #[doc = include_str!("../../../README.md")]
+    mod workspace {}
+    #[doc = include_str!("../README.md")]
+    mod tailguard {}
+    #[doc = include_str!("../../core/README.md")]
+    mod core {}
+    #[doc = include_str!("../../admission/README.md")]
+    mod admission {}
+    #[doc = include_str!("../../hedge/README.md")]
+    mod hedge {}
+    #[doc = include_str!("../../phases/README.md")]
+    mod phases {}
+    #[doc = include_str!("../../priority/README.md")]
+    mod priority {}
+    #[doc = include_str!("../../timeout/README.md")]
+    mod timeout {}
+}

@@ -1,16 +1,18 @@
-//! [`SseIdleTimeoutBody`]: the response body that runs the first-token, idle and total timers.
+//! [`SseIdleTimeoutBody`]: the response body that runs the first-token, idle and total timers
+//! and sees that the stream ends cleanly.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
-use http::HeaderMap;
+use http::response::Parts;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tailguard_core::render::{self, RenderError};
-use tailguard_core::{BoxError, Chunk, EndReport, StreamTracker, TimeoutError, Wire};
+use tailguard_core::headers::grpc_status;
+use tailguard_core::{BoxError, Dialect, EndReport, Framing, StreamTracker, TimeoutError, Wire};
 use tokio::time::Instant;
 
+use crate::ending::{End, Failure};
 use crate::held::HeldBack;
 use crate::layer::{Config, FirstTokenClock, OnExpiry, Timeouts};
 use crate::timers::{Expired, Timers};
@@ -20,44 +22,25 @@ use crate::timers::{Expired, Timers};
 /// off.
 const FLOOD_CHECK: u8 = 32;
 
-/// What the body yields once the inner body is gone.
-#[derive(Debug)]
-enum End {
-    /// A rendered in-band error event, then the end.
-    Local(Bytes),
-    /// Trailers (the inner body's, or rendered gRPC ones), then the end.
-    Trailers(HeaderMap),
-    /// A body error, then the end.
-    Error(BoxError),
-    /// Nothing more.
-    Finished,
-}
-
-impl End {
-    /// The next frame, leaving `Finished`.
-    fn take<D: Buf>(&mut self) -> Option<Result<Frame<Chunk<D>>, BoxError>> {
-        match std::mem::replace(self, End::Finished) {
-            End::Local(bytes) => Some(Ok(Frame::data(Chunk::Local(bytes)))),
-            End::Trailers(t) => Some(Ok(Frame::trailers(t))),
-            End::Error(e) => Some(Err(e)),
-            End::Finished => None,
-        }
-    }
-}
-
 pin_project! {
     /// The response body of [`SseIdleTimeout`](crate::SseIdleTimeout).
     ///
-    /// Passes the inner body's frames through as [`Chunk::Inner`], runs the first-token, idle
-    /// and total timers on the events it finds in them, and on expiry drops the inner body and
-    /// ends as [`OnExpiry`] says. Error responses produced by the layer itself (a 504 before
-    /// headers) are bodies of this type too, with [`Chunk::Local`] data.
+    /// Passes the inner body's frames through untouched, runs the first-token, idle
+    /// and total timers on the events it finds in them, and when a timer expires or the upstream
+    /// fails (a body error, a stream cut short of its terminal event, an event over the
+    /// scanner's cap) drops the inner body and ends as [`OnExpiry`] says. Error responses
+    /// produced by the layer itself (a 504 before headers) are bodies of this type too. The data
+    /// type is the inner body's: bytes the layer produces itself (an in-band error event, the
+    /// released part of a held-back frame) are `B::Data::from(bytes)`, so `B::Data` must be
+    /// `From<Bytes>`, which every hyper, axum and tonic body's data is.
     ///
-    /// Forwards `size_hint` (plus any bytes it holds back), `is_end_stream` and trailers. A
+    /// Forwards `size_hint` (plus any bytes it holds back), `is_end_stream` (except that a
+    /// stream cut short is not at its end until the layer has ended it) and trailers. A
     /// timeout ends the body earlier than the inner body's size hint said, as any timeout does.
     #[project = BodyProj]
     pub struct SseIdleTimeoutBody<B: Body> {
-        // The inner body, until it ends or a timer expires; then `end` says what follows.
+        // The inner body, until it ends or the layer ends the stream; then `end` says what
+        // follows.
         #[pin]
         inner: Option<B>,
         #[pin]
@@ -67,10 +50,11 @@ pin_project! {
         // Frames delivered in a row without waiting (for the flood check).
         streak: u8,
         hold_back: bool,
-        // The tracker stopped scanning (an event over its cap).
-        blind: bool,
-        // The stream said it was complete.
-        done: bool,
+        // The stream must end with its terminal event.
+        require_terminal: bool,
+        // The stream said it ended: its terminal event (`[DONE]`, `message_stop`, a gRPC
+        // status), or an in-band error event of the upstream's own.
+        terminal: bool,
         on_expiry: OnExpiry,
         report: Option<EndReport>,
         end: End,
@@ -96,8 +80,8 @@ impl<B: Body> SseIdleTimeoutBody<B> {
             held: HeldBack::new(),
             streak: 0,
             hold_back: false,
-            blind: false,
-            done: false,
+            require_terminal: false,
+            terminal: false,
             on_expiry: OnExpiry::Auto,
             report: None,
             end,
@@ -107,7 +91,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
     /// A body that yields `bytes` and ends (the layer's own error responses).
     pub(crate) fn local(bytes: Bytes) -> Self {
         let now = Instant::now();
-        let timers = Timers::new(&Timeouts::new(), now, now, false);
+        let timers = Timers::new(&Timeouts::new(), (now, now), now, false);
         let end = if bytes.is_empty() {
             End::Finished
         } else {
@@ -116,37 +100,56 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         Self::new(None, timers, None, end)
     }
 
-    /// The body of a response whose headers arrived now.
+    /// The body of a response whose head (`parts`) arrived now.
+    ///
+    /// The stream is watched when a timer runs, or when the response is a stream (a 2xx whose
+    /// `content-type` says SSE, NDJSON or gRPC) whose ending can be checked; a non-streamed
+    /// answer or an error document without timers passes through untouched.
     pub(crate) fn streaming(
         inner: B,
-        headers: &HeaderMap,
+        parts: &Parts,
         config: &Config,
         t: &Timeouts,
         start: Instant,
         report: Option<EndReport>,
     ) -> Self {
+        let now = Instant::now();
         let first_token_from = match config.first_token_clock {
-            FirstTokenClock::FromHeaders => Instant::now(),
+            FirstTokenClock::FromHeaders => now,
             _ => start,
         };
-        let timers = Timers::new(t, start, first_token_from, config.keepalive_resets_idle);
-        let tracker = timers
-            .active()
-            .then(|| StreamTracker::new(&config.dialect, headers));
+        let clocks = (start, now);
+        let timers = Timers::new(t, clocks, first_token_from, config.keepalive_resets_idle);
+        let headers = &parts.headers;
+        let dialect = config.dialect.resolve(headers);
+        let stream = parts.status.is_success() && Dialect::Auto.resolve_stream(headers).is_some();
+        let watch = timers.active() || (stream && dialect.framing() != Some(Framing::Bytes));
+        let tracker = watch.then(|| StreamTracker::new(&dialect, headers));
+        let grpc = tracker.as_ref().is_some_and(|t| t.wire() == Wire::Grpc);
         let mut body = Self::new(Some(inner), timers, tracker, End::Finished);
         body.hold_back = body.tracker.is_some() && config.on_expiry != OnExpiry::BodyError;
+        body.require_terminal =
+            body.tracker.is_some() && stream && config.require_terminal_event(&dialect);
+        // A trailers-only gRPC response carries its status in the headers.
+        body.terminal = grpc && grpc_status(headers).is_some();
         body.on_expiry = config.on_expiry;
         body.report = report;
         body
+    }
+
+    /// The stream must end with its terminal event and has not said it ended (yet).
+    fn cut_short(&self) -> bool {
+        self.require_terminal && !self.terminal
     }
 }
 
 impl<B> Body for SseIdleTimeoutBody<B>
 where
     B: Body,
+    B::Data: From<Bytes>,
     B::Error: Into<BoxError>,
 {
-    type Data = Chunk<B::Data>;
+    type Data = B::Data;
     type Error = BoxError;
 
     fn poll_frame(
@@ -182,18 +185,14 @@ where
                     match frame.into_data() {
                         Ok(data) => {
                             if let Some(data) = on_data(&mut this, data) {
-                                return Poll::Ready(Some(Ok(Frame::data(Chunk::Inner(data)))));
+                                return Poll::Ready(Some(Ok(Frame::data(data))));
                             }
                         }
                         Err(frame) => on_non_data(&mut this, frame),
                     }
                 }
-                Poll::Ready(Some(Err(e))) => {
-                    this.held.clear();
-                    finish(&mut this, End::Finished);
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                Poll::Ready(None) => on_end(&mut this),
+                Poll::Ready(Some(Err(e))) => on_error(&mut this, e.into()),
+                Poll::Ready(None) => on_end(&mut this, End::Finished),
                 Poll::Pending => {
                     *this.streak = 0;
                     let expired = ready!(this.timers.as_mut().poll_expired(cx));
@@ -208,7 +207,8 @@ where
             return false;
         }
         match &self.inner {
-            Some(inner) => inner.is_end_stream(),
+            // A stream cut short is not at its end: the layer still has its ending to send.
+            Some(inner) => inner.is_end_stream() && !self.cut_short(),
             None => matches!(self.end, End::Finished),
         }
     }
@@ -240,16 +240,15 @@ fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<B::Data
         return Some(data);
     };
     let obs = tracker.observe(&data);
-    this.timers.as_mut().observe(&obs);
-    *this.done |= obs.done;
-    if obs.scan_error.is_some() {
-        // An event over the scanner's cap: the tracker scans nothing more. Stop holding back
-        // (what is held goes out now) and count any data as progress from now on.
-        *this.hold_back = false;
-        *this.blind = true;
-    }
-    if *this.blind && data.remaining() > 0 {
-        this.timers.as_mut().observe_unscanned();
+    this.timers.as_mut().observe(&obs, data.remaining());
+    *this.terminal |= obs.done || obs.error;
+    if let Some(err) = obs.scan_error {
+        // An event over the scanner's cap: the stream cannot be followed any further. The
+        // frame that crossed the cap is dropped with the rest of the oversized event (it is
+        // all part of it, unless one frame carries more than the cap).
+        let failure = Failure::protocol(err, tracker.events());
+        fail(this, failure);
+        return None;
     }
     let pending = if *this.hold_back {
         tracker.pending_bytes()
@@ -263,27 +262,46 @@ fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<B::Data
     None
 }
 
-/// A frame that is not data: trailers end the data (what was held back is released, then they
-/// are sent); anything else is skipped.
+/// A frame that is not data: trailers end the data (a gRPC status in them, after whole
+/// messages, is the stream's terminal event); anything else is skipped.
 fn on_non_data<B: Body>(this: &mut BodyProj<'_, B>, frame: Frame<B::Data>) {
     let Ok(trailers) = frame.into_trailers() else {
         return;
     };
-    if let Some(tracker) = this.tracker.as_mut() {
-        tracker.observe_trailers(&trailers);
-    }
-    this.held.release_all();
-    finish(this, End::Trailers(trailers));
+    let whole = this.tracker.as_ref().is_none_or(|t| t.pending_bytes() == 0);
+    *this.terminal |= whole && grpc_status(&trailers).is_some();
+    on_end(this, End::Trailers(trailers));
 }
 
-/// The upstream ended: whatever it sent goes to the client, even a truncated event (the
-/// upstream cut it, not this layer).
-fn on_end<B: Body>(this: &mut BodyProj<'_, B>) {
+/// The upstream ended the data, followed by `end` (its trailers, or nothing). A stream that
+/// must end with its terminal event and did not ends as a truncated one, without the bytes of
+/// an unfinished event; one that did drops a fragment after it. A stream whose ending is not
+/// checked goes to the client as the upstream sent it.
+fn on_end<B: Body>(this: &mut BodyProj<'_, B>, end: End) {
     if let Some(tracker) = this.tracker.as_mut() {
-        tracker.finish();
+        // Flushes what the framing allows (an NDJSON last line with no line end).
+        let obs = tracker.finish();
+        *this.terminal |= obs.done || obs.error;
     }
-    this.held.release_all();
-    finish(this, End::Finished);
+    if !*this.require_terminal {
+        this.held.release_all();
+    } else if !*this.terminal {
+        let events = this.tracker.as_ref().map_or(0, StreamTracker::events);
+        fail(this, Failure::truncated(events));
+        return;
+    } else {
+        this.held.clear();
+    }
+    finish(this, end);
+}
+
+/// The inner body failed. A watched stream ends with an in-band error (the client holds whole
+/// events only, so it is always at an event boundary); otherwise the error passes through.
+fn on_error<B: Body>(this: &mut BodyProj<'_, B>, err: BoxError) {
+    match this.tracker.as_ref().map(StreamTracker::events) {
+        Some(events) => fail(this, Failure::transport(err, events)),
+        None => finish(this, End::Error(err)),
+    }
 }
 
 /// Drops the inner body (which cancels the upstream request) and its timers; `end` follows
@@ -294,51 +312,37 @@ fn finish<B: Body>(this: &mut BodyProj<'_, B>, end: End) {
     *this.end = end;
 }
 
-/// Ends the stream for the timer that expired: drops the inner body (first, as for any end)
-/// and the held-back bytes of the incomplete event, reports the end reason and sets what the
-/// client gets.
+/// A timer expired: ends the stream with a [`TimeoutError`] carrying the phase, the events seen
+/// and the time since the last progress event.
 fn expire<B: Body>(this: &mut BodyProj<'_, B>, expired: Expired) {
-    finish(this, End::Finished);
-    this.held.clear();
-    if *this.done {
-        // The stream already said it was complete; anything after that would be noise.
-        return;
-    }
     let Expired { phase, limit } = expired;
     let now = Instant::now();
     let events = this.tracker.as_ref().map_or(0, StreamTracker::events);
     let elapsed = now.saturating_duration_since(this.timers.start());
     let mut err = TimeoutError::new(phase, limit, elapsed).with_events(events);
-    if let Some(last) = this.timers.last_progress() {
+    if let Some(last) = this.timers.last_activity(phase) {
         err = err.with_since_last_event(now.saturating_duration_since(last));
     }
-    if let Some(report) = this.report.take() {
-        report.report(phase.end_reason());
+    fail(this, Failure::timeout(err));
+}
+
+/// Ends the stream for `failure`: drops the inner body (first, as for any end) and the
+/// held-back bytes of the incomplete event, reports the end reason and sets what the client
+/// gets. After the stream said it ended, it ends quietly instead: the client already has the
+/// whole answer (or the upstream's own error).
+fn fail<B: Body>(this: &mut BodyProj<'_, B>, failure: Failure) {
+    finish(this, End::Finished);
+    this.held.clear();
+    if *this.terminal {
+        return;
     }
-    tracing::debug!(phase = phase.as_str(), limit = ?limit, events, "stream timeout");
+    if let Some(report) = this.report.take() {
+        report.report(failure.reason);
+    }
+    tracing::debug!(reason = %failure.reason, message = failure.message(), "stream ended");
     let wire = this
         .tracker
         .as_ref()
         .map_or(Wire::Opaque, StreamTracker::wire);
-    *this.end = ending(err, wire, *this.on_expiry, *this.blind);
-}
-
-/// How a stream of `wire` ends on `err`, per `on_expiry`. `blind`: the tracker stopped
-/// scanning, so the client may hold part of an event and an in-band event could land inside
-/// it.
-fn ending(err: TimeoutError, wire: Wire, on_expiry: OnExpiry, blind: bool) -> End {
-    let info = err.error_info();
-    let mode = match on_expiry {
-        OnExpiry::Auto | OnExpiry::InBand if blind && wire != Wire::Grpc => OnExpiry::BodyError,
-        OnExpiry::Auto | OnExpiry::InBand => match render::in_band(wire, &info) {
-            Some(bytes) => return End::Local(bytes),
-            None if wire == Wire::Grpc => OnExpiry::GrpcTrailers,
-            None => OnExpiry::BodyError,
-        },
-        other => other,
-    };
-    match mode {
-        OnExpiry::GrpcTrailers => End::Trailers(render::grpc_trailers(info.grpc, &info.message)),
-        _ => End::Error(Box::new(err)),
-    }
+    *this.end = failure.into_end(wire, *this.on_expiry);
 }

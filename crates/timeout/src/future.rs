@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -11,11 +12,11 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tailguard_core::render::{self, RenderError};
-use tailguard_core::{BoxError, EndReport, Phase, TimeoutError};
+use tailguard_core::{BoxError, EndReport, Fail, Phase, Respond, TimeoutError};
 use tokio::time::Instant;
 
 use crate::body::SseIdleTimeoutBody;
-use crate::layer::{BeforeHeaders, Config, FirstTokenClock, Timeouts};
+use crate::layer::{Config, FirstTokenClock, Timeouts};
 use crate::timers::Clock;
 
 pin_project! {
@@ -24,8 +25,9 @@ pin_project! {
     /// Runs the head timer, and the first-token and total timers where they start at `call`.
     /// The inner future is polled before the timer, so response headers that are ready when the
     /// future is polled win over a timer that expires at the same instant. On expiry the inner
-    /// future is dropped at once.
-    pub struct ResponseFuture<F> {
+    /// future is dropped at once, and the caller gets a rendered 504 (response mode,
+    /// [`Respond`]) or a [`TimeoutError`] (error mode, [`Fail`]).
+    pub struct ResponseFuture<F, M = Respond> {
         #[pin]
         inner: Option<F>,
         #[pin]
@@ -36,10 +38,11 @@ pin_project! {
         start: Instant,
         report: Option<EndReport>,
         grpc: bool,
+        _mode: PhantomData<fn() -> M>,
     }
 }
 
-impl<F> ResponseFuture<F> {
+impl<F, M> ResponseFuture<F, M> {
     pub(crate) fn new(
         inner: F,
         config: Arc<Config>,
@@ -58,11 +61,12 @@ impl<F> ResponseFuture<F> {
             start,
             report,
             grpc,
+            _mode: PhantomData,
         }
     }
 }
 
-impl<F> fmt::Debug for ResponseFuture<F> {
+impl<F, M> fmt::Debug for ResponseFuture<F, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("timeouts", &self.timeouts)
@@ -92,15 +96,24 @@ fn head_clock(t: &Timeouts, clock: FirstTokenClock, start: Instant) -> (Phase, C
     )
 }
 
-impl<F, B, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
-    B: Body,
-{
-    type Output = Result<Response<SseIdleTimeoutBody<B>>, BoxError>;
+/// Why the head phase ended without a response from the inner service.
+enum Escape<E> {
+    /// The inner service failed.
+    Inner(E),
+    /// A timer expired; `grpc` says whether the request was a gRPC one.
+    Timeout(TimeoutError, bool),
+}
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+impl<F, M> ResponseFuture<F, M> {
+    /// Polls the inner future and the head clock: the response, the inner error, or an expiry.
+    fn poll_head<B, E>(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<SseIdleTimeoutBody<B>>, Escape<E>>>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+        B: Body,
+    {
         let mut this = self.project();
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
             panic!("ResponseFuture polled after completion");
@@ -108,11 +121,10 @@ where
         if let Poll::Ready(res) = inner.poll(cx) {
             this.inner.set(None);
             this.clock.stop();
-            let res = res.map_err(Into::into)?;
-            let (parts, body) = res.into_parts();
+            let (parts, body) = res.map_err(Escape::Inner)?.into_parts();
             let body = SseIdleTimeoutBody::streaming(
                 body,
-                &parts.headers,
+                &parts,
                 this.config,
                 this.timeouts,
                 *this.start,
@@ -134,13 +146,43 @@ where
             report.report(phase.end_reason());
         }
         tracing::debug!(phase = phase.as_str(), limit = ?limit, "timeout before response headers");
-        Poll::Ready(match this.config.before_headers {
-            BeforeHeaders::Error => Err(Box::new(err)),
-            _ if *this.grpc => Ok(grpc_trailers_only(&err)),
-            _ => Ok(render::error_response(
+        Poll::Ready(Err(Escape::Timeout(err, *this.grpc)))
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, Respond>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body,
+{
+    type Output = Result<Response<SseIdleTimeoutBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match ready!(self.poll_head(cx)) {
+            Ok(res) => Ok(res),
+            Err(Escape::Inner(e)) => Err(e),
+            Err(Escape::Timeout(err, true)) => Ok(grpc_trailers_only(&err)),
+            Err(Escape::Timeout(err, false)) => Ok(render::error_response(
                 &err.error_info(),
                 SseIdleTimeoutBody::local,
             )),
+        })
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, Fail>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    B: Body,
+{
+    type Output = Result<Response<SseIdleTimeoutBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match ready!(self.poll_head(cx)) {
+            Ok(res) => Ok(res),
+            Err(Escape::Inner(e)) => Err(e.into()),
+            Err(Escape::Timeout(err, _)) => Err(Box::new(err)),
         })
     }
 }

@@ -1,14 +1,14 @@
 //! The held-back event: bytes of an event the client has not fully received.
 //!
-//! When a timer ends a stream, the in-band ending (an error event, gRPC trailers) must not land
-//! inside an event the client holds only part of. So while the tracker says the last frame ended
-//! inside an event, its bytes wait here, behind any bytes queued before them, until the event is
-//! complete; an expiry then drops them and the client sees only whole events.
+//! When the layer ends a stream (a timer, the upstream failing or cutting the stream short), the
+//! in-band ending (an error event, gRPC trailers) must not land inside an event the client holds
+//! only part of. So while the tracker says the last frame ended inside an event, its bytes wait
+//! here, behind any bytes queued before them, until the event is complete; an ending then drops
+//! them and the client sees only whole events.
 
 use std::collections::VecDeque;
 
-use bytes::Buf;
-use tailguard_core::Chunk;
+use bytes::{Buf, Bytes};
 
 /// The queue of held-back frames, and how many bytes at its front are released for sending.
 #[derive(Debug)]
@@ -20,7 +20,7 @@ pub(crate) struct HeldBack<D> {
     release: usize,
 }
 
-impl<D: Buf> HeldBack<D> {
+impl<D> HeldBack<D> {
     /// An empty queue.
     pub(crate) fn new() -> Self {
         HeldBack {
@@ -40,6 +40,23 @@ impl<D: Buf> HeldBack<D> {
         self.len
     }
 
+    /// Releases everything queued (the upstream ended the data of a stream whose ending is not
+    /// checked: what it sent goes out as it sent it).
+    pub(crate) fn release_all(&mut self) {
+        self.release = self.len;
+    }
+
+    /// Drops everything queued: the bytes of the incomplete event, when the layer ends the
+    /// stream inside it. (Released bytes have all gone out by then: the body sends them before
+    /// it polls the inner body again.)
+    pub(crate) fn clear(&mut self) {
+        self.queue.clear();
+        self.len = 0;
+        self.release = 0;
+    }
+}
+
+impl<D: Buf> HeldBack<D> {
     /// Queues `data` behind the bytes held back, and releases all but the last `pending` bytes
     /// (the part of an event not complete yet).
     pub(crate) fn push(&mut self, data: D, pending: usize) {
@@ -47,31 +64,20 @@ impl<D: Buf> HeldBack<D> {
         self.queue.push_back(data);
         self.release = self.len.saturating_sub(pending);
     }
+}
 
-    /// Releases everything queued (the upstream ended the data: what it sent goes out, even a
-    /// truncated event, since the upstream cut it, not this layer).
-    pub(crate) fn release_all(&mut self) {
-        self.release = self.len;
-    }
-
-    /// Drops everything queued (a timer ended the stream inside an event).
-    pub(crate) fn clear(&mut self) {
-        self.queue.clear();
-        self.len = 0;
-        self.release = 0;
-    }
-
+impl<D: Buf + From<Bytes>> HeldBack<D> {
     /// The next released bytes, in order: a queued frame as it came when it is released whole,
     /// else a copy of its released front.
-    pub(crate) fn next_released(&mut self) -> Option<Chunk<D>> {
+    pub(crate) fn next_released(&mut self) -> Option<D> {
         if self.release == 0 {
             return None;
         }
         let front = self.queue.front_mut()?;
         let chunk = if front.remaining() <= self.release {
-            Chunk::Inner(self.queue.pop_front()?)
+            self.queue.pop_front()?
         } else {
-            Chunk::Local(front.copy_to_bytes(self.release))
+            D::from(front.copy_to_bytes(self.release))
         };
         let n = chunk.remaining();
         self.release = self.release.saturating_sub(n);
@@ -82,11 +88,9 @@ impl<D: Buf> HeldBack<D> {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
 
-    fn text(chunk: Chunk<Bytes>) -> String {
+    fn text(chunk: Bytes) -> String {
         let mut chunk = chunk;
         String::from_utf8(chunk.copy_to_bytes(chunk.remaining()).to_vec()).unwrap()
     }

@@ -1,15 +1,20 @@
 //! [`SseIdleTimeoutLayer`]: the configuration of the timeouts.
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
-use tailguard_core::{ClassPolicy, Dialect, Phase, Priority};
+use tailguard_core::{
+    ClassPolicy, ClientDeadline, Deadlines, Dialect, Fail, Phase, Priority, Respond,
+};
+use tokio::time::Instant;
 use tower_layer::Layer;
 
 use crate::service::SseIdleTimeout;
 
-/// The four timers of one request; each is optional.
+/// The five timers of one request; each is optional.
 ///
 /// Used three ways: as the layer's defaults, as per-[`Priority`] defaults
 /// ([`SseIdleTimeoutLayer::with_priority_timeouts`]), and as a per-request override inserted into
@@ -25,6 +30,8 @@ pub struct Timeouts {
     pub first_token: Option<Duration>,
     /// The longest gap between progress events after the first token.
     pub idle: Option<Duration>,
+    /// The longest gap in which no bytes at all arrive (keepalives count), from the headers.
+    pub liveness: Option<Duration>,
     /// From `call` until the end of the body.
     pub total: Option<Duration>,
 }
@@ -53,6 +60,12 @@ impl Timeouts {
         self
     }
 
+    /// Sets the liveness timeout.
+    pub fn with_liveness(mut self, d: Duration) -> Self {
+        self.liveness = Some(d);
+        self
+    }
+
     /// Sets the total deadline.
     pub fn with_total(mut self, d: Duration) -> Self {
         self.total = Some(d);
@@ -65,6 +78,7 @@ impl Timeouts {
             Phase::Head => self.head,
             Phase::FirstToken => self.first_token,
             Phase::Idle => self.idle,
+            Phase::Liveness => self.liveness,
             _ => self.total,
         }
     }
@@ -74,6 +88,7 @@ impl Timeouts {
             Phase::Head => &mut self.head,
             Phase::FirstToken => &mut self.first_token,
             Phase::Idle => &mut self.idle,
+            Phase::Liveness => &mut self.liveness,
             _ => &mut self.total,
         }
     }
@@ -84,6 +99,7 @@ impl Timeouts {
             head: self.head.or(other.head),
             first_token: self.first_token.or(other.first_token),
             idle: self.idle.or(other.idle),
+            liveness: self.liveness.or(other.liveness),
             total: self.total.or(other.total),
         }
     }
@@ -93,6 +109,7 @@ impl Timeouts {
             head: p.head_timeout,
             first_token: p.first_token_timeout,
             idle: p.idle_timeout,
+            liveness: p.liveness_timeout,
             total: p.total_timeout,
         }
     }
@@ -113,22 +130,8 @@ pub enum FirstTokenClock {
     FromHeaders,
 }
 
-/// What the caller gets when a timer expires *before* response headers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum BeforeHeaders {
-    /// A response (the default, because a gateway's clients expect an HTTP answer): status 504
-    /// with an OpenAI-shaped JSON error body; for a gRPC request (`content-type:
-    /// application/grpc*`) a trailers-only gRPC response with `grpc-status: 4`
-    /// (`DEADLINE_EXCEEDED`), which a gRPC client reads as that status.
-    #[default]
-    Response,
-    /// An error: the service returns a boxed [`TimeoutError`](crate::error::TimeoutError), for
-    /// stacks (tonic, `BoxError` clients) that handle errors themselves.
-    Error,
-}
-
-/// How a stream ends when a timer expires *after* response headers.
+/// How a stream ends when a timer expires, or the upstream fails (see the
+/// [crate documentation](crate#when-the-upstream-fails)), *after* response headers.
 ///
 /// Whatever the choice, the inner body is dropped at once (the upstream sees the request
 /// cancelled) and the end reason is reported to an [`EndReport`](tailguard_core::EndReport) in
@@ -148,10 +151,15 @@ pub enum OnExpiry {
     /// never sees half an event. Falls back as `Auto` does where the dialect has no in-band form.
     InBand,
     /// Trailers `grpc-status: 4` and a `grpc-message`, so a gRPC client gets a
-    /// `DEADLINE_EXCEEDED` status; a partly received message is held back as above.
+    /// `DEADLINE_EXCEEDED` status (`14`, `UNAVAILABLE`, when the upstream failed or cut the
+    /// stream short; `13`, `INTERNAL`, when it broke the framing); a partly received message
+    /// is held back as above.
     GrpcTrailers,
     /// A body error of type [`TimeoutError`](crate::error::TimeoutError) with the phase, the
     /// elapsed time, the events seen and the time since the last event. Nothing is held back.
+    /// When the upstream failed: its own body error, or an
+    /// [`UpstreamError`](tailguard_core::UpstreamError) for a stream cut short or an event
+    /// over the scanner's cap.
     BodyError,
 }
 
@@ -164,7 +172,9 @@ pub(crate) struct Config {
     pub(crate) keepalive_resets_idle: bool,
     pub(crate) dialect: Dialect,
     pub(crate) on_expiry: OnExpiry,
-    pub(crate) before_headers: BeforeHeaders,
+    /// `None`: per dialect (see [`SseIdleTimeoutLayer::with_require_terminal_event`]).
+    pub(crate) require_terminal_event: Option<bool>,
+    pub(crate) client_deadline: ClientDeadline,
 }
 
 impl Config {
@@ -196,14 +206,64 @@ impl Config {
         }
         t.or(self.defaults)
     }
+
+    /// The timers of a request that starts at `start`, after its client's deadline and any
+    /// [`Deadlines`] already in its extensions: the first-token (from `call`) and total limits
+    /// shrink to the time left. Leaves the tightened deadlines in the extensions and the budget
+    /// left in the outgoing headers.
+    pub(crate) fn prepare<B>(&self, req: &mut http::Request<B>, start: Instant) -> Timeouts {
+        self.client_deadline.accept(req, start);
+        let mut t = self.resolve(req);
+        Deadlines::tighten_in(req.extensions_mut(), self.deadlines(&t, start));
+        if let Some(d) = req.extensions().get::<Deadlines>() {
+            t.total = d.total_left(start).or(t.total);
+            if self.first_token_clock == FirstTokenClock::FromCall {
+                let left = d.first_token.map(|at| at.saturating_duration_since(start));
+                t.first_token = left.or(t.first_token);
+            }
+        }
+        tailguard_core::deadline::propagate(req, start);
+        t
+    }
+
+    /// The first-token and total deadlines of a request that started at `start` with timers
+    /// `t`. With [`FirstTokenClock::FromHeaders`] the first-token deadline is known only once
+    /// the headers arrive; the latest it can be, `start + head + first_token`, stands for it
+    /// when a head timeout bounds the headers (none otherwise).
+    pub(crate) fn deadlines(&self, t: &Timeouts, start: Instant) -> Deadlines {
+        let at = |d: Option<Duration>| start.checked_add(d?);
+        let first_token = match self.first_token_clock {
+            FirstTokenClock::FromCall => t.first_token,
+            FirstTokenClock::FromHeaders => t
+                .head
+                .zip(t.first_token)
+                .and_then(|(head, first)| head.checked_add(first)),
+        };
+        Deadlines {
+            first_token: at(first_token),
+            total: at(t.total),
+        }
+    }
+
+    /// Whether a stream of `dialect` (resolved for the response) must end with its terminal
+    /// event.
+    pub(crate) fn require_terminal_event(&self, dialect: &Dialect) -> bool {
+        self.require_terminal_event.unwrap_or(matches!(
+            dialect,
+            Dialect::OpenAi | Dialect::Anthropic | Dialect::LlmSse | Dialect::Grpc
+        ))
+    }
 }
 
 /// Applies first-token, idle, total and head timeouts to streamed responses.
 ///
 /// See the [crate documentation](crate) for the behaviour. The layer is a cheap-to-clone
-/// configuration value; with [`new`](SseIdleTimeoutLayer::new) no timer is set and the layer
-/// passes everything through untouched, because the right limits depend on the model, the
-/// hardware and the traffic class: set them with the `with_*` methods.
+/// configuration value; with [`new`](SseIdleTimeoutLayer::new) no timer is set, because the
+/// right limits depend on the model, the hardware and the traffic class: set them with the
+/// `with_*` methods. Without timers the layer still sees that streams end cleanly (a stream
+/// cut short, a body error mid-stream, an event over the scanner's cap: see the
+/// [crate documentation](crate#when-the-upstream-fails)); other responses pass through
+/// untouched.
 ///
 /// The timers of a request are chosen field by field, first match wins:
 /// 1. a [`Timeouts`] value in the request extensions (set by trusted server code);
@@ -212,9 +272,54 @@ impl Config {
 /// 4. the defaults for the request's [`Priority`]
 ///    ([`with_priority_timeouts`](Self::with_priority_timeouts));
 /// 5. the layer's defaults.
-#[derive(Clone, Debug)]
-pub struct SseIdleTimeoutLayer {
+///
+/// Before it calls the inner service, the layer puts the request's effective first-token and
+/// total deadlines (after every override above, as instants) into the request extensions as a
+/// [`Deadlines`], so that a layer inside it (the hedge) stays within the time left. A
+/// [`Deadlines`] already there (from an outer layer) is [tightened](Deadlines::tighten), never
+/// loosened or replaced. With [`FirstTokenClock::FromHeaders`] the first-token deadline is the
+/// latest it can be, `call + head + first_token`, or none without a head timeout.
+///
+/// # Modes
+///
+/// In response mode ([`Respond`], the default, because a gateway's clients expect an HTTP
+/// answer) a timer that expires *before* response headers is answered with a response: status
+/// 504 with an OpenAI-shaped JSON error body; for a gRPC request (`content-type:
+/// application/grpc*`) a trailers-only gRPC response with `grpc-status: 4`
+/// (`DEADLINE_EXCEEDED`), which a gRPC client reads as that status. The service's error type
+/// is the inner service's, so the layer goes under axum's `Router::layer` as it is.
+///
+/// In error mode ([`Fail`], [`with_error_mode`](Self::with_error_mode)) the service returns a
+/// boxed [`TimeoutError`](crate::error::TimeoutError) instead, and its error type is
+/// [`BoxError`](crate::error::BoxError), for stacks that handle errors themselves.
+///
+/// After headers both modes end the stream as [`OnExpiry`] says.
+///
+/// # State
+///
+/// The layer holds configuration only; like every tailguard layer, one layer value is one
+/// piece of state shared by every service it builds (here there is nothing to share).
+pub struct SseIdleTimeoutLayer<M = Respond> {
     config: Arc<Config>,
+    _mode: PhantomData<fn() -> M>,
+}
+
+impl<M> Clone for SseIdleTimeoutLayer<M> {
+    fn clone(&self) -> Self {
+        SseIdleTimeoutLayer {
+            config: self.config.clone(),
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<M> fmt::Debug for SseIdleTimeoutLayer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SseIdleTimeoutLayer")
+            .field("config", &self.config)
+            .field("mode", &std::any::type_name::<M>())
+            .finish()
+    }
 }
 
 impl Default for SseIdleTimeoutLayer {
@@ -223,12 +328,14 @@ impl Default for SseIdleTimeoutLayer {
     }
 }
 
-impl SseIdleTimeoutLayer {
-    /// A layer with no timer set, [`Dialect::Auto`], first-token timing from `call`,
-    /// keepalives that do not reset the idle timer, [`OnExpiry::Auto`] and
-    /// [`BeforeHeaders::Response`].
+impl SseIdleTimeoutLayer<Respond> {
+    /// A layer in response mode with no timer set, [`Dialect::Auto`], first-token timing from
+    /// `call`, keepalives that do not reset the idle timer, [`OnExpiry::Auto`], the terminal
+    /// event required per dialect and the client's deadline honoured
+    /// ([`ClientDeadline::new`]).
     pub fn new() -> Self {
         SseIdleTimeoutLayer {
+            _mode: PhantomData,
             config: Arc::new(Config {
                 defaults: Timeouts::default(),
                 per_priority: Vec::new(),
@@ -237,11 +344,24 @@ impl SseIdleTimeoutLayer {
                 keepalive_resets_idle: false,
                 dialect: Dialect::Auto,
                 on_expiry: OnExpiry::Auto,
-                before_headers: BeforeHeaders::Response,
+                require_terminal_event: None,
+                client_deadline: ClientDeadline::new(),
             }),
         }
     }
 
+    /// Switches to error mode ([`Fail`]): an expiry before headers is an `Err` holding a
+    /// [`TimeoutError`](crate::error::TimeoutError), and the service's error type is
+    /// [`BoxError`](crate::error::BoxError).
+    pub fn with_error_mode(self) -> SseIdleTimeoutLayer<Fail> {
+        SseIdleTimeoutLayer {
+            config: self.config,
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<M> SseIdleTimeoutLayer<M> {
     fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
@@ -266,6 +386,24 @@ impl SseIdleTimeoutLayer {
     /// Sets the default deadline for the whole request, body included (default: none).
     pub fn with_total_timeout(self, d: Duration) -> Self {
         self.edit(|c| c.defaults.total = Some(d))
+    }
+
+    /// Sets the default longest gap in which no bytes at all arrive, after response headers
+    /// (default: none). Unlike the idle timer, every byte resets it: keepalive comments, pings,
+    /// empty events, part of an event. Pair a short liveness limit with a long idle one to
+    /// catch a silent connection quickly while a slow generation that sends keepalives gets
+    /// the longer progress limit. Its end reason is
+    /// [`LivenessTimeout`](tailguard_core::EndReason::LivenessTimeout).
+    pub fn with_liveness_timeout(self, d: Duration) -> Self {
+        self.edit(|c| c.defaults.liveness = Some(d))
+    }
+
+    /// Sets how the client's own deadline is read and sent on (default
+    /// [`ClientDeadline::new`]: `grpc-timeout`, and `x-request-timeout` on HTTP, read; only
+    /// `grpc-timeout` sent on). The first-token and total timers of a request are the minimum
+    /// of their own limit and the time its [`Deadlines`] leave.
+    pub fn with_client_deadline(self, client_deadline: ClientDeadline) -> Self {
+        self.edit(|c| c.client_deadline = client_deadline)
     }
 
     /// Sets all default timers at once (fields left `None` switch that timer off).
@@ -315,15 +453,37 @@ impl SseIdleTimeoutLayer {
         self.edit(|c| c.on_expiry = on_expiry)
     }
 
-    /// Sets what the caller gets on expiry before headers (default
-    /// [`BeforeHeaders::Response`]).
-    pub fn with_before_headers(self, before_headers: BeforeHeaders) -> Self {
-        self.edit(|c| c.before_headers = before_headers)
+    /// Whether a stream must end with its dialect's terminal event (default: per dialect, see
+    /// below): OpenAI `data: [DONE]`, Anthropic `message_stop`, gRPC trailers carrying a
+    /// `grpc-status`. An in-band error event of the upstream's own counts as an ending too.
+    ///
+    /// When it must, a body that ends (a clean end, or trailers) without it (for gRPC: trailers
+    /// after a partial message) was cut short: the bytes of an unfinished event are dropped
+    /// (after the terminal event, a fragment is dropped quietly), the stream ends as on an
+    /// expiry ([`OnExpiry`]) with an `upstream_error` whose code is `upstream_error_truncated`
+    /// (gRPC: `grpc-status: 14`, `UNAVAILABLE`), and the end reason is
+    /// [`UpstreamError(Truncated)`](tailguard_core::UpstreamFailure::Truncated), so an SDK
+    /// raises an error instead of returning a cut answer as complete.
+    ///
+    /// The default is on for [`Dialect::OpenAi`], [`Dialect::Anthropic`], [`Dialect::LlmSse`]
+    /// (what [`Dialect::Auto`] picks for `text/event-stream`) and [`Dialect::Grpc`]: their
+    /// servers always send the terminal event, so a stream without it lost its end. It is off
+    /// for [`Dialect::AnySse`], [`Dialect::AnyByte`], [`Dialect::Ndjson`] and custom
+    /// dialects: they have no terminal event, or one that not every server sends (NDJSON
+    /// streams end with `"done": true` or just at the end of the body), so its absence proves
+    /// nothing; with the check off the end of the body passes through as the upstream sent it.
+    /// Only 2xx responses whose `content-type` is a stream type are checked, so a non-streamed
+    /// answer (`application/json`) is never affected. Turn it off for an upstream known to end
+    /// without the event: an OpenAI-compatible server that omits `[DONE]`, or OpenAI
+    /// Responses API streams, which end with `event: response.completed`, an event the
+    /// presets do not classify as terminal.
+    pub fn with_require_terminal_event(self, require: bool) -> Self {
+        self.edit(|c| c.require_terminal_event = Some(require))
     }
 }
 
-impl<S> Layer<S> for SseIdleTimeoutLayer {
-    type Service = SseIdleTimeout<S>;
+impl<S, M> Layer<S> for SseIdleTimeoutLayer<M> {
+    type Service = SseIdleTimeout<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         SseIdleTimeout::from_config(inner, self.config.clone())

@@ -48,7 +48,7 @@
 //! classified by [`tailguard_core`]: tokens, meta events (a role-only first chunk), keepalives
 //! (`:` comments, `event: ping`), the end, and in-band errors.
 //!
-//! ## The four timers
+//! ## The five timers
 //!
 //! All optional, all independent; set the layer's defaults with the `with_*` methods, per
 //! [`Priority`](tailguard_core::Priority) with
@@ -61,13 +61,39 @@
 //! * **idle**: after the first token, the longest allowed gap between *progress* events (any
 //!   event that is not a keepalive). Keepalives do not reset it unless
 //!   [`with_keepalive_resets_idle`](SseIdleTimeoutLayer::with_keepalive_resets_idle) says so.
+//!   The progress clock: it catches a stalled generation behind `: ping` comments.
+//! * **liveness**: from the headers, the longest allowed gap in which *no bytes at all* arrive;
+//!   any bytes reset it (comments, pings, empty events, part of an event). The liveness clock:
+//!   a short limit catches a silent connection quickly while a slow generation that still sends
+//!   keepalives gets the longer idle limit. Its end reason is `liveness_timeout` and its
+//!   in-band message begins `liveness timeout`, distinct from the idle timer's.
 //! * **total**: from `call` until the end of the body.
+//!
+//! ## The client's deadline
+//!
+//! A client that says how long an answer is still worth waiting for — `grpc-timeout` on a gRPC
+//! request, a header (default `x-request-timeout`: seconds, `2.5`, or a duration, `1500ms`) on
+//! the others; see [`ClientDeadline`](tailguard_core::ClientDeadline) and
+//! [`with_client_deadline`](SseIdleTimeoutLayer::with_client_deadline) — tightens the request's
+//! total deadline. It is read once, by the first layer that looks (admission, when it is
+//! outside this one, so the time queued counts), and can only shorten the configured limits:
+//! the first-token and total timers are the minimum of their own limit and the time left. A
+//! client's deadline that passes is a total timeout (end reason `deadline`). The budget left is
+//! written into the outgoing request (`grpc-timeout` by default; the HTTP header when
+//! propagation is on), and the hedge rewrites it for every attempt it sends.
+//!
+//! The request's effective first-token and total deadlines go to the inner service as a
+//! [`Deadlines`](tailguard_core::Deadlines) in the request extensions (tightening one already
+//! there), so a layer inside this one (the hedge) never plans past them; see
+//! [`SseIdleTimeoutLayer`].
 //!
 //! ## What happens on expiry
 //!
-//! Before headers (head, or first token / total when they start at `call`): per
-//! [`BeforeHeaders`], an HTTP 504 with an OpenAI-shaped JSON error (a trailers-only
-//! `grpc-status: 4` response for gRPC requests), or a [`TimeoutError`](error::TimeoutError).
+//! Before headers (head, or first token / total when they start at `call`): in response mode
+//! (the default) an HTTP 504 with an OpenAI-shaped JSON error (a trailers-only `grpc-status: 4`
+//! response for gRPC requests); in error mode
+//! ([`with_error_mode`](SseIdleTimeoutLayer::with_error_mode)) a
+//! [`TimeoutError`](error::TimeoutError).
 //!
 //! After headers: per [`OnExpiry`] (default: per dialect), a terminal in-band error event then a
 //! clean end, gRPC trailers `grpc-status: 4`, or a body error. Bytes of an event the client has
@@ -78,11 +104,33 @@
 //! In every case the inner future or body is dropped at once, which cancels the upstream
 //! request, and the [`EndReason`](tailguard_core::EndReason) is reported to an
 //! [`EndReport`](tailguard_core::EndReport) in the request extensions before the final frame.
-//! An event longer than the scanner's cap (1 MiB by default) stops the scan: from then on any
-//! data counts as progress, nothing is held back, and an expiry ends SSE and NDJSON streams with
-//! a body error, since an in-band event could land inside the oversized one.
-//! After the stream said it was done (`data: [DONE]`, `message_stop`), an expiry ends the body
-//! quietly instead: the client already has the whole answer.
+//! After the stream said it ended (`data: [DONE]`, `message_stop`, an in-band error of the
+//! upstream's own), an expiry ends the body quietly instead: the client already has the whole
+//! answer.
+//!
+//! ## When the upstream fails
+//!
+//! The client always gets a clean ending in its dialect, and the end reason says what happened.
+//! Once a streamed response's headers are out, an upstream failure ends the stream the way an
+//! expiry does (per [`OnExpiry`], the bytes of an unfinished event dropped), with an
+//! `upstream_error` event whose `code` is the end reason's label:
+//!
+//! * **A body error** (a reset, a broken connection), before or after the first token: the
+//!   client is at an event boundary (it only ever holds whole events), so it gets the in-band
+//!   error event (then `[DONE]` for OpenAI), or gRPC trailers `grpc-status: 14`
+//!   (`UNAVAILABLE`), and a clean end instead of a transport error; end reason
+//!   `UpstreamError(Transport)`. A body the layer does not watch (not a stream, no timer)
+//!   passes the error through.
+//! * **A stream cut short**: the body ends (a clean end, or trailers) without the dialect's
+//!   terminal event (for gRPC, a status after whole messages); the half event it may end in is
+//!   never forwarded; end reason `UpstreamError(Truncated)`. On by default for the dialects
+//!   whose servers always send one; see
+//!   [`with_require_terminal_event`](SseIdleTimeoutLayer::with_require_terminal_event).
+//! * **An event over the scanner's cap** (1 MiB by default; say a line that never ends): the
+//!   stream cannot be followed, so it ends there, the oversized event dropped; end reason
+//!   `UpstreamError(Protocol)` (gRPC: `grpc-status: 13`).
+//!
+//! A response that is not a stream (`application/json`, say) is not affected.
 //!
 //! ## Timing, precisely
 //!
@@ -107,13 +155,16 @@
 //!
 //! ## Composition
 //!
-//! The response body is [`SseIdleTimeoutBody<B>`] whose data is
-//! [`Chunk<B::Data>`](tailguard_core::Chunk): the inner body's data untouched, or bytes this layer
-//! produced. Stacks that require `Bytes` data (axum's `Body::new`) take it through
-//! `BodyExt::map_frame` and `Buf::copy_to_bytes`, which is zero-copy for `Bytes`; hyper and tonic
-//! take it as it is. The service's error type is [`BoxError`](error::BoxError).
+//! The response body is [`SseIdleTimeoutBody<B>`], whose data type is the inner body's
+//! (`B::Data: From<Bytes>`, which every hyper, axum and tonic body has), so the layer goes on a
+//! tonic `Channel`, a hyper client or an axum `Router` as it is. In response mode the service's
+//! error type is the inner service's; in error mode it is [`BoxError`](error::BoxError). The
+//! body's error type is [`BoxError`](error::BoxError). Where it goes in a stack:
+//! [the recommended order](../tailguard/index.html#the-recommended-order), in the `tailguard`
+//! facade.
 
-pub mod body;
+mod body;
+mod ending;
 pub mod error;
 pub mod future;
 mod held;
@@ -122,5 +173,6 @@ mod service;
 mod timers;
 
 pub use body::SseIdleTimeoutBody;
-pub use layer::{BeforeHeaders, FirstTokenClock, OnExpiry, SseIdleTimeoutLayer, Timeouts};
+pub use layer::{FirstTokenClock, OnExpiry, SseIdleTimeoutLayer, Timeouts};
 pub use service::SseIdleTimeout;
+pub use tailguard_core::{Fail, Respond};

@@ -110,39 +110,51 @@ pin_project! {
     pub(crate) struct Timers {
         start: Instant,
         idle_limit: Option<Duration>,
+        liveness_limit: Option<Duration>,
         keepalive_resets_idle: bool,
         first_token_seen: bool,
         // A progress event was delivered and its gap has not started yet.
         progress: bool,
         // When the current gap between progress events started.
         last_progress: Option<Instant>,
+        // Bytes were delivered and their gap has not started yet.
+        bytes: bool,
+        // When the current gap between any bytes started.
+        last_bytes: Option<Instant>,
         #[pin]
         first_token: Clock,
         #[pin]
         idle: Clock,
+        #[pin]
+        liveness: Clock,
         #[pin]
         total: Clock,
     }
 }
 
 impl Timers {
-    /// The timers `t` of a request that started at `start`, the first-token clock running from
+    /// The timers `t` of a request that started at `start` and whose headers arrived at
+    /// `headers_at` (the liveness clock runs from there), the first-token clock running from
     /// `first_token_from`.
     pub(crate) fn new(
         t: &Timeouts,
-        start: Instant,
+        (start, headers_at): (Instant, Instant),
         first_token_from: Instant,
         keepalive_resets_idle: bool,
     ) -> Self {
         Timers {
             start,
             idle_limit: t.idle,
+            liveness_limit: t.liveness,
             keepalive_resets_idle,
             first_token_seen: false,
             progress: false,
             last_progress: None,
+            bytes: false,
+            last_bytes: None,
             first_token: Clock::new(t.first_token, first_token_from),
             idle: Clock::new(None, start),
+            liveness: Clock::new(t.liveness, headers_at),
             total: Clock::new(t.total, start),
         }
     }
@@ -152,33 +164,33 @@ impl Timers {
         self.start
     }
 
-    /// When the current gap between progress events started.
-    pub(crate) fn last_progress(&self) -> Option<Instant> {
-        self.last_progress
+    /// When the current gap guarded by `phase` started: between any bytes for the liveness
+    /// timer, between progress events otherwise.
+    pub(crate) fn last_activity(&self, phase: Phase) -> Option<Instant> {
+        match phase {
+            Phase::Liveness => self.last_bytes,
+            _ => self.last_progress,
+        }
     }
 
     /// Whether any timer can still expire.
     pub(crate) fn active(&self) -> bool {
         self.first_token.running.is_some()
             || self.idle_limit.is_some()
+            || self.liveness.running.is_some()
             || self.total.running.is_some()
     }
 
-    /// Records what the tracker found in a data frame.
-    pub(crate) fn observe(self: Pin<&mut Self>, obs: &Observation) {
+    /// Records what the tracker found in a data frame of `bytes` bytes.
+    pub(crate) fn observe(self: Pin<&mut Self>, obs: &Observation, bytes: usize) {
         let progress = obs.progress() || (self.keepalive_resets_idle && obs.keepalives > 0);
-        self.record(progress, obs.first_token);
+        self.record(progress, obs.first_token, bytes > 0);
     }
 
-    /// Records data the tracker could not scan (an event over its cap): any byte is progress
-    /// and counts as the first token.
-    pub(crate) fn observe_unscanned(self: Pin<&mut Self>) {
-        self.record(true, true);
-    }
-
-    fn record(self: Pin<&mut Self>, progress: bool, first_token: bool) {
+    fn record(self: Pin<&mut Self>, progress: bool, first_token: bool, bytes: bool) {
         let this = self.project();
         *this.progress |= progress;
+        *this.bytes |= bytes;
         if first_token && !*this.first_token_seen {
             *this.first_token_seen = true;
             this.first_token.stop();
@@ -187,7 +199,8 @@ impl Timers {
 
     /// Starts the gap after a progress event delivered since the last check, then names the
     /// timer that has run out at `now`, if any: the one with the earliest deadline, and on a tie
-    /// the per-phase timer (first token or idle) rather than the total.
+    /// the first of first token, idle, liveness and total. Bytes delivered since the last check
+    /// restart the liveness clock the same way.
     pub(crate) fn check(self: Pin<&mut Self>, now: Instant) -> Option<Expired> {
         let mut this = self.project();
         if std::mem::take(this.progress) {
@@ -196,9 +209,14 @@ impl Timers {
                 this.idle.as_mut().restart(*this.idle_limit, now);
             }
         }
+        if std::mem::take(this.bytes) {
+            *this.last_bytes = Some(now);
+            this.liveness.as_mut().restart(*this.liveness_limit, now);
+        }
         [
             (Phase::FirstToken, this.first_token.running()),
             (Phase::Idle, this.idle.running()),
+            (Phase::Liveness, this.liveness.running()),
             (Phase::Total, this.total.running()),
         ]
         .into_iter()
@@ -220,6 +238,7 @@ impl Timers {
         let clocks = [
             (Phase::FirstToken, this.first_token),
             (Phase::Idle, this.idle),
+            (Phase::Liveness, this.liveness),
             (Phase::Total, this.total),
         ];
         for (phase, clock) in clocks {
@@ -235,6 +254,7 @@ impl Timers {
         let this = self.project();
         this.first_token.stop();
         this.idle.stop();
+        this.liveness.stop();
         this.total.stop();
     }
 }
@@ -270,14 +290,14 @@ mod tests {
         let t = Timeouts::new()
             .with_first_token(secs(5))
             .with_total(secs(5));
-        let mut timers = std::pin::pin!(Timers::new(&t, t0, t0, false));
+        let mut timers = std::pin::pin!(Timers::new(&t, (t0, t0), t0, false));
         assert!(timers.as_mut().check(t0 + secs(4)).is_none());
         let e = timers.as_mut().check(t0 + secs(5)).unwrap();
         assert_eq!((e.phase, e.limit), (Phase::FirstToken, secs(5)));
 
         let t = Timeouts::new().with_idle(secs(3)).with_total(secs(10));
-        let mut timers = std::pin::pin!(Timers::new(&t, t0, t0, false));
-        timers.as_mut().observe(&token());
+        let mut timers = std::pin::pin!(Timers::new(&t, (t0, t0), t0, false));
+        timers.as_mut().observe(&token(), 1);
         assert!(
             timers.as_mut().check(t0 + secs(8)).is_none(),
             "gap starts at 8 s"
@@ -291,10 +311,10 @@ mod tests {
         let t0 = Instant::now();
         let t = Timeouts::new().with_idle(secs(2));
         for (resets, fires_at) in [(false, 3), (true, 4)] {
-            let mut timers = std::pin::pin!(Timers::new(&t, t0, t0, resets));
-            timers.as_mut().observe(&token());
+            let mut timers = std::pin::pin!(Timers::new(&t, (t0, t0), t0, resets));
+            timers.as_mut().observe(&token(), 1);
             assert!(timers.as_mut().check(t0 + secs(1)).is_none());
-            timers.as_mut().observe(&keepalive());
+            timers.as_mut().observe(&keepalive(), 1);
             assert!(timers.as_mut().check(t0 + secs(2)).is_none());
             let phase = timers.as_mut().check(t0 + secs(fires_at)).map(|e| e.phase);
             assert_eq!(phase, Some(Phase::Idle), "resets: {resets}");
@@ -302,26 +322,47 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn any_bytes_reset_the_liveness_clock_but_not_the_idle_one() {
+        let t0 = Instant::now();
+        let t = Timeouts::new().with_idle(secs(10)).with_liveness(secs(2));
+        // Headers at 1 s: the liveness clock runs from there.
+        let mut timers = std::pin::pin!(Timers::new(&t, (t0, t0 + secs(1)), t0, false));
+        assert!(timers.as_mut().check(t0 + secs(2)).is_none());
+        timers.as_mut().observe(&token(), 1);
+        assert!(timers.as_mut().check(t0 + secs(3)).is_none());
+        // A keepalive at 4 s is no progress, but it is bytes: liveness now runs to 6 s.
+        timers.as_mut().observe(&keepalive(), 12);
+        assert!(timers.as_mut().check(t0 + secs(4)).is_none());
+        // Half an event is bytes too (no event completed).
+        timers.as_mut().observe(&Observation::default(), 5);
+        assert!(timers.as_mut().check(t0 + secs(6)).is_none());
+        let e = timers.as_mut().check(t0 + secs(8)).unwrap();
+        assert_eq!((e.phase, e.limit), (Phase::Liveness, secs(2)));
+        assert_eq!(timers.last_activity(Phase::Liveness), Some(t0 + secs(6)));
+        assert_eq!(timers.last_activity(Phase::Idle), Some(t0 + secs(3)));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_sleep_armed_for_an_old_deadline_is_re_armed_when_it_fires() {
         let t0 = Instant::now();
         let t = Timeouts::new().with_idle(secs(2));
-        let mut timers = Box::pin(Timers::new(&t, t0, t0, false));
+        let mut timers = Box::pin(Timers::new(&t, (t0, t0), t0, false));
         let mut cx = Context::from_waker(Waker::noop());
         let armed = |timers: &Pin<Box<Timers>>| timers.idle.sleep.as_ref().map(Sleep::deadline);
 
         // A gap from 0 s: the sleep is armed for 2 s.
-        timers.as_mut().observe(&token());
+        timers.as_mut().observe(&token(), 1);
         assert!(timers.as_mut().poll_expired(&mut cx).is_pending());
         assert_eq!(armed(&timers), Some(t0 + secs(2)));
         // Progress at 1 s moves the deadline to 3 s and leaves the sleep alone.
         tokio::time::sleep(secs(1)).await;
-        timers.as_mut().observe(&token());
+        timers.as_mut().observe(&token(), 1);
         assert!(timers.as_mut().poll_expired(&mut cx).is_pending());
         assert_eq!(armed(&timers), Some(t0 + secs(2)));
         // It fires at 2 s, is re-armed for 3 s, and the clock runs out then.
         let e = std::future::poll_fn(|cx| timers.as_mut().poll_expired(cx)).await;
         assert_eq!((e.phase, Instant::now()), (Phase::Idle, t0 + secs(3)));
         assert_eq!(armed(&timers), Some(t0 + secs(3)));
-        assert_eq!(timers.last_progress(), Some(t0 + secs(1)));
+        assert_eq!(timers.last_activity(Phase::Idle), Some(t0 + secs(1)));
     }
 }

@@ -1,33 +1,19 @@
 //! Zero allocations per frame in the steady state (its own test binary: it installs a counting
 //! global allocator).
 
-use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body, Frame};
+use http_body::Body;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use tailguard_test_support::{ScriptBody, Step};
 use tailguard_timeout::SseIdleTimeoutLayer;
 use tower::{Layer, ServiceExt};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
-
-struct Frames(std::vec::IntoIter<Bytes>);
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Poll::Ready(self.0.next().map(|b| Ok(Frame::data(b))))
-    }
-}
 
 fn steady_state_frames_allocate_nothing() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -57,7 +43,7 @@ fn steady_state_frames_allocate_nothing() {
                 Ok::<_, std::convert::Infallible>(
                     Response::builder()
                         .header("content-type", "text/event-stream")
-                        .body(Frames(frames.into_iter()))
+                        .body(ScriptBody::new(frames.into_iter().map(Step::Data)))
                         .unwrap(),
                 )
             }

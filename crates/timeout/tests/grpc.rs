@@ -3,22 +3,17 @@
 
 use std::time::Duration;
 
-use bytes::Buf;
-use http_body_util::BodyExt;
 use tailguard_core::{EndReason, EndReport};
 use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
 use tailguard_mock::{MockServer, Script};
+use tailguard_test_support::ms;
 use tailguard_timeout::SseIdleTimeoutLayer;
 use tokio::time::Instant;
 use tonic::Code;
 use tower::ServiceBuilder;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// A `GenerateClient` over a tonic `Channel` wrapped in `layer`. The body's `Chunk` data is
-/// turned into `Bytes` (zero-copy) for the client, which asks for `Bytes`.
+/// A `GenerateClient` over a tonic `Channel` wrapped in `layer`, with no glue: the body keeps
+/// the `Bytes` data the client asks for, and the error type is the `Channel`'s.
 async fn client(
     server: &MockServer,
     layer: SseIdleTimeoutLayer,
@@ -26,7 +21,7 @@ async fn client(
 ) -> GenerateClient<
     impl tonic::client::GrpcService<
         tonic::body::Body,
-        Error = tailguard_core::BoxError,
+        Error = tonic::transport::Error,
         ResponseBody = impl http_body::Body<Data = bytes::Bytes, Error = tailguard_core::BoxError>
                        + Send
                        + 'static,
@@ -41,11 +36,6 @@ async fn client(
         .map_request(move |mut req: http::Request<tonic::body::Body>| {
             req.extensions_mut().insert(report.clone());
             req
-        })
-        .map_response(|res: http::Response<_>| {
-            res.map(|body: tailguard_timeout::SseIdleTimeoutBody<_>| {
-                body.map_frame(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining())))
-            })
         })
         .layer(layer)
         .service(channel);
@@ -134,4 +124,66 @@ async fn a_healthy_grpc_stream_passes() {
     // layer, because hyper does not poll a body again after its trailers; so check what it
     // sent.)
     assert_eq!(s.log[0].tokens_sent, 20, "{s:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_reset_mid_stream_is_unavailable_with_every_message_before_it() {
+    let script = Script::new()
+        .ttft(ms(100))
+        .gap(ms(100))
+        .tokens(10)
+        .reset_after_tokens(3);
+    let server = MockServer::start(script).await.unwrap();
+    let report = EndReport::new();
+    let mut client = client(&server, SseIdleTimeoutLayer::new(), report.clone()).await;
+    let mut stream = client.generate(request()).await.unwrap().into_inner();
+    let mut texts = Vec::new();
+    let status = loop {
+        match stream.message().await {
+            Ok(Some(m)) => texts.push(m.text),
+            Ok(None) => panic!("stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("connection failed mid-stream"),
+        "{status:?}"
+    );
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(
+            tailguard_core::UpstreamFailure::Transport
+        ))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_timeout_ends_the_call_at_the_clients_deadline_and_travels_on() {
+    // The first token never comes; the layer's own limits are far away.
+    let server = MockServer::start(Script::new().ttft(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let report = EndReport::new();
+    let layer = SseIdleTimeoutLayer::new()
+        .with_first_token_timeout(Duration::from_secs(30))
+        .with_total_timeout(Duration::from_secs(300));
+    let mut client = client(&server, layer, report.clone()).await;
+    let mut req = tonic::Request::new(request());
+    req.set_timeout(Duration::from_secs(2));
+    let start = Instant::now();
+    let status = match client.generate(req).await {
+        Ok(res) => res.into_inner().message().await.unwrap_err(),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().starts_with("total timeout"), "{status:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(report.get(), Some(EndReason::Deadline));
+    server.wait_idle().await;
+    let stats = server.stats();
+    // The upstream was told the budget left, in gRPC's own header.
+    assert_eq!(stats.log[0].headers["grpc-timeout"], "2000m");
+    assert_eq!(stats.cancelled, 1);
 }

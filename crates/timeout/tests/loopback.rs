@@ -6,36 +6,18 @@
 
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use tailguard_core::{EndReason, EndReport};
+use tailguard_core::{BoxError, EndReason, EndReport};
 use tailguard_mock::{MockServer, Script};
+use tailguard_test_support::{MESSAGES, client, collect, error_json, ms, post};
 use tailguard_timeout::SseIdleTimeoutLayer;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-const CHAT_STREAM: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi there"}]}"#;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
 fn chat(server: &MockServer, report: &EndReport) -> Request<Full<Bytes>> {
-    let mut req = Request::post(format!("{}/v1/chat/completions", server.url()))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(CHAT_STREAM.as_bytes())))
-        .unwrap();
+    let mut req = tailguard_test_support::chat(&server.url(), &[]);
     req.extensions_mut().insert(report.clone());
     req
 }
@@ -44,7 +26,7 @@ struct Outcome {
     status: StatusCode,
     text: String,
     elapsed: Duration,
-    error: Option<tailguard_core::BoxError>,
+    error: Option<BoxError>,
 }
 
 impl Outcome {
@@ -64,39 +46,25 @@ where
     S: tower::Service<Request<Full<Bytes>>, Response = http::Response<B>>,
     S::Error: std::fmt::Debug,
     B: http_body::Body,
-    B::Error: Into<tailguard_core::BoxError>,
+    B::Error: Into<BoxError>,
 {
     let start = Instant::now();
     let res = svc.oneshot(req).await.expect("response");
     let status = res.status();
-    let mut body = std::pin::pin!(res.into_body());
-    let mut text = Vec::new();
-    let mut error = None;
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(f) => {
-                if let Ok(mut d) = f.into_data() {
-                    text.extend_from_slice(&d.copy_to_bytes(d.remaining()));
-                }
-            }
-            Err(e) => {
-                error = Some(e.into());
-                break;
-            }
-        }
-    }
+    let seen = collect(res.into_body(), start).await;
     Outcome {
         status,
-        text: String::from_utf8(text).unwrap(),
-        elapsed: start.elapsed(),
-        error,
+        text: seen.text(),
+        elapsed: seen.ended_at,
+        error: seen.error.map(|(_, e)| e),
     }
 }
 
 fn error_code(event: &str) -> String {
-    let v: serde_json::Value =
-        serde_json::from_str(event.strip_prefix("data: ").expect("data event")).unwrap();
-    v["error"]["code"].as_str().expect("error event").to_owned()
+    error_json(event)["error"]["code"]
+        .as_str()
+        .expect("error event")
+        .to_owned()
 }
 
 #[tokio::test(start_paused = true)]
@@ -242,12 +210,7 @@ async fn anthropic_stream_behind_pings_ends_with_an_error_event() {
     let svc = SseIdleTimeoutLayer::new()
         .with_idle_timeout(ms(1550))
         .layer(client());
-    let req = Request::post(format!("{}/v1/messages", server.url()))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(
-            br#"{"model":"claude","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
-        )))
-        .unwrap();
+    let req = post(&format!("{}/v1/messages", server.url()), MESSAGES, &[]);
     let out = call(svc, req).await;
     assert_eq!(out.elapsed, ms(100 + 1550));
     let events = out.events();

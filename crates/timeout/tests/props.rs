@@ -1,13 +1,11 @@
 //! Property tests on a paused clock.
 
-mod common;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use http::{Request, Response};
 use proptest::prelude::*;
+use tailguard_test_support::*;
 use tailguard_timeout::SseIdleTimeoutLayer;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
@@ -21,16 +19,8 @@ enum Ev {
     Keepalive,
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
-
-async fn play(layer: SseIdleTimeoutLayer, steps: Vec<Step>) -> (Seen, Probe) {
-    let (body, probe) = ScriptBody::new(steps);
+async fn play(layer: SseIdleTimeoutLayer, steps: Vec<Step>) -> (Collected, Probe) {
+    let (body, probe) = ScriptBody::new(steps).probed();
     let body = std::sync::Mutex::new(Some(body));
     let svc = layer.layer(tower::service_fn(move |_req: Request<()>| {
         let body = body.lock().unwrap().take().unwrap();
@@ -68,15 +58,15 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// After a first token at 0, for any script of gaps, tokens, meta chunks and keepalives,
-    /// the idle timer fires iff some gap between progress events (or between the last one and
+    /// After a first token at 0, for any script of gaps, tokens, meta chunks and keepalives
+    /// (then `[DONE]`), the idle timer fires iff some gap between progress events (or between the last one and
     /// the end of the stream) exceeds the limit, and then exactly at that progress event plus
     /// the limit, with every event up to then delivered.
     #[test]
     fn idle_fires_iff_a_progress_gap_exceeds_the_limit(
         script in proptest::collection::vec((gap(), ev()), 0..40)
     ) {
-        let mut steps = vec![token("t0")];
+        let mut steps = vec![data(token("t0"))];
         let mut t = 0u64;
         let mut progress = vec![0u64];
         let mut timeline = vec![(0u64, true)];
@@ -84,9 +74,9 @@ proptest! {
             steps.push(wait_ms(*g));
             t += g;
             steps.push(match e {
-                Ev::Token => token("x"),
-                Ev::Role => role(),
-                Ev::Keepalive => keepalive(),
+                Ev::Token => data(token("x")),
+                Ev::Role => data(ROLE),
+                Ev::Keepalive => data(KEEPALIVE),
             });
             let is_progress = !matches!(e, Ev::Keepalive);
             if is_progress {
@@ -94,13 +84,16 @@ proptest! {
             }
             timeline.push((t, is_progress));
         }
+        // The stream ends with its terminal event (an OpenAI stream without it was cut short).
+        steps.push(data(DONE));
+        timeline.push((t, true));
         let end = t;
         let mut marks = progress.clone();
         marks.push(end);
         let expected_fire = marks.windows(2).find(|w| w[1] - w[0] > LIMIT).map(|w| w[0] + LIMIT);
 
         let layer = SseIdleTimeoutLayer::new().with_idle_timeout(Duration::from_millis(LIMIT));
-        let (seen, probe) = runtime().block_on(play(layer, steps));
+        let (seen, probe) = paused_runtime().block_on(play(layer, steps));
         let events = seen.events();
         let fired = events.iter().any(|e| e.contains("idle_timeout"));
         prop_assert_eq!(fired, expected_fire.is_some(), "events: {:?}", events);
@@ -152,7 +145,7 @@ proptest! {
         let layer = SseIdleTimeoutLayer::new()
             .with_first_token_timeout(Duration::from_secs(5))
             .with_idle_timeout(Duration::from_secs(2));
-        let (seen, _) = runtime().block_on(play(layer, steps));
+        let (seen, _) = paused_runtime().block_on(play(layer, steps));
         seen.assert_whole_events_at_every_instant();
         let text = seen.text();
         match stalled_at_byte.filter(|b| *b < bytes.len()) {

@@ -1,31 +1,23 @@
 //! The timers against scripted in-process upstreams, on a paused clock.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use common::*;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tailguard_core::{ClassPolicy, Dialect, EndReason, EndReport, Phase, Priority, TimeoutError};
+use tailguard_core::{
+    ClassPolicy, Dialect, EndReason, EndReport, Phase, Priority, TimeoutError, UpstreamFailure,
+};
+use tailguard_test_support::*;
 use tailguard_timeout::{
-    BeforeHeaders, FirstTokenClock, OnExpiry, SseIdleTimeoutBody, SseIdleTimeoutLayer, Timeouts,
+    FirstTokenClock, OnExpiry, SseIdleTimeoutBody, SseIdleTimeoutLayer, Timeouts,
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
 const SSE: &str = "text/event-stream";
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 type Upstream =
     tower::util::BoxCloneService<Request<()>, Response<ScriptBody>, std::convert::Infallible>;
@@ -52,7 +44,7 @@ async fn run(
     head_delay: Duration,
     steps: Vec<Step>,
 ) -> (Response<SseIdleTimeoutBody<ScriptBody>>, Probe, Instant) {
-    let (body, probe) = ScriptBody::new(steps);
+    let (body, probe) = ScriptBody::new(steps).probed();
     let start = Instant::now();
     let svc = layer.layer(upstream(head_delay, SSE, body));
     let res = svc.oneshot(req).await.expect("response");
@@ -67,15 +59,17 @@ fn with_report() -> (Request<()>, EndReport) {
 }
 
 fn keepalives(n: usize, every: u64) -> Vec<Step> {
-    (0..n).flat_map(|_| [wait_ms(every), keepalive()]).collect()
+    (0..n)
+        .flat_map(|_| [wait_ms(every), data(KEEPALIVE)])
+        .collect()
 }
 
 #[tokio::test(start_paused = true)]
 async fn first_token_timeout_fires_behind_keepalives_at_its_setting() {
     let layer = SseIdleTimeoutLayer::new().with_first_token_timeout(secs(5));
-    let mut steps = vec![role()];
+    let mut steps = vec![data(ROLE)];
     steps.extend(keepalives(60, 1000));
-    steps.push(token("late"));
+    steps.push(data(token("late")));
     let (req, report) = with_report();
     let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
     assert_eq!(res.status(), 200);
@@ -99,9 +93,9 @@ async fn tower_http_body_timeout_never_fires_behind_keepalives() {
     // Same upstream: keepalives every second for a minute and no token. tower-http's body
     // timeout of 2 s restarts on every frame, so it never fires; the stalled generation runs
     // until the upstream gives up.
-    let mut steps = vec![role()];
+    let mut steps = vec![data(ROLE)];
     steps.extend(keepalives(60, 1000));
-    let (body, probe) = ScriptBody::new(steps);
+    let (body, probe) = ScriptBody::new(steps).probed();
     let start = Instant::now();
     let svc = tower_http::timeout::ResponseBodyTimeoutLayer::new(secs(2)).layer(upstream(
         Duration::ZERO,
@@ -121,13 +115,13 @@ async fn idle_timeout_fires_after_stall_behind_keepalives() {
     let layer = SseIdleTimeoutLayer::new()
         .with_first_token_timeout(secs(10))
         .with_idle_timeout(secs(3));
-    let mut steps = vec![role()];
+    let mut steps = vec![data(ROLE)];
     for i in 0..5 {
-        steps.extend([wait_ms(200), token(&format!("t{i}"))]);
+        steps.extend([wait_ms(200), data(token(&format!("t{i}")))]);
     }
     // Stall: keepalives only.
     steps.extend(keepalives(30, 1000));
-    steps.push(done());
+    steps.push(data(DONE));
     let (req, report) = with_report();
     let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
@@ -159,14 +153,14 @@ async fn steady_tokens_under_the_idle_limit_never_fire() {
     let layer = SseIdleTimeoutLayer::new()
         .with_first_token_timeout(secs(2))
         .with_idle_timeout(ms(500));
-    let mut steps = vec![wait_ms(300), role()];
+    let mut steps = vec![wait_ms(300), data(ROLE)];
     for i in 0..2000 {
-        steps.extend([wait_ms(499), token(&format!("t{i}"))]);
+        steps.extend([wait_ms(499), data(token(&format!("t{i}")))]);
         if i % 100 == 0 {
-            steps.push(keepalive());
+            steps.push(data(KEEPALIVE));
         }
     }
-    steps.push(done());
+    steps.push(data(DONE));
     let (req, report) = with_report();
     let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
@@ -184,9 +178,9 @@ async fn total_deadline_fires_on_a_steady_stream() {
     let layer = SseIdleTimeoutLayer::new()
         .with_idle_timeout(secs(1))
         .with_total_timeout(secs(10));
-    let mut steps = vec![role()];
+    let mut steps = vec![data(ROLE)];
     for i in 0..100 {
-        steps.extend([wait_ms(400), token(&format!("t{i}"))]);
+        steps.extend([wait_ms(400), data(token(&format!("t{i}")))]);
     }
     let (req, report) = with_report();
     let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
@@ -209,9 +203,9 @@ async fn a_stall_inside_an_event_never_reaches_the_client_half_sent() {
         .with_first_token_timeout(secs(5))
         .with_idle_timeout(secs(2));
     let steps = vec![
-        role(),
+        data(ROLE),
         wait_ms(100),
-        token("a"),
+        data(token("a")),
         // One event split across three frames, the boundary inside the JSON line...
         data("data: {\"choices\":[{\"index\":0,\"delta\":{\"cont"),
         wait_ms(100),
@@ -265,7 +259,7 @@ async fn split_events_are_released_whole_and_in_order() {
 async fn head_timeout_is_a_504_in_openai_json() {
     let layer = SseIdleTimeoutLayer::new().with_head_timeout(secs(2));
     let (req, report) = with_report();
-    let (res, probe, start) = run(layer, req, secs(30), vec![token("x")]).await;
+    let (res, probe, start) = run(layer, req, secs(30), vec![data(token("x"))]).await;
     assert_eq!(start.elapsed(), secs(2));
     assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(res.headers()["content-type"], "application/json");
@@ -281,7 +275,7 @@ async fn head_timeout_is_a_504_in_openai_json() {
 #[tokio::test(start_paused = true)]
 async fn headers_ready_at_the_limit_win() {
     let layer = SseIdleTimeoutLayer::new().with_head_timeout(secs(2));
-    let (res, _probe, _start) = run(layer, Request::new(()), secs(2), vec![done()]).await;
+    let (res, _probe, _start) = run(layer, Request::new(()), secs(2), vec![data(DONE)]).await;
     assert_eq!(res.status(), 200);
 }
 
@@ -290,8 +284,8 @@ async fn first_token_before_headers_names_its_phase() {
     let layer = SseIdleTimeoutLayer::new()
         .with_head_timeout(secs(10))
         .with_first_token_timeout(secs(3))
-        .with_before_headers(BeforeHeaders::Error);
-    let (body, _) = ScriptBody::new(vec![token("x")]);
+        .with_error_mode();
+    let body = ScriptBody::new(vec![data(token("x"))]);
     let svc = layer.layer(upstream(secs(30), SSE, body));
     let start = Instant::now();
     let err = svc.oneshot(Request::new(())).await.unwrap_err();
@@ -323,13 +317,6 @@ async fn grpc_request_gets_a_trailers_only_deadline_exceeded() {
     assert!(res.body().is_end_stream());
 }
 
-fn grpc_message(payload: &[u8]) -> Bytes {
-    let mut v = vec![0u8];
-    v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    v.extend_from_slice(payload);
-    Bytes::from(v)
-}
-
 #[tokio::test(start_paused = true)]
 async fn grpc_stream_ends_with_deadline_exceeded_trailers_and_no_partial_message() {
     let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
@@ -343,7 +330,7 @@ async fn grpc_stream_ends_with_deadline_exceeded_trailers_and_no_partial_message
         Step::Data(m2.slice(7..)),
     ];
     let (report_req, report) = with_report();
-    let (body, probe) = ScriptBody::new(steps);
+    let (body, probe) = ScriptBody::new(steps).probed();
     let start = Instant::now();
     let svc = layer.layer(upstream(Duration::ZERO, "application/grpc", body));
     let res = svc.oneshot(report_req).await.unwrap();
@@ -372,15 +359,15 @@ async fn body_error_flavour_carries_phase_events_and_gap() {
         .with_idle_timeout(secs(2))
         .with_on_expiry(OnExpiry::BodyError);
     let steps = vec![
-        role(),
+        data(ROLE),
         wait_ms(500),
-        token("a"),
+        data(token("a")),
         wait_ms(500),
-        token("b"),
-        keepalive(),
+        data(token("b")),
+        data(KEEPALIVE),
         data("data: {\"choi"),
         wait_ms(10_000),
-        done(),
+        data(DONE),
     ];
     let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
@@ -423,10 +410,10 @@ async fn anthropic_streams_end_with_an_error_event() {
 #[tokio::test(start_paused = true)]
 async fn keepalives_reset_idle_only_when_configured() {
     let script = || {
-        let mut s = vec![token("a")];
+        let mut s = vec![data(token("a"))];
         s.extend(keepalives(5, 1000));
-        s.push(token("b"));
-        s.push(done());
+        s.push(data(token("b")));
+        s.push(data(DONE));
         s
     };
     let strict = SseIdleTimeoutLayer::new().with_idle_timeout(ms(2500));
@@ -445,7 +432,7 @@ async fn keepalives_reset_idle_only_when_configured() {
 
 #[tokio::test(start_paused = true)]
 async fn first_token_clock_can_start_at_headers() {
-    let steps = || vec![wait_ms(2500), token("a"), done()];
+    let steps = || vec![wait_ms(2500), data(token("a")), data(DONE)];
     let from_call = SseIdleTimeoutLayer::new().with_first_token_timeout(secs(3));
     let (res, _, start) = run(from_call, Request::new(()), secs(1), steps()).await;
     let seen = collect(res.into_body(), start).await;
@@ -470,7 +457,7 @@ async fn per_request_header_and_priority_overrides() {
             Timeouts::new().with_first_token(secs(2)),
         )
         .with_override_header(Phase::FirstToken, HeaderName::from_static("x-ttft-ms"));
-    let steps = || vec![wait_ms(20_000), token("a")];
+    let steps = || vec![wait_ms(20_000), data(token("a"))];
 
     let (res, _, start) = run(layer.clone(), Request::new(()), Duration::ZERO, steps()).await;
     assert_eq!(collect(res.into_body(), start).await.ended_at, secs(10));
@@ -511,11 +498,11 @@ async fn a_client_that_does_not_read_counts_for_total_but_not_for_idle() {
     let layer = SseIdleTimeoutLayer::new()
         .with_idle_timeout(secs(1))
         .with_total_timeout(secs(100));
-    let mut steps = vec![token("a")];
+    let mut steps = vec![data(token("a"))];
     for i in 0..10 {
-        steps.extend([wait_ms(500), token(&format!("t{i}"))]);
+        steps.extend([wait_ms(500), data(token(&format!("t{i}")))]);
     }
-    steps.push(done());
+    steps.push(data(DONE));
     let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
     let mut body = std::pin::pin!(res.into_body());
     let first = body.frame().await.unwrap().unwrap();
@@ -535,7 +522,13 @@ async fn a_client_that_does_not_read_counts_for_total_but_not_for_idle() {
     // The total deadline, wall-clock, does count the client's absence: frames the upstream
     // already produced are still delivered, and the deadline fires when the body next waits.
     let layer = SseIdleTimeoutLayer::new().with_total_timeout(secs(10));
-    let steps = vec![token("a"), token("b"), token("c"), wait_ms(30_000), done()];
+    let steps = vec![
+        data(token("a")),
+        data(token("b")),
+        data(token("c")),
+        wait_ms(30_000),
+        data(DONE),
+    ];
     let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
     let mut body = std::pin::pin!(res.into_body());
     body.frame().await.unwrap().unwrap();
@@ -553,7 +546,7 @@ async fn an_upstream_flooding_ready_keepalives_cannot_hold_a_timer_off() {
     // Every frame is ready at once; the client reads one every 100 ms, so the body never waits.
     // The flood check (every 32 frames in a row) still fires the first-token timer.
     let layer = SseIdleTimeoutLayer::new().with_first_token_timeout(secs(1));
-    let steps = (0..1000).map(|_| keepalive()).collect();
+    let steps = (0..1000).map(|_| data(KEEPALIVE)).collect();
     let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
     let mut body = std::pin::pin!(res.into_body());
     let mut text = String::new();
@@ -572,11 +565,14 @@ async fn an_upstream_flooding_ready_keepalives_cannot_hold_a_timer_off() {
 
 #[tokio::test(start_paused = true)]
 async fn forwards_trailers_size_hint_and_end_of_stream() {
-    let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
+    // With the terminal-event check off, the end of the data passes through as it came.
+    let layer = SseIdleTimeoutLayer::new()
+        .with_idle_timeout(secs(1))
+        .with_require_terminal_event(false);
     let mut trailers = HeaderMap::new();
     trailers.insert("x-usage", "42".parse().unwrap());
     let a = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
-    let (body, _) = ScriptBody::new(vec![
+    let body = ScriptBody::new(vec![
         data(a),
         data("data: [DO"),
         Step::Trailers(trailers.clone()),
@@ -590,7 +586,7 @@ async fn forwards_trailers_size_hint_and_end_of_stream() {
     let f = body.frame().await.unwrap().unwrap();
     assert_eq!(f.data_ref().map(bytes::Buf::remaining), Some(a.len()));
     // "data: [DO" arrives and is held back (incomplete event), then the trailers end the data:
-    // the fragment is released (the upstream cut it) and the trailers follow.
+    // unchecked, the fragment is released (the upstream cut it) and the trailers follow.
     let f = body.frame().await.unwrap().unwrap();
     assert_eq!(f.data_ref().map(bytes::Buf::remaining), Some(9));
     assert!(!body.is_end_stream());
@@ -599,49 +595,124 @@ async fn forwards_trailers_size_hint_and_end_of_stream() {
     assert!(body.is_end_stream());
     assert!(body.frame().await.is_none());
 
-    // Without timers the body is a pass-through.
-    let (body, _) = ScriptBody::new(vec![data(a)]);
+    // Without timers a complete stream passes through as it is.
+    let whole = format!("{a}data: [DONE]\n\n");
+    let body = ScriptBody::new(vec![data(a), data(DONE)]);
     let svc = SseIdleTimeoutLayer::new().layer(upstream(
         Duration::ZERO,
         SSE,
-        body.with_exact_hint(a.len() as u64),
+        body.with_exact_hint(whole.len() as u64),
     ));
     let res = svc.oneshot(Request::new(())).await.unwrap();
     let body = res.into_body();
-    assert_eq!(body.size_hint().exact(), Some(a.len() as u64));
+    assert_eq!(body.size_hint().exact(), Some(whole.len() as u64));
     let seen = collect(body, Instant::now()).await;
-    assert_eq!(seen.text(), a);
+    assert_eq!(seen.text(), whole);
 }
 
 #[tokio::test(start_paused = true)]
-async fn upstream_errors_pass_through_and_done_streams_end_quietly() {
+async fn a_stream_cut_short_is_not_at_its_end_until_its_ending_is_out() {
+    // The inner body says it is at its end after its last frame (a server that trusts that
+    // stops polling): a stream cut short must not, or its ending would never be sent.
+    let body = ScriptBody::new(vec![data(token("a"))]);
+    let svc = SseIdleTimeoutLayer::new().layer(upstream(Duration::ZERO, SSE, body));
+    let res = svc.oneshot(Request::new(())).await.unwrap();
+    let mut body = std::pin::pin!(res.into_body());
+    assert!(body.frame().await.unwrap().unwrap().is_data());
+    assert!(!body.is_end_stream(), "the ending is still to come");
+    let mut f = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    let text = String::from_utf8(f.copy_to_bytes(f.remaining()).to_vec()).unwrap();
+    assert!(text.contains("upstream_error_truncated"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert!(body.is_end_stream());
+    assert!(body.frame().await.is_none());
+
+    // A complete stream is at its end after [DONE], as the inner body says.
+    let body = ScriptBody::new(vec![data(token("a")), data(DONE)]);
+    let svc = SseIdleTimeoutLayer::new().layer(upstream(Duration::ZERO, SSE, body));
+    let res = svc.oneshot(Request::new(())).await.unwrap();
+    let mut body = std::pin::pin!(res.into_body());
+    body.frame().await.unwrap().unwrap();
+    body.frame().await.unwrap().unwrap();
+    assert!(body.is_end_stream());
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_errors_end_in_band_and_done_streams_end_quietly() {
     let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
+    // A body error inside an event: the partial event is dropped, the client gets the error
+    // event, [DONE] and a clean end.
+    let (req, report) = with_report();
     let (res, _, start) = run(
         layer.clone(),
+        req,
+        Duration::ZERO,
+        vec![data(token("a")), data("data: {\"choi"), Step::Error],
+    )
+    .await;
+    let seen = collect(res.into_body(), start).await;
+    assert!(seen.error.is_none(), "{:?}", seen.error);
+    let events = seen.events();
+    assert_eq!(events.len(), 3, "{events:?}");
+    let err = error_json(&events[1]);
+    assert_eq!(err["error"]["type"], "upstream_error");
+    assert_eq!(err["error"]["code"], "upstream_error_transport");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("upstream reset"),
+        "{err}"
+    );
+    assert_eq!(events[2], "data: [DONE]");
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Transport))
+    );
+
+    // In the body-error flavour the upstream's error passes through.
+    let (res, _, start) = run(
+        layer.clone().with_on_expiry(OnExpiry::BodyError),
         Request::new(()),
         Duration::ZERO,
-        vec![token("a"), Step::Fail],
+        vec![data(token("a")), Step::Error],
     )
     .await;
     let seen = collect(res.into_body(), start).await;
     let (_, err) = seen.error.expect("error");
     assert!(err.downcast_ref::<std::io::Error>().is_some());
 
-    // After [DONE] an upstream that lingers is cut without an error event.
-    let (req, report) = with_report();
+    // After [DONE] an upstream that lingers is cut without an error event, and a body error
+    // or a fragment after it is no news either (the fragment is dropped).
+    for tail in [
+        vec![wait_ms(60_000), data(KEEPALIVE)],
+        vec![Step::Error],
+        vec![data("data: {\"cho")],
+    ] {
+        let (req, report) = with_report();
+        let mut steps = vec![data(token("a")), data(DONE)];
+        steps.extend(tail);
+        let (res, _, start) = run(layer.clone(), req, Duration::ZERO, steps).await;
+        let seen = collect(res.into_body(), start).await;
+        assert!(seen.error.is_none());
+        assert_eq!(seen.events().last().unwrap(), "data: [DONE]");
+        assert!(!seen.text().contains("error"));
+        assert_eq!(report.get(), None);
+    }
     let (res, probe, start) = run(
         layer,
-        req,
+        Request::new(()),
         Duration::ZERO,
-        vec![token("a"), done(), wait_ms(60_000), keepalive()],
+        vec![
+            data(token("a")),
+            data(DONE),
+            wait_ms(60_000),
+            data(KEEPALIVE),
+        ],
     )
     .await;
-    let seen = collect(res.into_body(), start).await;
-    assert_eq!(seen.ended_at, secs(1));
-    assert_eq!(seen.events().last().unwrap(), "data: [DONE]");
-    assert!(!seen.text().contains("error"));
+    assert_eq!(collect(res.into_body(), start).await.ended_at, secs(1));
     assert!(probe.cancelled());
-    assert_eq!(report.get(), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -653,14 +724,14 @@ async fn ndjson_and_custom_dialects() {
         layer,
         Request::new(()),
         Duration::ZERO,
-        vec![keepalive(), wait_ms(5000), data("data: x\n\n")],
+        vec![data(KEEPALIVE), wait_ms(5000), data("data: x\n\n")],
     )
     .await;
     let seen = collect(res.into_body(), start).await;
     assert_eq!(seen.ended_at, secs(1));
 
     let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
-    let (body, _) = ScriptBody::new(vec![
+    let body = ScriptBody::new(vec![
         data("{\"response\":\"a\"}\n"),
         wait_ms(5000),
         data("{\"response\":\"b\"}\n"),
@@ -681,13 +752,15 @@ async fn dropping_the_response_future_or_body_cancels_the_upstream() {
     let layer = SseIdleTimeoutLayer::new()
         .with_head_timeout(secs(5))
         .with_idle_timeout(secs(1));
-    let (body, probe) = ScriptBody::new(vec![token("a"), wait_ms(100), token("b")]);
+    let (body, probe) =
+        ScriptBody::new(vec![data(token("a")), wait_ms(100), data(token("b"))]).probed();
     let svc = layer.clone().layer(upstream(secs(1), SSE, body));
     let fut = svc.oneshot(Request::new(()));
     let _ = tokio::time::timeout(ms(500), fut).await;
     assert!(probe.dropped.load(std::sync::atomic::Ordering::SeqCst));
 
-    let (body, probe) = ScriptBody::new(vec![token("a"), wait_ms(100), token("b")]);
+    let (body, probe) =
+        ScriptBody::new(vec![data(token("a")), wait_ms(100), data(token("b"))]).probed();
     let svc = layer.layer(upstream(Duration::ZERO, SSE, body));
     let res = svc.oneshot(Request::new(())).await.unwrap();
     let mut body = Box::pin(res.into_body());
@@ -713,7 +786,7 @@ async fn absurd_header_values_neither_panic_nor_fire() {
             .header("x-total-ms", value)
             .body(())
             .unwrap();
-        let steps = vec![wait_ms(5000), token("a"), wait_ms(5000), done()];
+        let steps = vec![wait_ms(5000), data(token("a")), wait_ms(5000), data(DONE)];
         let (res, probe, start) = run(layer.clone(), req, secs(1), steps).await;
         let seen = collect(res.into_body(), start).await;
         assert_eq!(seen.ended_at, secs(11), "{value}");
@@ -723,39 +796,31 @@ async fn absurd_header_values_neither_panic_nor_fire() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_event_over_the_scan_cap_degrades_to_byte_progress_and_a_body_error() {
+async fn an_event_over_the_scan_cap_ends_the_stream_with_a_protocol_error() {
     let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
-    // One event longer than the 1 MiB cap at once, then more of it, 64 KiB every 500 ms:
-    // under the idle limit as bytes, never a complete event.
-    let big = format!("data: {}", "x".repeat(1_100_000));
-    let mut steps = vec![token("a"), data(&big)];
+    // A line longer than the 1 MiB cap that never ends: not `completed`, and not read on.
+    let big = format!("data: {}", "x".repeat(600_000));
     let chunk = "x".repeat(64 * 1024);
+    let mut steps = vec![data(token("a")), data(&big)];
     for _ in 0..16 {
-        steps.extend([wait_ms(500), data(&chunk)]);
+        steps.extend([wait_ms(100), data(&chunk)]);
     }
-    steps.extend([wait_ms(10_000), data("\n\n"), done()]);
-    let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
+    steps.extend([data("\n\n"), data(DONE)]);
+    let (req, report) = with_report();
+    let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
-    // Data flowed for 8 s without an idle timeout, then the stall fired it.
-    assert_eq!(seen.ended_at, secs(9));
-    let (_, err) = seen
-        .error
-        .as_ref()
-        .expect("a body error, not an in-band event");
-    assert_eq!(
-        err.downcast_ref::<TimeoutError>().map(TimeoutError::phase),
-        Some(Phase::Idle)
-    );
-    assert_eq!(
-        seen.bytes().len(),
-        token_len("a") + big.len() + 16 * 64 * 1024
-    );
+    assert!(seen.error.is_none(), "{:?}", seen.error);
+    let events = seen.events();
+    assert_eq!(events.len(), 3, "the token, the error, [DONE]");
+    assert!(events[0].contains("\"content\":\"a\""));
+    let err = error_json(&events[1]);
+    assert_eq!(err["error"]["code"], "upstream_error_protocol");
+    assert_eq!(events[2], "data: [DONE]");
+    // The cap is crossed by the 7th 64 KiB piece, at 0.7 s: the upstream is dropped there.
+    assert_eq!(seen.ended_at, ms(700));
     assert!(probe.cancelled());
-}
-
-fn token_len(text: &str) -> usize {
-    match token(text) {
-        Step::Data(b) => b.len(),
-        _ => unreachable!(),
-    }
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Protocol))
+    );
 }

@@ -6,274 +6,15 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
 use http::Uri;
-use serde::Deserialize;
 use tailguard::core::Priority;
 
-/// The gateway's command line (each flag can also come from the environment variable named in
-/// its help).
-#[derive(Parser, Debug, Default, Clone)]
-#[command(
-    name = "gateway",
-    about = "An OpenAI-compatible LLM gateway guarded by every tailguard layer",
-    long_about = "An OpenAI-compatible LLM gateway guarded by every tailguard layer.\n\n\
-        Precedence: flag, then environment variable, then the TOML file (--config), then the \
-        default. With no --upstream, embedded mock replicas are started (one of them congested)."
-)]
-pub struct Args {
-    /// TOML configuration file (see examples/gateway.toml).
-    #[arg(long, env = "TAILGUARD_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:8080; port 0 picks a free port].
-    #[arg(long, env = "TAILGUARD_LISTEN", value_name = "ADDR")]
-    pub listen: Option<SocketAddr>,
-    /// Upstream replica base URL, repeatable (env: comma-separated) [default: embedded mocks].
-    #[arg(
-        long = "upstream",
-        env = "TAILGUARD_UPSTREAMS",
-        value_name = "URL",
-        value_delimiter = ','
-    )]
-    pub upstreams: Vec<String>,
-    /// Model names served (bounded `model` metric label; listed by /v1/models), comma-separated.
-    #[arg(
-        long = "model",
-        env = "TAILGUARD_MODELS",
-        value_name = "NAME",
-        value_delimiter = ','
-    )]
-    pub models: Vec<String>,
-    /// How long in-flight streams may run on after Ctrl-C [default: 10s].
-    #[arg(long, env = "TAILGUARD_SHUTDOWN_GRACE", value_name = "DURATION", value_parser = parse_duration)]
-    pub shutdown_grace: Option<Duration>,
-    /// Largest request body accepted [default: 4194304].
-    #[arg(long, env = "TAILGUARD_MAX_REQUEST_BYTES", value_name = "BYTES")]
-    pub max_request_bytes: Option<usize>,
-
-    /// Attempts per request, the primary included; 1 disables hedging [default: 2].
-    #[arg(long, env = "TAILGUARD_HEDGE_MAX_ATTEMPTS", value_name = "N")]
-    pub hedge_max_attempts: Option<u8>,
-    /// Hedge delay: `adaptive` (p90 of recent TTFTs) or a duration such as `300ms` [default: adaptive].
-    #[arg(long, env = "TAILGUARD_HEDGE_DELAY", value_name = "DELAY", value_parser = parse_hedge_delay)]
-    pub hedge_delay: Option<HedgeDelaySetting>,
-    /// Share of requests that may send an extra attempt [default: 0.1].
-    #[arg(long, env = "TAILGUARD_HEDGE_BUDGET_RATIO", value_name = "RATIO")]
-    pub hedge_budget_ratio: Option<f64>,
-
-    /// Time allowed until response headers, or `off` [default: 10s].
-    #[arg(long, env = "TAILGUARD_TIMEOUT_HEAD", value_name = "DURATION", value_parser = parse_timer)]
-    pub timeout_head: Option<Timer>,
-    /// Time allowed until the first token, or `off` [default: 30s].
-    #[arg(long, env = "TAILGUARD_TIMEOUT_FIRST_TOKEN", value_name = "DURATION", value_parser = parse_timer)]
-    pub timeout_first_token: Option<Timer>,
-    /// Longest gap between events after the first token (keepalives do not count), or `off` [default: 15s].
-    #[arg(long, env = "TAILGUARD_TIMEOUT_IDLE", value_name = "DURATION", value_parser = parse_timer)]
-    pub timeout_idle: Option<Timer>,
-    /// Deadline for the whole request, body included, or `off` [default: 600s].
-    #[arg(long, env = "TAILGUARD_TIMEOUT_TOTAL", value_name = "DURATION", value_parser = parse_timer)]
-    pub timeout_total: Option<Timer>,
-
-    /// Concurrent generations (held until each stream ends) [default: 64].
-    #[arg(long, env = "TAILGUARD_ADMISSION_CAPACITY", value_name = "N")]
-    pub admission_capacity: Option<u32>,
-    /// Requests that may wait for capacity; 0 refuses at once when full [default: 128].
-    #[arg(long, env = "TAILGUARD_ADMISSION_QUEUE_LEN", value_name = "N")]
-    pub admission_queue_len: Option<usize>,
-    /// Longest wait in the queue before a 503 [default: 2s].
-    #[arg(long, env = "TAILGUARD_ADMISSION_QUEUE_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
-    pub admission_queue_timeout: Option<Duration>,
-
-    /// Header in which clients name their class, or `off` [default: x-priority].
-    #[arg(long, env = "TAILGUARD_PRIORITY_HEADER", value_name = "NAME")]
-    pub priority_header: Option<String>,
-    /// Class of requests nothing classified [default: standard].
-    #[arg(long, env = "TAILGUARD_PRIORITY_DEFAULT", value_name = "CLASS")]
-    pub priority_default: Option<String>,
-    /// Share of capacity reserved for `interactive` under contention, 0 for none [default: 0.5].
-    #[arg(
-        long,
-        env = "TAILGUARD_PRIORITY_INTERACTIVE_SHARE",
-        value_name = "SHARE"
-    )]
-    pub priority_interactive_share: Option<f64>,
-
-    /// Embedded mock replicas started when no upstream is configured [default: 3].
-    #[arg(long, env = "TAILGUARD_MOCK_REPLICAS", value_name = "N")]
-    pub mock_replicas: Option<usize>,
-    /// Script of the healthy embedded replicas (tailguard-mock header syntax).
-    #[arg(long, env = "TAILGUARD_MOCK_SCRIPT", value_name = "SCRIPT")]
-    pub mock_script: Option<String>,
-    /// Script of the congested embedded replica (the last one).
-    #[arg(long, env = "TAILGUARD_MOCK_CONGESTED_SCRIPT", value_name = "SCRIPT")]
-    pub mock_congested_script: Option<String>,
-}
-
-/// A timer value: a duration, or `off`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timer(pub Option<Duration>);
-
-/// The hedge delay setting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HedgeDelaySetting {
-    /// The adaptive p90 of recent times to first token.
-    Adaptive,
-    /// A fixed delay.
-    Fixed(Duration),
-}
-
-/// Parses `250ms`, `2s`, `1.5s`, `3m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => s.split_at(i),
-        None => {
-            return Err(format!(
-                "`{s}` has no unit: write e.g. `250ms`, `2s` or `1m`"
-            ));
-        }
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration: write e.g. `250ms`, `2s` or `1m`"))?;
-    let unit = unit.trim();
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
-}
-
-fn parse_timer(s: &str) -> Result<Timer, String> {
-    match s.trim() {
-        "off" | "none" => Ok(Timer(None)),
-        other => parse_duration(other).map(|d| Timer(Some(d))),
-    }
-}
-
-fn parse_hedge_delay(s: &str) -> Result<HedgeDelaySetting, String> {
-    match s.trim() {
-        "adaptive" => Ok(HedgeDelaySetting::Adaptive),
-        other => parse_duration(other)
-            .map(HedgeDelaySetting::Fixed)
-            .map_err(|e| format!("{e}, or `adaptive`")),
-    }
-}
-
-macro_rules! string_de {
-    ($ty:ty, $parse:path) => {
-        impl<'de> Deserialize<'de> for $ty {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                $parse(&s).map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
-
-/// A duration in the TOML file (`"250ms"`).
-#[derive(Clone, Copy, Debug)]
-pub struct Dur(pub Duration);
-fn parse_dur(s: &str) -> Result<Dur, String> {
-    parse_duration(s).map(Dur)
-}
-string_de!(Dur, parse_dur);
-string_de!(Timer, parse_timer);
-string_de!(HedgeDelaySetting, parse_hedge_delay);
-
-/// The TOML file: every key optional, unknown keys refused.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct FileConfig {
-    /// `listen`
-    pub listen: Option<SocketAddr>,
-    /// `upstreams`
-    pub upstreams: Vec<String>,
-    /// `models`
-    pub models: Vec<String>,
-    /// `shutdown_grace`
-    pub shutdown_grace: Option<Dur>,
-    /// `max_request_bytes`
-    pub max_request_bytes: Option<usize>,
-    /// `[hedge]`
-    pub hedge: HedgeFile,
-    /// `[timeout]`
-    pub timeout: TimeoutFile,
-    /// `[admission]`
-    pub admission: AdmissionFile,
-    /// `[priority]`
-    pub priority: PriorityFile,
-    /// `[mock]`
-    pub mock: MockFile,
-}
-
-/// `[hedge]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct HedgeFile {
-    /// `max_attempts`
-    pub max_attempts: Option<u8>,
-    /// `delay`
-    pub delay: Option<HedgeDelaySetting>,
-    /// `budget_ratio`
-    pub budget_ratio: Option<f64>,
-}
-
-/// `[timeout]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct TimeoutFile {
-    /// `head`
-    pub head: Option<Timer>,
-    /// `first_token`
-    pub first_token: Option<Timer>,
-    /// `idle`
-    pub idle: Option<Timer>,
-    /// `total`
-    pub total: Option<Timer>,
-}
-
-/// `[admission]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdmissionFile {
-    /// `capacity`
-    pub capacity: Option<u32>,
-    /// `queue_len`
-    pub queue_len: Option<usize>,
-    /// `queue_timeout`
-    pub queue_timeout: Option<Dur>,
-}
-
-/// `[priority]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct PriorityFile {
-    /// `header`
-    pub header: Option<String>,
-    /// `default`
-    pub default: Option<String>,
-    /// `interactive_share`
-    pub interactive_share: Option<f64>,
-}
-
-/// `[mock]`
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct MockFile {
-    /// `replicas`
-    pub replicas: Option<usize>,
-    /// `script`
-    pub script: Option<String>,
-    /// `congested_script`
-    pub congested_script: Option<String>,
-}
+use super::args::Args;
+use super::cluster::ClusterConfig;
+use super::file::{FileConfig, HedgeDelaySetting, key_at, parse_fail};
+pub use super::timeout_config::TimeoutConfig;
 
 /// The resolved configuration.
 #[derive(Clone, Debug)]
@@ -288,6 +29,13 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Largest request body accepted.
     pub max_request_bytes: usize,
+    /// Time a client has to send a request head, counted from accept, or from the first byte
+    /// that arrives on a connection with no request in flight.
+    pub header_read_timeout: Duration,
+    /// How long a client connection may stay open with no request in flight.
+    pub keep_alive_timeout: Duration,
+    /// Most client connections open at once.
+    pub max_connections: usize,
     /// `FirstTokenHedge` settings.
     pub hedge: HedgeConfig,
     /// `SseIdleTimeout` settings.
@@ -298,6 +46,8 @@ pub struct Config {
     pub priority: PriorityConfig,
     /// Embedded mock replicas (used when `upstreams` is empty).
     pub mock: MockConfig,
+    /// Cluster mode (Redis).
+    pub cluster: ClusterConfig,
 }
 
 /// `FirstTokenHedge` settings.
@@ -309,19 +59,14 @@ pub struct HedgeConfig {
     pub delay: HedgeDelaySetting,
     /// Share of requests that may send an extra attempt.
     pub budget_ratio: f64,
-}
-
-/// `SseIdleTimeout` settings (`None`: the timer is off).
-#[derive(Clone, Debug)]
-pub struct TimeoutConfig {
-    /// Until response headers.
-    pub head: Option<Duration>,
-    /// Until the first token.
-    pub first_token: Option<Duration>,
-    /// Between progress events after the first token.
-    pub idle: Option<Duration>,
-    /// The whole request.
-    pub total: Option<Duration>,
+    /// Share of requests that may fail over (a budget of its own).
+    pub failover_budget_ratio: f64,
+    /// Load-aware primaries (`false`: round robin).
+    pub least_wait: bool,
+    /// Outlier ejection.
+    pub outlier_ejection: bool,
+    /// Most concurrent attempts per replica (`None`: no limit).
+    pub replica_slots: Option<u32>,
 }
 
 /// `BoundedAdmission` settings.
@@ -364,12 +109,21 @@ impl Default for Config {
     /// * shutdown grace **10 s**: most answers finish well within it, and an orchestrator's
     ///   kill timeout (30 s in Kubernetes) leaves room for the rest of shutdown;
     /// * max request body **4 MiB**: the hedge's replay cap, so every accepted body can be hedged;
+    /// * header read timeout **10 s**: a client sends its request head in one go right after
+    ///   connecting, so 10 s covers a slow mobile link and still bounds a slowloris client that
+    ///   trickles a head to hold a connection;
+    /// * keep-alive timeout **75 s**: longer than the 60 s idle timeout of common load
+    ///   balancers (the AWS ALB default), so the balancer, not the gateway, closes idle
+    ///   connections and never sends a request onto one the gateway is closing (nginx's
+    ///   default too);
+    /// * max connections **4096**: far more than the generations admission lets run at once
+    ///   (64) plus idle keep-alive clients, and under a typical 65536 file-descriptor limit
+    ///   (keep `ulimit -n` above it);
     /// * hedge: **2 attempts**, **adaptive** delay (p90 of recent TTFTs), budget **10%**, the
     ///   layer's own defaults;
-    /// * timeouts: head **10 s** (headers come at once from streaming servers), first token
-    ///   **30 s** (long prompts take time to prefill), idle **15 s** (a decoding server sends
-    ///   tokens every few tens of ms, so 15 s of silence is a stall, not a slow token), total
-    ///   **600 s** (long generations);
+    /// * hedge routing: load-aware primaries, outlier ejection, failover budget **20%**, no
+    ///   slot limit (the layers' own defaults);
+    /// * timeouts and the client's deadline: see [`TimeoutConfig::default`];
     /// * admission: capacity **64** (a typical vLLM replica runs tens of sequences), queue
     ///   **128**, queue timeout **2 s** (past that a client is better off retrying elsewhere);
     /// * priority: header `x-priority`, default class `standard`, `interactive` keeps **50%** of
@@ -382,17 +136,19 @@ impl Default for Config {
             models: Vec::new(),
             shutdown_grace: Duration::from_secs(10),
             max_request_bytes: tailguard::core::DEFAULT_REPLAY_CAP,
+            header_read_timeout: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(75),
+            max_connections: 4096,
             hedge: HedgeConfig {
                 max_attempts: 2,
                 delay: HedgeDelaySetting::Adaptive,
                 budget_ratio: 0.1,
+                failover_budget_ratio: 0.2,
+                least_wait: true,
+                outlier_ejection: true,
+                replica_slots: None,
             },
-            timeout: TimeoutConfig {
-                head: Some(Duration::from_secs(10)),
-                first_token: Some(Duration::from_secs(30)),
-                idle: Some(Duration::from_secs(15)),
-                total: Some(Duration::from_secs(600)),
-            },
+            timeout: TimeoutConfig::default(),
             admission: AdmissionConfig {
                 capacity: 64,
                 queue_len: 128,
@@ -408,6 +164,7 @@ impl Default for Config {
                 script: DEFAULT_MOCK_SCRIPT.to_owned(),
                 congested_script: DEFAULT_CONGESTED_SCRIPT.to_owned(),
             },
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -432,7 +189,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+pub(super) fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
@@ -473,21 +230,18 @@ impl Config {
     /// Merges `file` and `args` (args win) over the defaults and validates the result.
     pub fn resolve(file: FileConfig, args: &Args) -> Result<Config, ConfigError> {
         let mut c = Config::default();
-        fn pick<T>(arg: Option<T>, file: Option<T>, default: T) -> T {
-            arg.or(file).unwrap_or(default)
-        }
         c.listen = pick(args.listen, file.listen, c.listen);
         let upstreams = if args.upstreams.is_empty() {
-            file.upstreams
+            &file.upstreams
         } else {
-            args.upstreams.clone()
+            &args.upstreams
         };
         c.upstreams = upstreams
             .iter()
             .map(|u| parse_upstream(u))
             .collect::<Result<_, _>>()?;
         c.models = if args.models.is_empty() {
-            file.models
+            file.models.clone()
         } else {
             args.models.clone()
         };
@@ -501,8 +255,67 @@ impl Config {
             file.max_request_bytes,
             c.max_request_bytes,
         );
+        c.resolve_connections(&file, args)?;
+        c.resolve_hedge(&file, args)?;
+        c.resolve_timeout(&file, args)?;
+        c.resolve_admission(&file, args)?;
+        c.resolve_priority(&file, args)?;
+        c.resolve_cluster(&file, args)?;
+        let capacity_set = args.admission_capacity.is_some() || file.admission.capacity.is_some();
+        c.resolve_mock(file, args)?;
+        // With slots, admission holds what the slots cannot take: its capacity defaults to
+        // their sum, so requests wait in admission's queue, not in an upstream's FIFO.
+        if let Some(slots) = c.hedge.replica_slots
+            && !capacity_set
+        {
+            let n = if c.upstreams.is_empty() {
+                c.mock.replicas
+            } else {
+                c.upstreams.len()
+            };
+            c.admission.capacity = slots.saturating_mul(n.max(1) as u32);
+        }
+        Ok(c)
+    }
 
-        let h = &mut c.hedge;
+    fn resolve_connections(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        self.header_read_timeout = pick(
+            args.header_read_timeout,
+            file.header_read_timeout.map(|d| d.0),
+            self.header_read_timeout,
+        );
+        self.keep_alive_timeout = pick(
+            args.keep_alive_timeout,
+            file.keep_alive_timeout.map(|d| d.0),
+            self.keep_alive_timeout,
+        );
+        self.max_connections = pick(
+            args.max_connections,
+            file.max_connections,
+            self.max_connections,
+        );
+        for (key, v) in [
+            (
+                "header_read_timeout (--header-read-timeout)",
+                self.header_read_timeout,
+            ),
+            (
+                "keep_alive_timeout (--keep-alive-timeout)",
+                self.keep_alive_timeout,
+            ),
+        ] {
+            if v.is_zero() {
+                return err(format!("{key} must be longer than 0"));
+            }
+        }
+        if self.max_connections == 0 {
+            return err("max_connections (--max-connections) must be at least 1");
+        }
+        Ok(())
+    }
+
+    fn resolve_hedge(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let h = &mut self.hedge;
         h.max_attempts = pick(
             args.hedge_max_attempts,
             file.hedge.max_attempts,
@@ -514,6 +327,45 @@ impl Config {
             file.hedge.budget_ratio,
             h.budget_ratio,
         );
+        h.failover_budget_ratio = pick(
+            args.failover_budget_ratio,
+            file.hedge.failover_budget_ratio,
+            h.failover_budget_ratio,
+        );
+        if !(0.0..=4.0).contains(&h.failover_budget_ratio) {
+            return err(format!(
+                "hedge.failover_budget_ratio (--failover-budget-ratio) must be between 0 and 4, not {}",
+                h.failover_budget_ratio
+            ));
+        }
+        match args
+            .routing
+            .clone()
+            .or(file.hedge.routing.clone())
+            .as_deref()
+        {
+            None | Some("least-wait") => h.least_wait = true,
+            Some("round-robin") => h.least_wait = false,
+            Some(other) => {
+                return err(format!(
+                    "hedge.routing (--routing) must be `least-wait` or `round-robin`, not `{other}`"
+                ));
+            }
+        }
+        h.outlier_ejection = match args.outlier_ejection.as_deref() {
+            None => file.hedge.outlier_ejection.unwrap_or(h.outlier_ejection),
+            Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return err(format!(
+                    "hedge.outlier_ejection (--outlier-ejection) must be `on` or `off`, not `{other}`"
+                ));
+            }
+        };
+        h.replica_slots = args.replica_slots.or(file.hedge.replica_slots);
+        if h.replica_slots == Some(0) {
+            return err("hedge.replica_slots (--replica-slots) must be at least 1");
+        }
         if !(1..=tailguard::hedge::MAX_ATTEMPTS).contains(&h.max_attempts) {
             return err(format!(
                 "hedge.max_attempts (--hedge-max-attempts) must be between 1 and {}, not {}",
@@ -527,29 +379,11 @@ impl Config {
                 h.budget_ratio
             ));
         }
+        Ok(())
+    }
 
-        let t = &mut c.timeout;
-        t.head = pick(args.timeout_head, file.timeout.head, Timer(t.head)).0;
-        t.first_token = pick(
-            args.timeout_first_token,
-            file.timeout.first_token,
-            Timer(t.first_token),
-        )
-        .0;
-        t.idle = pick(args.timeout_idle, file.timeout.idle, Timer(t.idle)).0;
-        t.total = pick(args.timeout_total, file.timeout.total, Timer(t.total)).0;
-        for (key, v) in [
-            ("timeout.head (--timeout-head)", t.head),
-            ("timeout.first_token (--timeout-first-token)", t.first_token),
-            ("timeout.idle (--timeout-idle)", t.idle),
-            ("timeout.total (--timeout-total)", t.total),
-        ] {
-            if v == Some(Duration::ZERO) {
-                return err(format!("{key} must be longer than 0 (or `off`)"));
-            }
-        }
-
-        let a = &mut c.admission;
+    fn resolve_admission(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let a = &mut self.admission;
         a.capacity = pick(args.admission_capacity, file.admission.capacity, a.capacity);
         a.queue_len = pick(
             args.admission_queue_len,
@@ -564,11 +398,14 @@ impl Config {
         if a.capacity == 0 {
             return err("admission.capacity (--admission-capacity) must be at least 1");
         }
+        Ok(())
+    }
 
-        let p = &mut c.priority;
+    fn resolve_priority(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let p = &mut self.priority;
         let header = pick(
             args.priority_header.clone(),
-            file.priority.header,
+            file.priority.header.clone(),
             p.header.clone().unwrap_or_default(),
         );
         p.header = match header.trim() {
@@ -582,7 +419,11 @@ impl Config {
                 Some(h.to_ascii_lowercase())
             }
         };
-        if let Some(d) = args.priority_default.clone().or(file.priority.default) {
+        if let Some(d) = args
+            .priority_default
+            .clone()
+            .or(file.priority.default.clone())
+        {
             p.default = parse_priority(&d).ok_or_else(|| {
                 ConfigError(format!(
                     "priority.default (--priority-default): unknown class `{d}` (one of \
@@ -601,8 +442,36 @@ impl Config {
                 p.interactive_share
             ));
         }
+        Ok(())
+    }
 
-        let m = &mut c.mock;
+    fn resolve_cluster(&mut self, file: &FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let (a, f, c) = (&args.cluster, &file.cluster, &mut self.cluster);
+        c.fail = match (a.cluster_fail, &f.fail) {
+            (Some(mode), _) => mode,
+            (None, Some(s)) => {
+                parse_fail(s).map_err(|e| ConfigError(format!("cluster.fail: {e}")))?
+            }
+            (None, None) => c.fail,
+        };
+        c.redis = a.redis.clone().or_else(|| f.redis.clone());
+        c.capacity = a.cluster_capacity.or(f.capacity);
+        c.name = pick(a.cluster_name.clone(), f.name.clone(), c.name.clone());
+        c.timeout = pick(a.redis_timeout, f.timeout.map(|d| d.0), c.timeout);
+        c.lease_ttl = pick(a.cluster_lease_ttl, f.lease_ttl.map(|d| d.0), c.lease_ttl);
+        if c.capacity == Some(0) {
+            return err("cluster.capacity (--cluster-capacity) must be at least 1");
+        }
+        if let Some(url) = &c.redis
+            && let Err(e) = tailguard_redis::check_url(url)
+        {
+            return err(format!("cluster.redis (--redis): {e}"));
+        }
+        Ok(())
+    }
+
+    fn resolve_mock(&mut self, file: FileConfig, args: &Args) -> Result<(), ConfigError> {
+        let m = &mut self.mock;
         m.replicas = pick(args.mock_replicas, file.mock.replicas, m.replicas);
         m.script = pick(args.mock_script.clone(), file.mock.script, m.script.clone());
         m.congested_script = pick(
@@ -610,48 +479,35 @@ impl Config {
             file.mock.congested_script,
             m.congested_script.clone(),
         );
-        if c.upstreams.is_empty() {
-            if m.replicas == 0 {
-                return err(
-                    "mock.replicas (--mock-replicas) must be at least 1 when no upstream is configured",
-                );
-            }
-            for (key, s) in [
-                ("mock.script (--mock-script)", &m.script),
-                (
-                    "mock.congested_script (--mock-congested-script)",
-                    &m.congested_script,
-                ),
-            ] {
-                if let Err(e) = tailguard_mock::Script::new().apply(s) {
-                    return err(format!("{key}: {e}"));
-                }
-            }
-            if c.models.is_empty() {
-                c.models.push(MOCK_MODEL.to_owned());
+        if !self.upstreams.is_empty() {
+            return Ok(());
+        }
+        if m.replicas == 0 {
+            return err(
+                "mock.replicas (--mock-replicas) must be at least 1 when no upstream is configured",
+            );
+        }
+        for (key, s) in [
+            ("mock.script (--mock-script)", &m.script),
+            (
+                "mock.congested_script (--mock-congested-script)",
+                &m.congested_script,
+            ),
+        ] {
+            if let Err(e) = tailguard_mock::Script::new().apply(s) {
+                return err(format!("{key}: {e}"));
             }
         }
-        Ok(c)
+        if self.models.is_empty() {
+            self.models.push(MOCK_MODEL.to_owned());
+        }
+        Ok(())
     }
 }
 
-/// The dotted key (`timeout.idle`) of the `key = value` line holding byte `offset` of `text`.
-fn key_at(text: &str, offset: usize) -> Option<String> {
-    let before = text.get(..offset)?;
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    let line = text[line_start..].lines().next()?;
-    let key = line.split_once('=')?.0.trim().trim_matches('"');
-    if key.is_empty() || key.starts_with('[') || key.starts_with('#') {
-        return None;
-    }
-    let table = before[..line_start].lines().rev().find_map(|l| {
-        let l = l.trim();
-        (l.starts_with('[') && !l.starts_with("[[")).then(|| l.trim_matches(['[', ']']).trim())
-    });
-    Some(match table {
-        Some(t) if !t.is_empty() => format!("{t}.{key}"),
-        _ => key.to_owned(),
-    })
+/// The flag's value, else the file's, else the default.
+pub(super) fn pick<T>(arg: Option<T>, file: Option<T>, default: T) -> T {
+    arg.or(file).unwrap_or(default)
 }
 
 /// The model name the gateway lists when it runs over embedded mocks.
@@ -682,6 +538,7 @@ fn parse_upstream(u: &str) -> Result<Uri, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::file::{Timer, parse_duration, parse_timer};
 
     #[test]
     fn durations() {
@@ -707,5 +564,60 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("key `listen`"), "{e}");
+    }
+
+    #[test]
+    fn cluster_keys_from_the_file_and_flags() {
+        let text = "[cluster]\nredis = \"redis://127.0.0.1:6379/\"\ncapacity = 8\n\
+                    fail = \"closed\"\nlease_ttl = \"3s\"\n";
+        let mut args = Args::default();
+        args.cluster.cluster_lease_ttl = Some(Duration::from_secs(2));
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &args).unwrap();
+        let cluster = &c.cluster;
+        assert_eq!(cluster.redis.as_deref(), Some("redis://127.0.0.1:6379/"));
+        assert_eq!(
+            (cluster.capacity, cluster.fail),
+            (Some(8), tailguard::admission::FailMode::Closed)
+        );
+        assert_eq!(cluster.lease_ttl, Duration::from_secs(2), "the flag wins");
+        let c = Config::resolve(Config::parse_file(text).unwrap(), &Args::default()).unwrap();
+        assert_eq!(c.cluster.lease_ttl, Duration::from_secs(3));
+        let d = Config::resolve(FileConfig::default(), &Args::default()).unwrap();
+        assert_eq!(d.cluster.lease_ttl, Duration::from_secs(10));
+        assert_eq!(d.cluster.redis, None);
+    }
+
+    #[test]
+    fn the_deadline_header_liveness_and_propagation_keys() {
+        use clap::Parser;
+        let args = Args::parse_from(["gateway"]);
+        let c = Config::resolve(FileConfig::default(), &args).unwrap();
+        assert_eq!(c.timeout.liveness, None);
+        assert_eq!(
+            c.timeout.deadline_header.as_ref().map(|h| h.as_str()),
+            Some("x-request-timeout")
+        );
+        assert!(!c.timeout.propagate_deadline);
+
+        let text = "[timeout]\nliveness = \"5s\"\ndeadline_header = \"x-deadline\"\npropagate_deadline = true\n";
+        let file = Config::parse_file(text).unwrap();
+        let c = Config::resolve(file, &args).unwrap();
+        assert_eq!(c.timeout.liveness, Some(Duration::from_secs(5)));
+        assert_eq!(c.timeout.client_deadline().header().unwrap(), "x-deadline");
+        assert!(c.timeout.propagate_deadline);
+
+        let args = Args::parse_from([
+            "gateway",
+            "--deadline-header",
+            "off",
+            "--propagate-deadline",
+            "on",
+        ]);
+        let c = Config::resolve(FileConfig::default(), &args).unwrap();
+        assert_eq!(c.timeout.client_deadline().header(), None);
+        assert!(c.timeout.propagate_deadline);
+        let args = Args::parse_from(["gateway", "--deadline-header", "bad header"]);
+        let e = Config::resolve(FileConfig::default(), &args).unwrap_err();
+        assert!(e.to_string().contains("timeout.deadline_header"), "{e}");
     }
 }

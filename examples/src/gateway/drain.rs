@@ -3,16 +3,14 @@
 //! When the shutdown grace period is over, every stream still running is ended the way
 //! `SseIdleTimeout` ends one: at an event boundary, with a terminal in-band error event in the
 //! stream's own dialect (core's [`render::in_band`]), after reporting
-//! [`EndReason::Deadline`] to the recorder. The body also turns the timeout layer's
-//! `Chunk<Bytes>` data into `Bytes` (zero-copy), which `BoundedAdmission`'s rendered refusals
-//! need from the body under it.
+//! [`EndReason::Deadline`] to the recorder. The body keeps the inner body's data type.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker, ready};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use pin_project_lite::pin_project;
@@ -59,7 +57,7 @@ where
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
     RB: Body + Send + 'static,
-    RB::Data: Buf,
+    RB::Data: From<Bytes>,
     RB::Error: Into<BoxError>,
 {
     type Response = Response<DrainBody<RB>>;
@@ -100,7 +98,7 @@ where
 }
 
 pin_project! {
-    /// The response body of [`Drain`]: the inner body with `Bytes` data, ended in-band on drain.
+    /// The response body of [`Drain`]: the inner body, ended in-band on drain.
     pub struct DrainBody<B> {
         #[pin]
         inner: B,
@@ -139,16 +137,16 @@ fn shutdown_info() -> ErrorInfo {
 impl<B> Body for DrainBody<B>
 where
     B: Body,
-    B::Data: Buf,
+    B::Data: From<Bytes>,
     B::Error: Into<BoxError>,
 {
-    type Data = Bytes;
+    type Data = B::Data;
     type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
         let this = self.project();
         if *this.done {
             return Poll::Ready(None);
@@ -179,16 +177,15 @@ where
                 r.report(EndReason::Deadline);
             }
             return match render::in_band(this.tracker.wire(), &shutdown_info()) {
-                Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes.into())))),
                 None => Poll::Ready(Some(Err("the gateway is shutting down".into()))),
             };
         }
         match ready!(this.inner.poll_frame(cx)) {
             Some(Ok(frame)) => {
-                let frame = frame.map_data(|mut d| {
-                    *this.saw_done |= this.tracker.observe(&d).done;
-                    d.copy_to_bytes(d.remaining())
-                });
+                if let Some(d) = frame.data_ref() {
+                    *this.saw_done |= this.tracker.observe(d).done;
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Some(Err(e)) => {

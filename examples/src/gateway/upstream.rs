@@ -2,41 +2,95 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::uri::{PathAndQuery, Uri};
+use http::header::{self, HeaderMap, HeaderName};
+use http::uri::Uri;
 use http::{Request, Response};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use tailguard::core::{BoxError, ReplayBody};
+use tailguard::hedge::{BaseUri, InvalidBaseUri};
 use tailguard::phases::Upstream as UpstreamLabel;
 use tower::Service;
 
-/// The request body the replicas take: the hedge's replayable body over the parsed request.
-pub type UpstreamBody = ReplayBody<Full<Bytes>>;
+/// The request body the replicas take: the hedge's replayable body over the one that core's
+/// `RequestFactsLayer` buffered (the hedge's replays share its bytes).
+pub type UpstreamBody = ReplayBody<ReplayBody<axum::body::Body>>;
 
 /// The pooled client every replica shares (its pool is keyed by authority).
 pub type HttpClient = Client<HttpConnector, UpstreamBody>;
 
-/// A replica: sends requests to `base` (scheme and authority), keeping their path and query, and
-/// labels the response with its name for the recorder's bounded `upstream` label.
+/// The connector of [`upstream_client`]: `TCP_NODELAY` on every upstream connection (a
+/// request is one small write; waiting for an ACK before sending it only adds latency).
+pub fn upstream_connector() -> HttpConnector {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector
+}
+
+/// The pooled client the replicas share, over [`upstream_connector`]; idle connections are
+/// kept for 4 s: uvicorn-based servers (vLLM, SGLang, llama-cpp-python) close idle keep-alive
+/// connections after 5 s, and a request sent on a connection the server is closing fails before
+/// it was read. Below that limit the pool closes first; reconnecting on loopback or in a
+/// cluster costs far less than a failed attempt.
+pub fn upstream_client() -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(4))
+        .build(upstream_connector())
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1, and the older `Keep-Alive`, `Proxy-Connection` and
+/// proxy authentication ones): they describe one connection, so a proxy drops them.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes the hop-by-hop headers: those named in `Connection`, then the fixed set.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(&HOP_BY_HOP) {
+        headers.remove(name);
+    }
+}
+
+/// A replica: the shared client aimed at `base` by the hedge's [`BaseUri`] (scheme, authority
+/// and path prefix), labelling the response with its name for the recorder's bounded
+/// `upstream` label. The request goes out as HTTP/1.1 (an HTTP/2 client's too); hop-by-hop
+/// headers are dropped from it before it leaves and from the response as it comes back.
 #[derive(Clone, Debug)]
 pub struct Replica {
-    client: HttpClient,
-    base: Uri,
+    client: BaseUri<HttpClient>,
     label: Arc<str>,
 }
 
 impl Replica {
-    /// A replica at `base`, named `label`.
-    pub fn new(client: HttpClient, base: Uri, label: impl Into<Arc<str>>) -> Self {
-        Replica {
-            client,
-            base,
+    /// A replica at `base`, named `label`; `base` needs a scheme and an authority.
+    pub fn new(
+        client: HttpClient,
+        base: &Uri,
+        label: impl Into<Arc<str>>,
+    ) -> Result<Self, InvalidBaseUri> {
+        Ok(Replica {
+            client: BaseUri::new(client, base)?,
             label: label.into(),
-        }
+        })
     }
 }
 
@@ -53,22 +107,47 @@ impl Service<Request<UpstreamBody>> for Replica {
     }
 
     fn call(&mut self, mut req: Request<UpstreamBody>) -> Self::Future {
-        let mut parts = self.base.clone().into_parts();
-        parts.path_and_query = Some(
-            req.uri()
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
-        let uri = Uri::from_parts(parts);
-        let client = self.client.clone();
+        // The pool speaks HTTP/1.1 to the upstreams, whatever the client spoke.
+        *req.version_mut() = http::Version::HTTP_11;
+        strip_hop_by_hop(req.headers_mut());
+        let response = self.client.call(req);
         let label = self.label.clone();
         Box::pin(async move {
-            *req.uri_mut() = uri?;
-            req.headers_mut().remove(http::header::HOST);
-            let mut res = client.request(req).await?;
+            let mut res = response.await?;
+            strip_hop_by_hop(res.headers_mut());
             res.extensions_mut().insert(UpstreamLabel::new(label));
             Ok(res)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_go() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, X-Hop"),
+            ("connection", "x-other"),
+            ("x-hop", "1"),
+            ("x-other", "2"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("proxy-authorization", "Basic eA=="),
+            ("te", "trailers"),
+            ("trailer", "x-checksum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("x-end-to-end", "kept"),
+            ("content-type", "application/json"),
+        ] {
+            h.append(k, v.parse().unwrap());
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "x-end-to-end"]);
     }
 }

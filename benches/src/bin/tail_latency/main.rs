@@ -1,9 +1,9 @@
 //! Tail latency of LLM streaming calls, strategy by strategy, over real loopback HTTP.
 //!
 //! ```text
-//! cargo run --release -p tailguard-benches --bin tail_latency            # ~4.5 minutes
-//! cargo run --release -p tailguard-benches --bin tail_latency -- --quick # ~1 minute
-//! cargo run --release -p tailguard-benches --bin tail_latency -- --scenario a
+//! cargo run --release -p tailguard-benches --bin tail_latency            # ~14 minutes
+//! cargo run --release -p tailguard-benches --bin tail_latency -- --quick # about a fifth of that
+//! cargo run --release -p tailguard-benches --bin tail_latency -- --scenario d_slots --strategy tower_p2c
 //! ```
 //!
 //! For each scenario, each strategy gets its own replicas (`tailguard-mock` servers on
@@ -12,268 +12,109 @@
 //! mock's open-loop load generator sends the same Poisson arrival schedule (same seed, same
 //! request count) to every front and measures time to first token and total time from each
 //! request's *scheduled* send time. Strategies run one after the other (side by side, five load
-//! generators and ten replicas saturate two cores and distort every figure). Results: one table on stdout,
-//! `benches/results/tail_latency.json` and one SVG per scenario with the TTFT CDFs.
+//! generators and ten replicas saturate two cores and distort every figure). Results: one table
+//! per scenario on stdout and, for a run of every scenario, `benches/results/tail_latency.json`
+//! and one SVG per scenario with the TTFT CDFs (`--scenario` and `--strategy` only print).
+//! Scenarios D run over the bench's own single-slot replicas ([`slot`]) in front of the mocks.
 
+mod balance;
 mod plot;
+mod report;
+mod scenario;
+mod slot;
 mod strategy;
 mod upstream;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use tailguard_mock::load::{EndReason, LoadConfig, Percentiles};
-use tailguard_mock::{Latency, MockServer, Outcome, Script, SplitMix64, Stats};
+use tailguard_mock::load::{EndReason, LoadConfig};
+use tailguard_mock::{MockServer, Outcome, Stats};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
-use crate::strategy::Strategy;
+use crate::report::{Ms, ScenarioResult, SlotCounts, StrategyResult};
+use crate::scenario::{Other, Pacing, Scenario};
+use crate::slot::{SlotMode, SlotServer};
+use crate::strategy::{Busy, Strategy};
 use crate::upstream::{BENCH_ID_HEADER, BoxError, Upstream};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
+/// One upstream attempt of the measured traffic, as its replica saw it.
+#[derive(Debug)]
+struct Seen {
+    /// The front's request id.
+    id: String,
+    replica: usize,
+    started: Instant,
+    /// It failed before any token (scripted status or reset, or interrupted).
+    failed: bool,
+    cancelled: bool,
 }
 
-/// One replica: its script, and optionally a queue of per-request scripts it follows first.
-#[derive(Clone, Debug)]
-struct Replica {
-    script: Script,
-    queue: Vec<Script>,
-}
-
-#[derive(Clone, Debug)]
-struct Scenario {
-    key: &'static str,
-    title: &'static str,
-    description: &'static str,
-    replicas: Vec<Replica>,
-    /// Requests sent straight to a replica by other clients, outside the measured traffic:
-    /// (replica, first at, then every, their `x-mock-script`), within the sending window.
-    background: Vec<(usize, Duration, Duration, &'static str)>,
-    /// How long one background request occupies its replica (for the oracle router).
-    background_hold: Duration,
-    rate: f64,
-    requests: u64,
-    fixed_delay: Duration,
-    /// The TTFT distribution of a healthy, idle replica (for the floor).
-    fast: Latency,
-}
-
-/// Scenario A: a congested replica, the problem statement's numbers scaled by 0.1.
-fn scenario_a(requests: u64) -> Scenario {
-    let fast = Latency::log_normal(ms(50), 0.05);
-    let script = |seed| {
-        Script::new()
-            .ttft(Latency::mixture(fast.clone(), Latency::ms(500), 0.05))
-            .tokens(20)
-            .gap(ms(5))
-            .seed(seed)
-    };
-    Scenario {
-        key: "a",
-        title: "A: congested replica",
-        description: "2 replicas; TTFT lognormal(50ms, 0.05), 5% of requests land on a congested replica (TTFT 500ms); 20 tokens 5ms apart; 100 req/s",
-        replicas: vec![
-            Replica {
-                script: script(11),
-                queue: Vec::new(),
-            },
-            Replica {
-                script: script(12),
-                queue: Vec::new(),
-            },
-        ],
-        background: Vec::new(),
-        background_hold: Duration::ZERO,
-        rate: 100.0,
-        requests,
-        fixed_delay: ms(60),
-        fast,
-    }
-}
-
-/// Scenario B: head-of-line blocking behind long prompts on single-slot replicas.
-fn scenario_b(requests: u64) -> Scenario {
-    let fast = Latency::log_normal(ms(20), 0.05);
-    let script = |seed| {
-        Script::new()
-            .ttft(fast.clone())
-            .tokens(5)
-            .gap(ms(2))
-            .single_slot(true)
-            .seed(seed)
-    };
-    const LONG: &str = "ttft=800ms";
-    Scenario {
-        key: "b",
-        title: "B: head-of-line blocking",
-        description: "2 single-slot replicas (one generation at a time); measured requests TTFT lognormal(20ms, 0.05), 5 tokens 2ms apart, 20 req/s; other clients' long-prompt requests (TTFT 800ms) reach each replica directly every 12 s (staggered by 6 s), so about 7% of the time a replica is occupied and short requests queue behind it",
-        replicas: vec![
-            Replica {
-                script: script(21),
-                queue: Vec::new(),
-            },
-            Replica {
-                script: script(22),
-                queue: Vec::new(),
-            },
-        ],
-        background: vec![
-            (0, ms(2000), ms(12_000), LONG),
-            (1, ms(8000), ms(12_000), LONG),
-        ],
-        // TTFT 800 ms, 5 tokens 2 ms apart, a few ms of loopback.
-        background_hold: ms(815),
-        rate: 20.0,
-        requests,
-        fixed_delay: ms(50),
-        fast,
-    }
-}
-
-/// Scenario C: one flaky replica.
-fn scenario_c(requests: u64) -> Scenario {
-    let fast = Latency::log_normal(ms(50), 0.05);
-    let healthy = |seed| {
-        Script::new()
-            .ttft(fast.clone())
-            .tokens(20)
-            .gap(ms(5))
-            .seed(seed)
-    };
-    // 10% of the flaky replica's requests get a 503, 10% a connection reset, both before the
-    // first token; the rest are served normally. One script per request, in arrival order.
-    let mut rng = SplitMix64::new(33);
-    let queue = (0..requests * 2)
-        .map(|_| {
-            let x = rng.next_f64();
-            if x < 0.1 {
-                healthy(32).status(http::StatusCode::SERVICE_UNAVAILABLE)
-            } else if x < 0.2 {
-                healthy(32).reset_before_headers()
-            } else {
-                healthy(32)
-            }
-        })
-        .collect();
-    Scenario {
-        key: "c",
-        title: "C: flaky replica",
-        description: "2 replicas, TTFT lognormal(50ms, 0.05), 20 tokens 5ms apart; 20% of one replica's requests fail before the first token (10% 503, 10% connection reset); 100 req/s",
-        replicas: vec![
-            Replica {
-                script: healthy(31),
-                queue: Vec::new(),
-            },
-            Replica {
-                script: healthy(32),
-                queue,
-            },
-        ],
-        background: Vec::new(),
-        background_hold: Duration::ZERO,
-        rate: 100.0,
-        requests,
-        fixed_delay: ms(60),
-        fast,
-    }
-}
-
-/// Milliseconds percentiles.
-#[derive(Clone, Debug, Serialize)]
-struct Ms {
-    count: u64,
-    p50: f64,
-    p90: f64,
-    p99: f64,
-    p999: f64,
-    max: f64,
-}
-
-impl Ms {
-    fn of(h: &Histogram<u64>) -> Self {
-        let p = Percentiles::of(h);
-        Ms {
-            count: p.count,
-            p50: p.p50 * 1e3,
-            p90: p.p90 * 1e3,
-            p99: p.p99 * 1e3,
-            p999: p.p999 * 1e3,
-            max: p.max * 1e3,
+fn seen_by_mocks(stats: &[Stats]) -> Vec<Seen> {
+    let mut out = Vec::new();
+    for (replica, r) in stats
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| s.log.iter().map(move |r| (i, r)))
+    {
+        if let Some(id) = r.headers.get(BENCH_ID_HEADER).and_then(|v| v.to_str().ok()) {
+            out.push(Seen {
+                id: id.to_owned(),
+                replica,
+                started: r.started,
+                failed: matches!(r.outcome, Outcome::Status(_) | Outcome::ResetBeforeHeaders),
+                cancelled: r.outcome == Outcome::Cancelled,
+            });
         }
     }
+    out
 }
 
-#[derive(Clone, Debug, Serialize)]
-struct StrategyResult {
-    #[serde(skip)]
-    strategy: Strategy,
-    key: &'static str,
-    name: &'static str,
-    /// Requests sent by the load generator.
-    sent: u64,
-    ttft_ms: Ms,
-    total_ms: Ms,
-    /// Requests the replicas received beyond one per client request, % of requests sent.
-    extra_upstream_pct: f64,
-    /// Client requests that used more than one upstream attempt.
-    hedged: u64,
-    /// Upstream requests the replicas saw cancelled by the client (losers, mostly).
-    cancelled_upstream: u64,
-    /// Client-visible errors (anything but a completed stream), % of requests sent.
-    error_pct: f64,
-    /// End reasons as the load generator saw them.
-    end_reasons: BTreeMap<String, u64>,
-    /// The hedge delay: configured (fixed), else the median of the delays measured between
-    /// a primary's and its backup's arrival at the replicas (delay-triggered hedges only).
-    hedge_delay_ms: Option<f64>,
-    /// Hedge delay + the fast replica's p99 TTFT.
-    floor_ms: Option<f64>,
-    /// p99 TTFT / floor.
-    p99_over_floor: Option<f64>,
-    /// p99 TTFT / no-hedge p99 TTFT.
-    p99_vs_no_hedge: Option<f64>,
-    /// p99 TTFT / tower::hedge p99 TTFT.
-    p99_vs_tower_hedge: Option<f64>,
-    #[serde(skip)]
-    ttft_hist: Histogram<u64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-struct ScenarioResult {
-    key: &'static str,
-    title: &'static str,
-    description: &'static str,
-    rate: f64,
-    requests: u64,
-    fixed_delay_ms: f64,
-    fast_replica_p99_ttft_ms: f64,
-    strategies: Vec<StrategyResult>,
-}
-
-/// p99 of the fast replica's scripted TTFT, from 200,000 draws of the mock's own distribution.
-fn fast_p99(fast: &Latency) -> Duration {
-    let mut rng = SplitMix64::new(99);
-    let mut v: Vec<Duration> = (0..200_000).map(|_| fast.sample(&mut rng)).collect();
-    v.sort_unstable();
-    v[v.len() * 99 / 100]
+/// The measured attempts and the slot counts, from single-slot replicas' logs.
+fn seen_by_slots(slots: &[SlotServer]) -> (Vec<Seen>, SlotCounts) {
+    let mut out = Vec::new();
+    let mut counts = SlotCounts::default();
+    for (replica, r) in slots
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| s.log().into_iter().map(move |r| (i, r)))
+    {
+        match r.id {
+            Some(id) => {
+                counts.late += u64::from(r.late);
+                counts.interrupted += u64::from(r.interrupted);
+                out.push(Seen {
+                    id,
+                    replica,
+                    started: r.started,
+                    failed: r.interrupted,
+                    cancelled: r.cancelled,
+                });
+            }
+            None => {
+                counts.others += 1;
+                counts.others_late += u64::from(r.late);
+                counts.others_interrupted += u64::from(r.interrupted);
+            }
+        }
+    }
+    (out, counts)
 }
 
 /// Median delay between a client request's first and second upstream attempt, over the
 /// requests whose first attempt did not fail outright (so: hedges triggered by the delay).
-fn hedges(stats: &[Stats]) -> (u64, Option<Duration>) {
-    let mut groups: BTreeMap<String, Vec<(tokio::time::Instant, Outcome)>> = BTreeMap::new();
-    for s in stats {
-        for r in &s.log {
-            if let Some(id) = r.headers.get(BENCH_ID_HEADER).and_then(|v| v.to_str().ok()) {
-                groups
-                    .entry(id.to_owned())
-                    .or_default()
-                    .push((r.started, r.outcome));
-            }
-        }
+fn hedges(seen: &[Seen]) -> (u64, Option<Duration>) {
+    let mut groups: BTreeMap<&str, Vec<(Instant, bool)>> = BTreeMap::new();
+    for s in seen {
+        groups
+            .entry(s.id.as_str())
+            .or_default()
+            .push((s.started, s.failed));
     }
     let mut hedged = 0;
     let mut delays = Vec::new();
@@ -283,11 +124,7 @@ fn hedges(stats: &[Stats]) -> (u64, Option<Duration>) {
         }
         hedged += 1;
         attempts.sort_by_key(|a| a.0);
-        let failed = matches!(
-            attempts[0].1,
-            Outcome::Status(_) | Outcome::ResetBeforeHeaders
-        );
-        if !failed {
+        if !attempts[0].1 {
             delays.push(attempts[1].0 - attempts[0].0);
         }
     }
@@ -295,61 +132,136 @@ fn hedges(stats: &[Stats]) -> (u64, Option<Duration>) {
     (hedged, delays.get(delays.len() / 2).copied())
 }
 
+/// Per replica: the measured traffic's primaries (each request's first attempt) and all its
+/// attempts.
+fn per_replica(seen: &[Seen], n: usize) -> (Vec<u64>, Vec<u64>) {
+    let mut first: BTreeMap<&str, (Instant, usize)> = BTreeMap::new();
+    let mut attempts = vec![0; n];
+    for s in seen {
+        attempts[s.replica] += 1;
+        let e = first.entry(s.id.as_str()).or_insert((s.started, s.replica));
+        if s.started < e.0 {
+            *e = (s.started, s.replica);
+        }
+    }
+    let mut primaries = vec![0; n];
+    for (_, i) in first.values() {
+        primaries[*i] += 1;
+    }
+    (primaries, attempts)
+}
+
+/// Another client: sends to `url` on its pacing until `until` after `start`, its requests
+/// counted in `busy` while in flight.
+async fn other_client(
+    other: Other,
+    url: String,
+    client: upstream::HttpClient,
+    busy: Busy,
+    start: Instant,
+    until: Duration,
+) {
+    let mut at = other.first;
+    while at < until {
+        tokio::time::sleep_until(start + at).await;
+        let req = http::Request::post(&url)
+            .header(tailguard_mock::SCRIPT_HEADER, other.script)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(upstream::box_body(http_body_util::Full::new(
+                bytes::Bytes::from_static(tailguard_mock::load::DEFAULT_BODY.as_bytes()),
+            )));
+        let Ok(req) = req else {
+            return;
+        };
+        busy.0[other.replica].fetch_add(1, Ordering::Relaxed);
+        if let Ok(res) = client.request(req).await {
+            let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+        }
+        busy.0[other.replica].fetch_sub(1, Ordering::Relaxed);
+        at = match other.pacing {
+            Pacing::Every(d) => at + d,
+            Pacing::Think(d) => start.elapsed() + d,
+        };
+    }
+}
+
+/// The replicas of one strategy's run: the mocks, and single-slot servers in front of them.
+struct Replicas {
+    mocks: Vec<MockServer>,
+    slots: Vec<SlotServer>,
+}
+
+impl Replicas {
+    async fn start(sc: &Scenario, client: &upstream::HttpClient) -> Result<Replicas, BoxError> {
+        let mut mocks = Vec::new();
+        let mut slots = Vec::new();
+        for r in &sc.replicas {
+            let m = MockServer::start(r.script.clone()).await?;
+            if !r.queue.is_empty() {
+                m.push_scripts(r.queue.clone());
+            }
+            if let Some(mode) = sc.slot_mode {
+                slots.push(SlotServer::start(mode, m.url(), client.clone()).await?);
+            }
+            mocks.push(m);
+        }
+        Ok(Replicas { mocks, slots })
+    }
+
+    fn urls(&self) -> Vec<String> {
+        if self.slots.is_empty() {
+            self.mocks.iter().map(MockServer::url).collect()
+        } else {
+            self.slots.iter().map(SlotServer::url).collect()
+        }
+    }
+
+    /// Waits for the replicas to go idle, stops them; the measured attempts and slot counts.
+    async fn finish(self) -> (Vec<Seen>, Option<SlotCounts>) {
+        for s in &self.mocks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.wait_idle()).await;
+        }
+        let stats: Vec<Stats> = self.mocks.iter().map(MockServer::stats).collect();
+        let out = if self.slots.is_empty() {
+            (seen_by_mocks(&stats), None)
+        } else {
+            let (seen, counts) = seen_by_slots(&self.slots);
+            (seen, Some(counts))
+        };
+        drop(self.slots);
+        for s in self.mocks {
+            s.shutdown().await;
+        }
+        out
+    }
+}
+
 async fn run_strategy(sc: Arc<Scenario>, st: Strategy) -> Result<StrategyResult, BoxError> {
-    let mut servers = Vec::new();
-    for r in &sc.replicas {
-        let s = MockServer::start(r.script.clone()).await?;
-        if !r.queue.is_empty() {
-            s.push_scripts(r.queue.clone());
-        }
-        servers.push(s);
-    }
     let client = upstream::client();
-    let replicas = servers
+    let replicas = Replicas::start(&sc, &client).await?;
+    let urls = replicas.urls();
+    let upstreams = urls
         .iter()
-        .map(|s| Upstream::new(client.clone(), s.url()))
+        .map(|u| Upstream::new(client.clone(), u.clone()))
         .collect();
-    let expected = Duration::from_secs_f64(sc.requests as f64 / sc.rate);
-    // The background schedule, for the oracle: a long prompt occupies its replica from its
-    // send time for its TTFT plus its tokens (and a margin for the loopback).
-    let start = tokio::time::Instant::now();
-    let mut windows = Vec::new();
-    for &(replica, first, every, _) in &sc.background {
-        let mut at = first;
-        while at < expected.mul_f64(1.3) + Duration::from_secs(1) {
-            windows.push((replica, at, at + sc.background_hold));
-            at += every;
-        }
-    }
-    let busy = strategy::Busy {
-        start,
-        windows: windows.into(),
-    };
-    let stack = strategy::build(st, replicas, sc.fixed_delay, busy);
+    let busy = Busy::new(urls.len());
+    let stack = strategy::build(st, upstreams, sc.fixed_delay, sc.slots, busy.clone());
     let (addr, front) = upstream::serve(stack).await?;
+    let expected = Duration::from_secs_f64(sc.requests as f64 / sc.rate);
     let window = expected.mul_f64(1.3) + Duration::from_secs(1);
-    let mut background = JoinSet::new();
-    for &(replica, first, every, script) in &sc.background {
-        let mut at = first;
-        while at < expected {
-            let url = format!("{}/v1/chat/completions", servers[replica].url());
-            let client = client.clone();
-            background.spawn(async move {
-                tokio::time::sleep(at).await;
-                let req = http::Request::post(url)
-                    .header(tailguard_mock::SCRIPT_HEADER, script)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(upstream::box_body(http_body_util::Full::new(
-                        bytes::Bytes::from_static(tailguard_mock::load::DEFAULT_BODY.as_bytes()),
-                    )));
-                if let Ok(req) = req
-                    && let Ok(res) = client.request(req).await
-                {
-                    let _ = http_body_util::BodyExt::collect(res.into_body()).await;
-                }
-            });
-            at += every;
-        }
+    let start = Instant::now();
+    let mut others = JoinSet::new();
+    for o in &sc.others {
+        let url = format!("{}/v1/chat/completions", urls[o.replica]);
+        let task = other_client(
+            o.clone(),
+            url,
+            client.clone(),
+            busy.clone(),
+            start,
+            expected,
+        );
+        others.spawn(task);
     }
     let report = tailguard_mock::load::run(
         LoadConfig::new(format!("http://{addr}"))
@@ -361,31 +273,17 @@ async fn run_strategy(sc: Arc<Scenario>, st: Strategy) -> Result<StrategyResult,
             .seed(7),
     )
     .await?;
-    for s in &servers {
-        let _ = tokio::time::timeout(Duration::from_secs(5), s.wait_idle()).await;
-    }
+    others.abort_all();
+    let (seen, slot_counts) = replicas.finish().await;
     front.abort();
-    background.abort_all();
-    let stats: Vec<Stats> = servers.iter().map(MockServer::stats).collect();
-    for s in servers {
-        s.shutdown().await;
-    }
     let sent = report.scheduled - report.count(EndReason::Dropped);
-    // The measured traffic only (background requests carry no bench id), from the mock's log.
-    let measured = || {
-        stats
-            .iter()
-            .flat_map(|s| &s.log)
-            .filter(|r| r.headers.contains_key(BENCH_ID_HEADER))
-    };
-    let upstream = measured().count() as u64;
-    let cancelled = measured()
-        .filter(|r| r.outcome == Outcome::Cancelled)
-        .count() as u64;
+    let upstream = seen.len() as u64;
+    let cancelled = seen.iter().filter(|s| s.cancelled).count() as u64;
     let errors = sent - report.count(EndReason::Completed);
-    let (hedged, measured_delay) = hedges(&stats);
+    let (hedged, measured_delay) = hedges(&seen);
+    let (primaries_per_replica, attempts_per_replica) = per_replica(&seen, urls.len());
     let delay = match st {
-        Strategy::NoHedge => None,
+        Strategy::NoHedge | Strategy::P2c | Strategy::Oracle | Strategy::TowerHedge => None,
         Strategy::FixedDelay => Some(sc.fixed_delay),
         _ => measured_delay,
     };
@@ -407,6 +305,11 @@ async fn run_strategy(sc: Arc<Scenario>, st: Strategy) -> Result<StrategyResult,
         hedged,
         cancelled_upstream: cancelled,
         error_pct: pct(errors),
+        no_token: sent.saturating_sub(report.ttft.len()),
+        tokens_missing: (sent * u64::from(sc.tokens)).saturating_sub(report.tokens),
+        slot_counts,
+        primaries_per_replica,
+        attempts_per_replica,
         end_reasons: report
             .summary()
             .end_reasons
@@ -417,39 +320,26 @@ async fn run_strategy(sc: Arc<Scenario>, st: Strategy) -> Result<StrategyResult,
         p99_over_floor: None,
         p99_vs_no_hedge: None,
         p99_vs_tower_hedge: None,
+        p99_vs_p2c: None,
+        target_met: None,
         ttft_hist: report.ttft.clone(),
     })
 }
 
 async fn run_scenario(sc: Scenario, only: Option<&str>) -> Result<ScenarioResult, BoxError> {
     let sc = Arc::new(sc);
-    let fast_p99_ms = fast_p99(&sc.fast).as_secs_f64() * 1e3;
+    let fast_p99_ms = scenario::fast_p99(&sc.fast).as_secs_f64() * 1e3;
     let mut results = Vec::new();
-    for st in Strategy::ALL {
-        if only.is_some_and(|k| k != st.key()) {
-            continue;
-        }
-        if st == Strategy::Oracle && sc.background.is_empty() {
-            continue;
-        }
+    // `--strategy KEY` runs that strategy, in the scenario's list or not.
+    let strategies: Vec<Strategy> = match only {
+        Some(k) => Strategy::ALL.into_iter().filter(|s| s.key() == k).collect(),
+        None => sc.strategies.to_vec(),
+    };
+    for st in strategies {
         eprintln!("  {}", st.name());
         results.push(run_strategy(sc.clone(), st).await?);
     }
-    let p99_of = |key: &str, rs: &[StrategyResult]| {
-        rs.iter()
-            .find(|r| r.key == key)
-            .map(|r| r.ttft_ms.p99)
-            .filter(|p| *p > 0.0)
-    };
-    let no_hedge = p99_of(Strategy::NoHedge.key(), &results);
-    let tower = p99_of(Strategy::TowerHedge.key(), &results);
-    for r in &mut results {
-        let p99 = r.ttft_ms.p99;
-        r.floor_ms = r.hedge_delay_ms.map(|d| d + fast_p99_ms);
-        r.p99_over_floor = r.floor_ms.map(|f| p99 / f);
-        r.p99_vs_no_hedge = no_hedge.map(|b| p99 / b);
-        r.p99_vs_tower_hedge = tower.map(|b| p99 / b);
-    }
+    report::compare(sc.key, fast_p99_ms, &mut results);
     Ok(ScenarioResult {
         key: sc.key,
         title: sc.title,
@@ -460,70 +350,6 @@ async fn run_scenario(sc: Scenario, only: Option<&str>) -> Result<ScenarioResult
         fast_replica_p99_ttft_ms: fast_p99_ms,
         strategies: results,
     })
-}
-
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
-}
-
-fn print(sc: &ScenarioResult) {
-    println!("\n== {} ({} requests)", sc.title, sc.requests);
-    println!("   {}", sc.description);
-    println!(
-        "   fast replica p99 TTFT {:.1} ms; fixed delay {:.0} ms",
-        sc.fast_replica_p99_ttft_ms, sc.fixed_delay_ms
-    );
-    println!(
-        "{:<29} {:>49} | {:>49} | {:>6} {:>5} {:>5} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
-        "",
-        "TTFT ms: p50 / p90 / p99 / p99.9 / max",
-        "total ms: p50 / p90 / p99 / p99.9 / max",
-        "extra%",
-        "cncl",
-        "err%",
-        "delay",
-        "floor",
-        "/floor",
-        "/none",
-        "/tower",
-        "",
-    );
-    for r in &sc.strategies {
-        let t = &r.ttft_ms;
-        let o = &r.total_ms;
-        let pass = if r.strategy.first_token() {
-            let ok = r.p99_vs_no_hedge.is_some_and(|x| x <= 0.25)
-                && r.p99_vs_tower_hedge.is_some_and(|x| x <= 0.25)
-                && r.p99_over_floor.is_some_and(|x| x <= 1.3)
-                && r.extra_upstream_pct <= 10.0;
-            if ok { "met" } else { "missed" }
-        } else {
-            ""
-        };
-        println!(
-            "{:<29} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} | {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} | {:>6.1} {:>5} {:>5.1} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
-            r.name,
-            t.p50,
-            t.p90,
-            t.p99,
-            t.p999,
-            t.max,
-            o.p50,
-            o.p90,
-            o.p99,
-            o.p999,
-            o.max,
-            r.extra_upstream_pct,
-            r.cancelled_upstream,
-            r.error_pct,
-            opt(r.hedge_delay_ms, 1),
-            opt(r.floor_ms, 1),
-            opt(r.p99_over_floor, 2),
-            opt(r.p99_vs_no_hedge, 2),
-            opt(r.p99_vs_tower_hedge, 2),
-            pass,
-        );
-    }
 }
 
 #[derive(Serialize)]
@@ -551,16 +377,19 @@ async fn main() -> Result<(), BoxError> {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         let keys: Vec<&str> = Strategy::ALL.iter().map(|s| s.key()).collect();
         println!(
-            "usage: tail_latency [--quick] [--scenario a|b|c] [--strategy {}]",
+            "usage: tail_latency [--quick] [--scenario a|b|c|d|d_slots|d_interrupt] [--strategy {}]",
             keys.join("|")
         );
         return Ok(());
     }
     let scale = |n: u64| if quick { n / 5 } else { n };
     let scenarios = [
-        scenario_a(scale(2000)),
-        scenario_b(scale(500)),
-        scenario_c(scale(1000)),
+        scenario::a(scale(2000)),
+        scenario::b(scale(500)),
+        scenario::c(scale(1000)),
+        scenario::d(scale(500), SlotMode::Fifo, None),
+        scenario::d(scale(500), SlotMode::Fifo, Some(1)),
+        scenario::d(scale(500), SlotMode::Interrupt, Some(1)),
     ];
     let mut results = Vec::new();
     for sc in scenarios {
@@ -572,15 +401,20 @@ async fn main() -> Result<(), BoxError> {
             sc.title, sc.requests, sc.rate
         );
         let r = run_scenario(sc, only_strategy.as_deref()).await?;
-        print(&r);
+        report::print(&r);
         results.push(r);
+    }
+    if only.is_some() || only_strategy.is_some() {
+        // A partial run must not overwrite the figures of a whole one.
+        println!("\n(--scenario / --strategy: nothing written under results/)");
+        return Ok(());
     }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
     std::fs::create_dir_all(&dir)?;
     let out = Output {
         bench: "tail_latency",
         quick,
-        targets: "first-token strategies: p99 TTFT <= 0.25x no hedge and tower::hedge, <= 1.3x floor, extra load <= 10%",
+        targets: report::TARGETS,
         scenarios: &results,
     };
     let json_path = dir.join("tail_latency.json");

@@ -1,4 +1,4 @@
-//! The five strategies, each built over the same replica services.
+//! The strategies, each built over the same replica services.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +9,9 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tailguard::admission::BoundedAdmissionLayer;
-use tailguard::hedge::{Attempt, FirstTokenHedgeLayer, ReplicaSet};
+use tailguard::hedge::{
+    AdaptiveDelay, Attempt, Ejection, FirstTokenHedgeLayer, HedgeBudget, ReplicaSet,
+};
 use tailguard::phases::LatencyPhaseRecorderLayer;
 use tailguard::priority::PriorityClassLayer;
 use tailguard::timeout::SseIdleTimeoutLayer;
@@ -23,29 +25,44 @@ use crate::upstream::{BoxError, Stack, Upstream, box_body};
 /// A way to send a request to the replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Strategy {
-    /// Round robin, one attempt.
+    /// Round robin (`ReplicaSet::round_robin`), one attempt.
     NoHedge,
+    /// `tower::balance::p2c` over each replica's in-flight streams, one attempt (see
+    /// [`crate::balance`]).
+    P2c,
     /// `tower::hedge` (p90 of latency to headers, 20 data points, 1 s period) over the
-    /// round robin.
+    /// round robin. The `FirstTokenHedge` strategies below but `RoundRobinHedge` use the
+    /// default `ReplicaSet`, which is load-aware (issue 14).
     TowerHedge,
     /// `FirstTokenHedge` with a fixed delay.
     FixedDelay,
-    /// `FirstTokenHedge` with the default adaptive delay (p90 of recent TTFTs).
+    /// `FirstTokenHedge` with the defaults over `ReplicaSet::round_robin`: the default before
+    /// load-aware routing.
+    RoundRobinHedge,
+    /// `FirstTokenHedge` with the defaults (adaptive delay, p90 of recent TTFTs) over the
+    /// default `ReplicaSet` (load-aware, with ejection), as `layer_replicas` builds it.
     Adaptive,
+    /// `Adaptive` with every time constant of the defaults scaled by 0.1, as the D scenarios'
+    /// time scale is: what the defaults do on issue 14's own time scale.
+    AdaptiveScaled,
     /// Recorder → priority → timeouts → admission → adaptive `FirstTokenHedge`.
     FullStack,
     /// No hedge; a router that knows when the other clients' long prompts occupy each replica
-    /// and sends every request to a replica that is free (round robin otherwise): the best any
-    /// routing policy could do, a reference for scenarios with background traffic.
+    /// (from their own senders) and sends every request to a replica that is free (round robin
+    /// otherwise): the best any routing policy could do, a reference for scenarios with
+    /// background traffic.
     Oracle,
 }
 
 impl Strategy {
-    pub(crate) const ALL: [Strategy; 6] = [
+    pub(crate) const ALL: [Strategy; 9] = [
         Strategy::NoHedge,
+        Strategy::P2c,
         Strategy::TowerHedge,
         Strategy::FixedDelay,
+        Strategy::RoundRobinHedge,
         Strategy::Adaptive,
+        Strategy::AdaptiveScaled,
         Strategy::FullStack,
         Strategy::Oracle,
     ];
@@ -53,9 +70,12 @@ impl Strategy {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Strategy::NoHedge => "no hedge",
+            Strategy::P2c => "tower p2c in-flight",
             Strategy::TowerHedge => "tower::hedge p90",
             Strategy::FixedDelay => "FirstTokenHedge fixed",
+            Strategy::RoundRobinHedge => "FirstTokenHedge round robin",
             Strategy::Adaptive => "FirstTokenHedge adaptive p90",
+            Strategy::AdaptiveScaled => "FirstTokenHedge adaptive x0.1",
             Strategy::FullStack => "full stack",
             Strategy::Oracle => "oracle router (no hedge)",
         }
@@ -64,9 +84,12 @@ impl Strategy {
     pub(crate) fn key(self) -> &'static str {
         match self {
             Strategy::NoHedge => "no_hedge",
+            Strategy::P2c => "tower_p2c",
             Strategy::TowerHedge => "tower_hedge",
             Strategy::FixedDelay => "first_token_hedge_fixed",
+            Strategy::RoundRobinHedge => "first_token_hedge_round_robin",
             Strategy::Adaptive => "first_token_hedge_adaptive",
+            Strategy::AdaptiveScaled => "first_token_hedge_adaptive_scaled",
             Strategy::FullStack => "full_stack",
             Strategy::Oracle => "oracle",
         }
@@ -76,7 +99,11 @@ impl Strategy {
     pub(crate) fn first_token(self) -> bool {
         matches!(
             self,
-            Strategy::FixedDelay | Strategy::Adaptive | Strategy::FullStack
+            Strategy::FixedDelay
+                | Strategy::RoundRobinHedge
+                | Strategy::Adaptive
+                | Strategy::AdaptiveScaled
+                | Strategy::FullStack
         )
     }
 }
@@ -116,11 +143,18 @@ where
     res.map(box_body)
 }
 
-/// When each replica is occupied by other clients: `(replica, from, to)` since `start`.
+/// Other clients' requests in flight on each replica, kept by their senders.
 #[derive(Clone, Debug)]
-pub(crate) struct Busy {
-    pub(crate) start: tokio::time::Instant,
-    pub(crate) windows: Arc<[(usize, Duration, Duration)]>,
+pub(crate) struct Busy(pub(crate) Arc<[AtomicUsize]>);
+
+impl Busy {
+    pub(crate) fn new(replicas: usize) -> Self {
+        Busy((0..replicas).map(|_| AtomicUsize::new(0)).collect())
+    }
+
+    fn is_busy(&self, i: usize) -> bool {
+        self.0.get(i).is_some_and(|n| n.load(Ordering::Relaxed) > 0)
+    }
 }
 
 /// The oracle's router: a replica that is not busy now, round robin among those.
@@ -143,28 +177,74 @@ impl tower::Service<Request<Full<Bytes>>> for OracleRouter {
     fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
         let n = self.replicas.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let t = self.busy.start.elapsed();
-        let busy = |i: usize| {
-            self.busy
-                .windows
-                .iter()
-                .any(|&(r, from, to)| r == i && t >= from && t < to)
-        };
         let i = (0..n)
             .map(|k| (start + k) % n)
-            .find(|&i| !busy(i))
+            .find(|&i| !self.busy.is_busy(i))
             .unwrap_or(start);
         self.replicas[i].clone().call(req)
     }
 }
 
-/// Builds `strategy` over `replicas`.
+/// A `FirstTokenHedge` with `layer` over `set`, boxed.
+fn hedged(layer: FirstTokenHedgeLayer, set: ReplicaSet<Upstream>) -> Stack {
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_response(boxed_response)
+            .layer(layer)
+            .service(set),
+    )
+}
+
+/// The defaults with every time constant (and the budgets' floor rates) scaled to a 10x
+/// faster time: decay 1 s; slowness ejection from 100 ms, for 3 s to 30 s; delay window 3 s,
+/// bounds 5 ms to 1 s; failover budget floor 10/s (the hedge budget has none).
+fn scaled(set: ReplicaSet<Upstream>) -> (FirstTokenHedgeLayer, ReplicaSet<Upstream>) {
+    let (ms, s) = (Duration::from_millis, Duration::from_secs);
+    let set = set.with_decay(s(1)).with_ejection(
+        Ejection::new()
+            .with_slow_min(ms(100))
+            .with_period(s(3), s(30)),
+    );
+    let delay = AdaptiveDelay::new()
+        .with_window(s(3))
+        .with_bounds(ms(5), s(1));
+    let layer = FirstTokenHedgeLayer::new()
+        .with_delay(delay)
+        .with_failover_budget(HedgeBudget::failover().with_floor(10.0));
+    (layer, set)
+}
+
+/// The full stack: recorder, priority, timeouts, admission, then the hedge over `set`.
+fn full_stack(set: ReplicaSet<Upstream>) -> Stack {
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_err(Into::<BoxError>::into)
+            .map_response(boxed_response)
+            .layer(LatencyPhaseRecorderLayer::new().with_routes(["/v1/chat/completions"]))
+            .layer(PriorityClassLayer::new())
+            .layer(
+                SseIdleTimeoutLayer::new()
+                    .with_first_token_timeout(Duration::from_secs(5))
+                    .with_idle_timeout(Duration::from_secs(2))
+                    .with_total_timeout(Duration::from_secs(30)),
+            )
+            .layer(BoundedAdmissionLayer::new(1024).with_queue_len(1024))
+            .layer(FirstTokenHedgeLayer::new())
+            .service(set),
+    )
+}
+
+/// Builds `strategy` over `replicas`; `slots`: the slots per replica the strategy is told of
+/// (`ReplicaSet::with_slots`, or a slot per endpoint under tower's p2c).
 pub(crate) fn build(
     strategy: Strategy,
     replicas: Vec<Upstream>,
     fixed_delay: Duration,
+    slots: Option<u32>,
     busy: Busy,
 ) -> Stack {
+    let round_robin = |r| ReplicaSet::round_robin(r).with_slots(slots);
+    let set = |r| ReplicaSet::new(r).with_slots(slots);
     match strategy {
         Strategy::Oracle => {
             BoxCloneService::new(ServiceBuilder::new().map_response(boxed_response).service(
@@ -178,11 +258,12 @@ pub(crate) fn build(
         Strategy::NoHedge => BoxCloneService::new(
             ServiceBuilder::new()
                 .map_response(boxed_response)
-                .service(ReplicaSet::new(replicas)),
+                .service(round_robin(replicas)),
         ),
+        Strategy::P2c => crate::balance::p2c(replicas, slots),
         Strategy::TowerHedge => {
             let hedge = Hedge::new(
-                ReplicaSet::new(replicas),
+                round_robin(replicas),
                 ClonePolicy,
                 20,
                 0.9,
@@ -194,32 +275,16 @@ pub(crate) fn build(
                     .service(Buffer::new(hedge, 4096)),
             )
         }
-        Strategy::FixedDelay => BoxCloneService::new(
-            ServiceBuilder::new().map_response(boxed_response).service(
-                FirstTokenHedgeLayer::new()
-                    .with_delay(fixed_delay)
-                    .layer_replicas(replicas),
-            ),
+        Strategy::FixedDelay => hedged(
+            FirstTokenHedgeLayer::new().with_delay(fixed_delay),
+            set(replicas),
         ),
-        Strategy::Adaptive => BoxCloneService::new(
-            ServiceBuilder::new()
-                .map_response(boxed_response)
-                .service(FirstTokenHedgeLayer::new().layer_replicas(replicas)),
-        ),
-        Strategy::FullStack => BoxCloneService::new(
-            ServiceBuilder::new()
-                .map_err(Into::<BoxError>::into)
-                .map_response(boxed_response)
-                .layer(LatencyPhaseRecorderLayer::new().with_routes(["/v1/chat/completions"]))
-                .layer(PriorityClassLayer::new())
-                .layer(
-                    SseIdleTimeoutLayer::new()
-                        .with_first_token_timeout(Duration::from_secs(5))
-                        .with_idle_timeout(Duration::from_secs(2))
-                        .with_total_timeout(Duration::from_secs(30)),
-                )
-                .layer(BoundedAdmissionLayer::new(1024).with_queue_len(1024))
-                .service(FirstTokenHedgeLayer::new().layer_replicas(replicas)),
-        ),
+        Strategy::RoundRobinHedge => hedged(FirstTokenHedgeLayer::new(), round_robin(replicas)),
+        Strategy::Adaptive => hedged(FirstTokenHedgeLayer::new(), set(replicas)),
+        Strategy::AdaptiveScaled => {
+            let (layer, set) = scaled(set(replicas));
+            hedged(layer, set)
+        }
+        Strategy::FullStack => full_stack(set(replicas)),
     }
 }

@@ -29,11 +29,12 @@ use tower::util::BoxCloneService;
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A response body of any strategy, data as `Bytes`.
 pub(crate) type BoxBody = UnsyncBoxBody<Bytes, BoxError>;
+/// The pooled HTTP/1.1 client every replica service and sender shares.
+pub(crate) type HttpClient = Client<HttpConnector, BoxBody>;
 /// One strategy: a cloneable service from a buffered request to a streamed response.
 pub(crate) type Stack = BoxCloneService<Request<Full<Bytes>>, Response<BoxBody>, BoxError>;
 
-/// Boxes any body into [`BoxBody`], turning its data into `Bytes` (no copy for `Bytes` and
-/// for tailguard's `Chunk<Bytes>`).
+/// Boxes any body into [`BoxBody`], turning its data into `Bytes` (no copy for `Bytes`).
 pub(crate) fn box_body<B>(body: B) -> BoxBody
 where
     B: Body + Send + 'static,
@@ -136,15 +137,24 @@ async fn front(
 /// The in-process front server: HTTP/1.1 on `127.0.0.1:0`, serving `stack`. Abort the handle
 /// to stop it and every connection.
 pub(crate) async fn serve(stack: Stack) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    let seq = Arc::new(AtomicU64::new(0));
+    serve_fn(move |req| front(req, stack.clone(), seq.clone())).await
+}
+
+/// An HTTP/1.1 server on `127.0.0.1:0` answering every request with `handler`. Abort the
+/// handle to stop it and every connection.
+pub(crate) async fn serve_fn<F, Fut>(handler: F) -> std::io::Result<(SocketAddr, JoinHandle<()>)>
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Response<BoxBody>, Infallible>> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let seq = Arc::new(AtomicU64::new(0));
     let task = tokio::spawn(async move {
         let mut conns = JoinSet::new();
         while let Ok((tcp, _)) = listener.accept().await {
             let _ = tcp.set_nodelay(true);
-            let (stack, seq) = (stack.clone(), seq.clone());
-            let svc = hyper::service::service_fn(move |req| front(req, stack.clone(), seq.clone()));
+            let svc = hyper::service::service_fn(handler.clone());
             conns.spawn(async move {
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tcp), svc)

@@ -1,92 +1,31 @@
-//! In-process upstream with hand-made streaming bodies, for admission tests.
+//! In-process upstream with fed streaming bodies, for admission tests.
 #![allow(dead_code, unreachable_pub)]
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body, Frame};
-use tailguard_admission::AdmissionBody;
+use tailguard_admission::{AdmissionBody, BoundedAdmission};
+pub use tailguard_test_support::*;
 use tokio::sync::mpsc;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
-pub type Frames = mpsc::UnboundedSender<Result<Bytes, io::Error>>;
-
-/// A body fed by the test through a channel; ends when the sender is dropped.
-#[derive(Debug)]
-pub struct ChanBody {
-    rx: Option<mpsc::UnboundedReceiver<Result<Bytes, io::Error>>>,
-    live: Arc<AtomicUsize>,
-}
-
-impl ChanBody {
-    pub fn empty(live: Arc<AtomicUsize>) -> Self {
-        live.fetch_add(1, Ordering::SeqCst);
-        ChanBody { rx: None, live }
-    }
-}
-
-impl Drop for ChanBody {
-    fn drop(&mut self) {
-        self.live.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Body for ChanBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        let Some(rx) = self.rx.as_mut() else {
-            return Poll::Ready(None);
-        };
-        match rx.poll_recv(cx) {
-            Poll::Ready(Some(r)) => Poll::Ready(Some(r.map(Frame::data))),
-            Poll::Ready(None) => {
-                self.rx = None;
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.rx.is_none()
-    }
-}
-
-/// An upstream whose every response streams what the test sends on the announced channel.
+/// An upstream whose every response streams what the test sends on the announced feed.
 /// Header `x-id` names the request; `x-empty` answers with an empty body; `x-fail` errors.
 #[derive(Clone)]
 pub struct Upstream {
-    ctl: mpsc::UnboundedSender<(String, Frames)>,
-    pub live: Arc<AtomicUsize>,
+    ctl: mpsc::UnboundedSender<(String, Feed)>,
 }
 
-pub fn upstream() -> (Upstream, mpsc::UnboundedReceiver<(String, Frames)>) {
+pub fn upstream() -> (Upstream, mpsc::UnboundedReceiver<(String, Feed)>) {
     let (ctl, rx) = mpsc::unbounded_channel();
-    (
-        Upstream {
-            ctl,
-            live: Arc::new(AtomicUsize::new(0)),
-        },
-        rx,
-    )
+    (Upstream { ctl }, rx)
 }
 
 impl Service<Request<()>> for Upstream {
-    type Response = Response<ChanBody>;
+    type Response = Response<ScriptBody>;
     type Error = io::Error;
-    type Future = std::future::Ready<Result<Response<ChanBody>, io::Error>>;
+    type Future = std::future::Ready<Result<Response<ScriptBody>, io::Error>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
         Poll::Ready(Ok(()))
@@ -97,7 +36,7 @@ impl Service<Request<()>> for Upstream {
             return std::future::ready(Err(io::Error::other("upstream failed")));
         }
         if req.headers().contains_key("x-empty") {
-            return std::future::ready(Ok(Response::new(ChanBody::empty(self.live.clone()))));
+            return std::future::ready(Ok(Response::new(ScriptBody::new([]))));
         }
         let id = req
             .headers()
@@ -105,13 +44,9 @@ impl Service<Request<()>> for Upstream {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let _ = self.ctl.send((id, tx));
-        self.live.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(Ok(Response::new(ChanBody {
-            rx: Some(rx),
-            live: self.live.clone(),
-        })))
+        let (body, feed) = ScriptBody::fed();
+        let _ = self.ctl.send((id, feed));
+        std::future::ready(Ok(Response::new(body)))
     }
 }
 
@@ -125,21 +60,8 @@ pub fn request_of(id: &str, p: tailguard_core::Priority) -> Request<()> {
     r
 }
 
-/// Lets spawned tasks run without moving the paused clock.
-pub async fn settle() {
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
-    }
-}
-
-/// Reads a body to its end, returning the bytes.
-pub async fn drain<B: Body<Data = Bytes> + Unpin>(body: B) -> Result<Bytes, B::Error> {
-    use http_body_util::BodyExt;
-    Ok(body.collect().await?.to_bytes())
-}
-
 /// The ids announced to the upstream so far.
-pub fn arrived(ctl: &mut mpsc::UnboundedReceiver<(String, Frames)>) -> Vec<(String, Frames)> {
+pub fn arrived(ctl: &mut mpsc::UnboundedReceiver<(String, Feed)>) -> Vec<(String, Feed)> {
     let mut v = Vec::new();
     while let Ok(x) = ctl.try_recv() {
         v.push(x);
@@ -147,9 +69,12 @@ pub fn arrived(ctl: &mut mpsc::UnboundedReceiver<(String, Frames)>) -> Vec<(Stri
     v
 }
 
-pub type Res = Response<AdmissionBody<ChanBody>>;
+pub type Res = Response<AdmissionBody<ScriptBody>>;
 
-/// A future that never resolves, used by tests that need one.
-pub fn pending() -> impl Future<Output = Infallible> {
-    std::future::pending()
+/// Calls `svc` in a task of its own (a request that may queue).
+pub fn spawn_call(
+    svc: &BoundedAdmission<Upstream>,
+    req: Request<()>,
+) -> tokio::task::JoinHandle<Result<Res, io::Error>> {
+    tokio::spawn(svc.clone().oneshot(req))
 }

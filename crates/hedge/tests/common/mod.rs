@@ -2,48 +2,21 @@
 //! log of every attempt (arrival time, attempt header, whether it was cancelled).
 #![allow(dead_code, unreachable_pub)]
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
-use tailguard_core::{EndReason, EndReport, ReplayBody};
-use tailguard_hedge::Attempt;
-use tokio::time::{Instant, Sleep};
+use tailguard_core::{EndReason, EndReport, Phase, ReplayBody, TimeoutError};
+use tailguard_hedge::{Attempt, FirstTokenHedgeLayer, HedgeBudget};
+pub use tailguard_test_support::*;
+use tokio::time::Instant;
 use tower::Service;
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-pub const ROLE: &str = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
-pub const DONE: &str = "data: [DONE]\n\n";
-
-pub fn token(text: &str) -> String {
-    format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n")
-}
-
-pub fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// One step of a scripted body.
-#[derive(Clone, Debug)]
-pub enum Item {
-    Wait(Duration),
-    Data(Bytes),
-    Trailers(HeaderMap),
-    Error,
-}
-
-pub fn data(s: &str) -> Item {
-    Item::Data(Bytes::from(s.to_owned()))
-}
 
 /// What one attempt answers.
 #[derive(Clone, Debug)]
@@ -51,9 +24,12 @@ pub struct Plan {
     pub head_delay: Duration,
     pub status: StatusCode,
     pub headers: Vec<(&'static str, String)>,
-    pub items: Vec<Item>,
+    pub items: Vec<Step>,
     /// Fail in `call` (a transport error) after `head_delay`.
     pub transport_error: bool,
+    /// After its steps, the body fails with a first-token [`TimeoutError`], as an inner
+    /// `SseIdleTimeout` whose expiry is a body error fails it.
+    pub timeout: bool,
 }
 
 impl Plan {
@@ -61,21 +37,22 @@ impl Plan {
     pub fn sse(ttft: Duration) -> Self {
         Plan::items(vec![
             data(ROLE),
-            Item::Wait(ttft),
-            Item::Data(Bytes::from(token("Hel"))),
-            Item::Wait(ms(10)),
-            Item::Data(Bytes::from(token("lo"))),
-            Item::Data(Bytes::from(DONE)),
+            Step::Wait(ttft),
+            data(token("Hel")),
+            Step::Wait(ms(10)),
+            data(token("lo")),
+            data(DONE),
         ])
     }
 
-    pub fn items(items: Vec<Item>) -> Self {
+    pub fn items(items: Vec<Step>) -> Self {
         Plan {
             head_delay: Duration::ZERO,
             status: StatusCode::OK,
             headers: vec![("content-type", "text/event-stream".into())],
             items,
             transport_error: false,
+            timeout: false,
         }
     }
 
@@ -83,7 +60,7 @@ impl Plan {
         Plan {
             status: StatusCode::from_u16(status).unwrap(),
             headers: vec![("content-type", "application/json".into())],
-            items: vec![data(&format!("{{\"error\":{{\"code\":{status}}}}}"))],
+            items: vec![data(format!("{{\"error\":{{\"code\":{status}}}}}"))],
             ..Plan::items(vec![])
         }
     }
@@ -93,6 +70,12 @@ impl Plan {
             transport_error: true,
             ..Plan::items(vec![])
         }
+    }
+
+    /// This plan with its body failing with a first-token timeout after its steps.
+    pub fn timing_out(mut self) -> Self {
+        self.timeout = true;
+        self
     }
 
     pub fn head_delay(mut self, d: Duration) -> Self {
@@ -110,7 +93,7 @@ impl Plan {
         self.items
             .iter()
             .filter_map(|i| match i {
-                Item::Data(b) => Some(b.clone()),
+                Step::Data(b) => Some(b.clone()),
                 _ => None,
             })
             .collect()
@@ -118,14 +101,20 @@ impl Plan {
 
     /// The bytes this plan's body yields.
     pub fn bytes(&self) -> Vec<u8> {
-        self.items
-            .iter()
-            .filter_map(|i| match i {
-                Item::Data(b) => Some(b.to_vec()),
-                _ => None,
-            })
-            .flatten()
-            .collect()
+        concat(&self.frames())
+    }
+
+    /// The response this plan answers with.
+    pub fn response(self, script: ScriptBody) -> Response<AttemptBody> {
+        let mut res = Response::new(AttemptBody {
+            script,
+            timeout: self.timeout,
+        });
+        *res.status_mut() = self.status;
+        for (k, v) in self.headers {
+            res.headers_mut().insert(k, v.parse().unwrap());
+        }
+        res
     }
 }
 
@@ -141,11 +130,6 @@ pub struct Seen {
     pub done: bool,
 }
 
-#[derive(Default, Debug)]
-pub struct Log {
-    pub seen: Vec<Seen>,
-}
-
 pub type PlanFn = dyn Fn(&HeaderMap, u8) -> Plan + Send + Sync;
 
 /// An in-process upstream: attempt *n* follows `plans[n]` (the last plan repeats), or the
@@ -153,7 +137,7 @@ pub type PlanFn = dyn Fn(&HeaderMap, u8) -> Plan + Send + Sync;
 #[derive(Clone)]
 pub struct Upstream {
     pub plans: Arc<PlanFn>,
-    pub log: Arc<Mutex<Log>>,
+    pub log: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Upstream {
@@ -170,32 +154,30 @@ impl Upstream {
     }
 
     pub fn seen(&self) -> Vec<Seen> {
-        self.log.lock().unwrap().seen.clone()
-    }
-
-    pub fn cancelled(&self) -> usize {
-        self.seen().iter().filter(|s| s.cancelled).count()
+        self.log.lock().unwrap().clone()
     }
 }
 
-/// Marks an attempt cancelled if dropped before its body ended.
-pub struct Guard {
-    log: Arc<Mutex<Log>>,
+/// Marks an attempt cancelled if dropped before its body ended, and reports how it ended like
+/// an inner layer would.
+struct Guard {
+    log: Arc<Mutex<Vec<Seen>>>,
     index: usize,
     done: bool,
-    /// Like an inner layer would: reports how this attempt ended.
     report: Option<EndReport>,
+}
+
+impl Guard {
+    fn set_done(&mut self, done: bool) {
+        self.done = done;
+    }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let mut log = self.log.lock().unwrap();
-        let s = &mut log.seen[self.index];
-        if self.done {
-            s.done = true;
-        } else {
-            s.cancelled = true;
-        }
+        let s = &mut self.log.lock().unwrap()[self.index];
+        s.done = self.done;
+        s.cancelled = !self.done;
         if let Some(r) = &self.report {
             r.report(if self.done {
                 EndReason::Completed
@@ -206,80 +188,16 @@ impl Drop for Guard {
     }
 }
 
-pub struct ScriptBody {
-    items: VecDeque<Item>,
-    sleep: Option<Pin<Box<Sleep>>>,
-    guard: Option<Guard>,
-}
-
-impl ScriptBody {
-    pub fn new(items: Vec<Item>, guard: Option<Guard>) -> Self {
-        ScriptBody {
-            items: items.into(),
-            sleep: None,
-            guard,
-        }
-    }
-}
-
-impl Body for ScriptBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        loop {
-            if let Some(s) = self.sleep.as_mut() {
-                if s.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                self.sleep = None;
-            }
-            match self.items.pop_front() {
-                None => {
-                    if let Some(g) = self.guard.as_mut() {
-                        g.done = true;
-                    }
-                    self.guard = None;
-                    return Poll::Ready(None);
-                }
-                Some(Item::Wait(d)) => self.sleep = Some(Box::pin(tokio::time::sleep(d))),
-                Some(Item::Data(b)) => return Poll::Ready(Some(Ok(Frame::data(b)))),
-                Some(Item::Trailers(t)) => return Poll::Ready(Some(Ok(Frame::trailers(t)))),
-                Some(Item::Error) => {
-                    return Poll::Ready(Some(Err(std::io::Error::new(
-                        std::io::ErrorKind::ConnectionReset,
-                        "reset by the scripted upstream",
-                    ))));
-                }
-            }
-        }
-    }
-}
-
-#[derive(Debug)]
-pub struct TransportError;
-
-impl std::fmt::Display for TransportError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("connection refused (scripted)")
-    }
-}
-
-impl std::error::Error for TransportError {}
-
 impl<B> Service<Request<ReplayBody<B>>> for Upstream
 where
     B: Body + Send + 'static,
-    B::Data: Send,
+    B::Data: From<Bytes> + Send,
     B::Error: std::fmt::Debug,
 {
-    type Response = Response<ScriptBody>;
+    type Response = Response<AttemptBody>;
     type Error = TransportError;
     type Future =
-        Pin<Box<dyn Future<Output = Result<Response<ScriptBody>, TransportError>> + Send>>;
+        Pin<Box<dyn Future<Output = Result<Response<AttemptBody>, TransportError>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
@@ -287,88 +205,111 @@ where
 
     fn call(&mut self, req: Request<ReplayBody<B>>) -> Self::Future {
         let attempt = req.extensions().get::<Attempt>().cloned();
-        let report = req.extensions().get::<EndReport>().cloned();
-        let attempt_header = req
-            .headers()
-            .get("x-tailguard-attempt")
-            .map(|v| v.to_str().unwrap().to_owned());
-        let n = attempt.as_ref().map_or(0, Attempt::number);
         let log = self.log.clone();
         let index = {
             let mut l = log.lock().unwrap();
-            l.seen.push(Seen {
+            l.push(Seen {
                 at: Instant::now(),
-                attempt_header,
+                attempt_header: req
+                    .headers()
+                    .get("x-tailguard-attempt")
+                    .map(|v| v.to_str().unwrap().to_owned()),
                 attempt: attempt.as_ref().map(Attempt::number),
                 tried: attempt.as_ref().map_or(0, |a| a.tried().len()),
                 body: Bytes::new(),
                 cancelled: false,
                 done: false,
             });
-            l.seen.len() - 1
+            l.len() - 1
         };
-        let plan = (self.plans)(req.headers(), n);
+        let report = req.extensions().get::<EndReport>().cloned();
+        let plan = (self.plans)(req.headers(), attempt.as_ref().map_or(0, Attempt::number));
         Box::pin(async move {
-            let guard = Guard {
+            let mut guard = Guard {
                 log: log.clone(),
                 index,
                 done: false,
                 report,
             };
             let body = req.into_body().collect().await.unwrap().to_bytes();
-            log.lock().unwrap().seen[index].body = body;
+            log.lock().unwrap()[index].body = body;
             tokio::time::sleep(plan.head_delay).await;
             if plan.transport_error {
-                let mut guard = guard;
-                guard.done = true;
                 guard.report = None;
+                guard.set_done(true);
                 return Err(TransportError);
             }
-            let mut res = Response::new(ScriptBody::new(plan.items, Some(guard)));
-            *res.status_mut() = plan.status;
-            for (k, v) in plan.headers {
-                res.headers_mut().insert(k, v.parse().unwrap());
-            }
-            Ok(res)
+            // A body that times out did not end well, however far its script played.
+            let timeout = plan.timeout;
+            let body = ScriptBody::new(plan.items.clone())
+                .on_drop(move |ended| guard.set_done(ended && !timeout));
+            Ok(plan.response(body))
         })
     }
 }
 
-pub fn chat_request() -> Request<Full<Bytes>> {
-    Request::post("/v1/chat/completions")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(
-            br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
-        )))
-        .unwrap()
+/// What the in-process upstream answers with: the plan's [`ScriptBody`], then, for a plan
+/// [`timing_out`](Plan::timing_out), a first-token [`TimeoutError`] (which the shared script
+/// cannot produce: it knows no tailguard type).
+#[derive(Debug)]
+pub struct AttemptBody {
+    script: ScriptBody,
+    timeout: bool,
 }
 
-/// Reads a body frame by frame: (data frames, trailers, error).
-pub async fn frames<B>(body: B) -> (Vec<Bytes>, Option<HeaderMap>, bool)
-where
-    B: Body<Data = Bytes>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut out = Vec::new();
-    let mut trailers = None;
-    let mut error = false;
-    while let Some(f) = body.frame().await {
-        match f {
-            Ok(f) => match f.into_data() {
-                Ok(d) => out.push(d),
-                Err(f) => trailers = f.into_trailers().ok(),
-            },
-            Err(_) => {
-                error = true;
-                break;
+impl Body for AttemptBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        Poll::Ready(match ready!(Pin::new(&mut this.script).poll_frame(cx)) {
+            Some(frame) => Some(frame.map_err(Into::into)),
+            None if std::mem::take(&mut this.timeout) => {
+                let limit = Duration::from_secs(1);
+                let t = TimeoutError::new(Phase::FirstToken, limit, limit);
+                Some(Err(Box::new(t)))
             }
-        }
+            None => None,
+        })
     }
-    (out, trailers, error)
+
+    fn is_end_stream(&self) -> bool {
+        !self.timeout && self.script.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.script.size_hint()
+    }
 }
 
-pub fn concat(frames: &[Bytes]) -> Vec<u8> {
-    frames.iter().flat_map(|b| b.to_vec()).collect()
+/// The hedge the race tests use: a 500 ms delay, no budget limit.
+pub fn layer() -> FirstTokenHedgeLayer {
+    FirstTokenHedgeLayer::new()
+        .with_delay(ms(500))
+        .with_budget(HedgeBudget::unlimited())
 }
 
-pub type Unused = Infallible;
+pub fn chat_request() -> Request<Full<Bytes>> {
+    post(
+        "/v1/chat/completions",
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        &[],
+    )
+}
+
+/// The hedge outcome of `res` without its cost fields (how long losers ran, the prompt they
+/// were sent), which depend on timing the race tests check on their own.
+pub fn outcome_without_costs<B>(res: &http::Response<B>) -> Option<tailguard_core::HedgeOutcome> {
+    let mut o = res
+        .extensions()
+        .get::<tailguard_core::HedgeOutcome>()
+        .cloned()?;
+    o.losers.clear();
+    o.wasted_prompt_bytes = 0;
+    o.wasted_prompt_tokens = None;
+    Some(o)
+}

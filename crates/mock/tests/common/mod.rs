@@ -6,15 +6,10 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-pub fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
+pub use tailguard_test_support::{CHAT as CHAT_STREAM, HttpClient, client};
 
 pub fn h2_client() -> HttpClient {
     Client::builder(TokioExecutor::new())
@@ -23,15 +18,8 @@ pub fn h2_client() -> HttpClient {
 }
 
 pub fn post(url: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::post(format!("{url}{path}")).header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::new(Bytes::from(body.to_owned()))).unwrap()
+    tailguard_test_support::post(&format!("{url}{path}"), body, headers)
 }
-
-pub const CHAT_STREAM: &str =
-    r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi there"}]}"#;
 
 pub async fn send(client: &HttpClient, req: Request<Full<Bytes>>) -> Response<Incoming> {
     client.request(req).await.unwrap()

@@ -1,0 +1,223 @@
+//! Outlier ejection: a replica that keeps failing before its first token, or whose first tokens
+//! take far longer than the others', is left out of primary selection for a while.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::score::{Health, Replica};
+
+/// When a [`ReplicaSet`](crate::ReplicaSet) ejects a replica from primary selection, and for
+/// how long (Envoy's outlier detection semantics).
+///
+/// A replica is ejected after [`consecutive_failures`](Ejection::with_consecutive_failures)
+/// failures before a first token in a row, or when its first-token estimate exceeds
+/// [`slow_factor`](Ejection::with_slow_factor) times the median of the other replicas' and
+/// is at least [`slow_min`](Ejection::with_slow_min). The `n`-th ejection lasts `n × base`
+/// (at most `max`); every `base` period a replica goes without an ejection takes one off `n`.
+/// After the period the replica is back in selection (probed by the next primaries that pick
+/// it). The last replica not ejected is never ejected. Backups may still go to an ejected
+/// replica when it is the only one not yet tried.
+///
+/// Each ejection increments `tailguard_hedge_ejections_total{replica, reason}` and logs a
+/// `tracing` warning.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ejection {
+    pub(crate) consecutive_failures: u32,
+    pub(crate) slow_factor: f64,
+    pub(crate) slow_min: Duration,
+    pub(crate) base: Duration,
+    pub(crate) max: Duration,
+    pub(crate) enabled: bool,
+}
+
+impl Default for Ejection {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Ejection {
+    /// The defaults:
+    ///
+    /// * **5** consecutive failures (Envoy's `consecutive_5xx`): fewer would eject a replica
+    ///   for a short burst that failover already hides;
+    /// * slow factor **5** and slow minimum **1 s**: a replica whose first tokens take five
+    ///   times the others' is queueing, not merely busy; the minimum keeps replicas that are
+    ///   all fast from being ejected for a few milliseconds of difference;
+    /// * base **30 s**, max **300 s** (Envoy's `base_ejection_time` and `max_ejection_time`):
+    ///   long enough for a restart or a queue to drain, and growing for a replica that keeps
+    ///   relapsing.
+    pub fn new() -> Self {
+        Ejection {
+            consecutive_failures: 5,
+            slow_factor: 5.0,
+            slow_min: Duration::from_secs(1),
+            base: Duration::from_secs(30),
+            max: Duration::from_secs(300),
+            enabled: true,
+        }
+    }
+
+    /// No ejection.
+    pub fn disabled() -> Self {
+        Ejection {
+            enabled: false,
+            ..Self::new()
+        }
+    }
+
+    /// Sets the consecutive failures that eject a replica (`0`: failures never eject).
+    pub fn with_consecutive_failures(mut self, n: u32) -> Self {
+        self.consecutive_failures = n;
+        self
+    }
+
+    /// Sets how many times the others' median first-token estimate ejects a replica
+    /// (`f64::INFINITY` or NaN: slowness never ejects).
+    pub fn with_slow_factor(mut self, factor: f64) -> Self {
+        self.slow_factor = if factor.is_nan() {
+            f64::INFINITY
+        } else {
+            factor.max(1.0)
+        };
+        self
+    }
+
+    /// Sets the smallest first-token estimate that can eject a replica for slowness.
+    pub fn with_slow_min(mut self, min: Duration) -> Self {
+        self.slow_min = min;
+        self
+    }
+
+    /// Sets the base and the longest ejection period.
+    pub fn with_period(mut self, base: Duration, max: Duration) -> Self {
+        self.base = base;
+        self.max = max.max(base);
+        self
+    }
+}
+
+/// One replica's ejection state.
+#[derive(Debug, Default)]
+pub(crate) struct Ejector {
+    consecutive: u32,
+    /// Ejections that still lengthen the next one.
+    times: u32,
+    until: Option<Instant>,
+    /// When the last ejection ended (or was decided, for the first).
+    since: Option<Instant>,
+}
+
+impl Ejector {
+    pub(crate) fn failed(&mut self) {
+        self.consecutive = self.consecutive.saturating_add(1);
+    }
+
+    pub(crate) fn succeeded(&mut self) {
+        self.consecutive = 0;
+    }
+
+    /// Whether the replica is out of primary selection at `now`; a period that is over is
+    /// cleared (the replica is back, to be probed).
+    pub(crate) fn is_ejected(&mut self, now: Instant) -> bool {
+        match self.until {
+            Some(t) if now < t => true,
+            Some(t) => {
+                self.until = None;
+                self.since = Some(t);
+                self.consecutive = 0;
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn eject(&mut self, cfg: &Ejection, now: Instant) -> Duration {
+        if let Some(since) = self.since {
+            let healthy = now.saturating_duration_since(since).as_secs_f64();
+            let periods = (healthy / cfg.base.as_secs_f64().max(1e-9)) as u32;
+            self.times = self.times.saturating_sub(periods);
+        }
+        self.times = self.times.saturating_add(1);
+        let period = cfg.base.saturating_mul(self.times).min(cfg.max);
+        self.until = Some(now + period);
+        self.consecutive = 0;
+        period
+    }
+}
+
+/// Decides, after news about replica `i`, whether it is ejected now.
+pub(crate) fn review(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) {
+    let cfg = &health.ejection;
+    if !cfg.enabled || replicas[i].eject.is_ejected(now) {
+        return;
+    }
+    let others_in = (0..replicas.len())
+        .filter(|&j| j != i && !replicas[j].eject.is_ejected(now))
+        .count();
+    if others_in == 0 {
+        return;
+    }
+    let reason = if cfg.consecutive_failures > 0
+        && replicas[i].eject.consecutive >= cfg.consecutive_failures
+    {
+        "failures"
+    } else if is_slow(replicas, i, health, now) {
+        "slow"
+    } else {
+        return;
+    };
+    let period = replicas[i].eject.eject(cfg, now);
+    metrics::counter!("tailguard_hedge_ejections_total",
+        "replica" => i.to_string(), "reason" => reason)
+    .increment(1);
+    tracing::warn!(
+        replica = i,
+        reason,
+        period_s = period.as_secs_f64(),
+        "tailguard-hedge: replica ejected from primary selection"
+    );
+}
+
+fn is_slow(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) -> bool {
+    let mine = replicas[i].estimate(now, health.decay);
+    if mine < health.ejection.slow_min.as_secs_f64() {
+        return false;
+    }
+    let mut others = Vec::with_capacity(replicas.len());
+    for (j, r) in replicas.iter_mut().enumerate() {
+        if j != i && !r.eject.is_ejected(now) {
+            others.push(r.estimate(now, health.decay));
+        }
+    }
+    others.sort_by(f64::total_cmp);
+    let Some(median) = others.get(others.len() / 2) else {
+        return false;
+    };
+    mine > health.ejection.slow_factor * median
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn periods_grow_and_shrink_again() {
+        let cfg = Ejection::new().with_period(Duration::from_secs(10), Duration::from_secs(25));
+        let mut e = Ejector::default();
+        let t0 = Instant::now();
+        assert_eq!(e.eject(&cfg, t0), Duration::from_secs(10));
+        assert!(e.is_ejected(t0 + Duration::from_secs(9)));
+        assert!(!e.is_ejected(t0 + Duration::from_secs(10)));
+        let t1 = t0 + Duration::from_secs(11);
+        assert_eq!(e.eject(&cfg, t1), Duration::from_secs(20));
+        let t2 = t1 + Duration::from_secs(20);
+        assert!(!e.is_ejected(t2));
+        assert_eq!(e.eject(&cfg, t2), Duration::from_secs(25));
+        // Long healthy: back to the base.
+        let t3 = t2 + Duration::from_secs(500);
+        assert!(!e.is_ejected(t3));
+        assert_eq!(e.eject(&cfg, t3), Duration::from_secs(10));
+    }
+}
