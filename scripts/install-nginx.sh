@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs nginx for the gateway-vs-nginx bench (benches/src/bin/gateway_nginx.rs): Debian's
+# Installs nginx for the gateway-vs-nginx bench (benches/src/bin/gateway_nginx/): Debian's
 # `nginx-light` through apt-get, when no nginx is installed. Prints the nginx binary's path on
 # stdout. The package's service is not started (the bench runs its own nginx on 127.0.0.1 with a
 # configuration of its own). Exits non-zero with a message on stderr where nginx cannot be had

@@ -1,8 +1,9 @@
 //! The example gateway against nginx, measured as a new user would.
 //!
 //! ```text
-//! cargo run --release -p tailguard-benches --bin gateway_nginx            # ~6 minutes
-//! cargo run --release -p tailguard-benches --bin gateway_nginx -- --quick # ~2 minutes
+//! cargo run --release -p tailguard-benches --bin gateway_nginx            # ~7 minutes
+//! cargo run --release -p tailguard-benches --bin gateway_nginx -- --quick # ~3 minutes
+//! cargo run --release -p tailguard-benches --bin gateway_nginx -- --help
 //! ```
 //!
 //! One `tailguard-mock serve` process runs two replicas (first token 20 ms, then 50 tokens
@@ -257,7 +258,24 @@ fn parse_opts() -> Result<Opts, BoxError> {
     Ok(opts)
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+gateway_nginx: the example gateway against nginx over the same two mock replicas
+
+usage: cargo run --release -p tailguard-benches --bin gateway_nginx -- [OPTIONS]
+
+  --quick            3 s per load run and 2 bisection steps (default: 10 s and 4)
+  --window SECONDS   length of each load run
+  --help             this text
+
+Writes a table to stdout and benches/results/gateway_nginx.json; installs nginx with
+scripts/install-nginx.sh when none is installed (the nginx column is skipped where it cannot).";
+
 fn main() -> Result<(), BoxError> {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
     if cfg!(debug_assertions) {
         return Err("build the bench with --release (cargo run --release ...)".into());
     }
