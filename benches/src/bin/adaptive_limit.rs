@@ -27,7 +27,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 use tailguard_examples::gateway::{Args, Config, Gateway, metrics_handle};
 use tailguard_mock::load::{EndReason, LoadConfig, LoadReport};
-use tailguard_mock::{MockServer, ReplicaOptions, Script};
+use tailguard_mock::{MockServer, Outcome, ReplicaOptions, Script};
 use tokio::time::{Instant, sleep, sleep_until};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -119,6 +119,7 @@ struct Slice {
     /// Seconds from the start of the run to the slice's start.
     t: f64,
     p99_ttft_ms: Option<f64>,
+    /// Streams that ended completed during the slice.
     completed: u64,
     refused: u64,
 }
@@ -129,9 +130,10 @@ struct StepResult {
     offered_rps: f64,
     p50_ttft_ms: Option<f64>,
     p99_ttft_ms: Option<f64>,
-    /// Completed streams per second.
+    /// Streams completed per second during the step (by the time they ended at the replica).
     goodput: f64,
     refused: u64,
+    /// Requests scheduled in the step that ended neither completed nor refused.
     other_failures: u64,
 }
 
@@ -247,16 +249,35 @@ async fn run_limit(limit: Limit, scale: u32) -> Result<LimitResult, BoxError> {
     let _ = stop.send(true);
     let limit_series = sampler.await?;
     gw.shutdown().await?;
-    Ok(summarise(limit, &reports, limit_series))
+    // When each completed stream ended, as its replica saw it, in seconds from the start.
+    let ends: Vec<f64> = mocks
+        .iter()
+        .flat_map(|m| m.stats().log)
+        .filter(|r| r.outcome == Outcome::Completed)
+        .filter_map(|r| Some(r.ended?.duration_since(start).as_secs_f64()))
+        .collect();
+    Ok(summarise(limit, &reports, &ends, slice, limit_series))
 }
 
-fn summarise(limit: Limit, reports: &[(f64, LoadReport)], series: Vec<(f64, f64)>) -> LimitResult {
+/// Streams that ended within `[from, from + len)`.
+fn ended_within(ends: &[f64], from: f64, len: f64) -> u64 {
+    ends.iter().filter(|&&t| t >= from && t < from + len).count() as u64
+}
+
+fn summarise(
+    limit: Limit,
+    reports: &[(f64, LoadReport)],
+    ends: &[f64],
+    slice: Duration,
+    series: Vec<(f64, f64)>,
+) -> LimitResult {
+    let len = slice.as_secs_f64();
     let slices = reports
         .iter()
         .map(|(t, r)| Slice {
             t: *t,
             p99_ttft_ms: ms(&r.ttft, 0.99),
-            completed: r.count(EndReason::Completed),
+            completed: ended_within(ends, *t, len),
             refused: r.count(EndReason::HttpStatus),
         })
         .collect();
@@ -267,22 +288,22 @@ fn summarise(limit: Limit, reports: &[(f64, LoadReport)], series: Vec<(f64, f64)
         i += step.slices as usize;
         let mut ttft = Histogram::<u64>::new(3).expect("valid histogram");
         let (mut completed, mut refused, mut scheduled) = (0, 0, 0);
-        let mut secs = 0.0;
         for (_, r) in part {
             let _ = ttft.add(&r.ttft);
             completed += r.count(EndReason::Completed);
             refused += r.count(EndReason::HttpStatus);
             scheduled += r.scheduled;
-            secs += r.window.as_secs_f64();
         }
+        let from = part.first().map_or(0.0, |p| p.0);
+        let secs = len * part.len() as f64;
         steps.push(StepResult {
             step: step.name,
             offered_rps: step.load * CAPACITY,
             p50_ttft_ms: ms(&ttft, 0.5),
             p99_ttft_ms: ms(&ttft, 0.99),
-            goodput: completed as f64 / secs.max(1e-9),
+            goodput: ended_within(ends, from, secs) as f64 / secs.max(1e-9),
             refused,
-            other_failures: scheduled - completed - refused,
+            other_failures: scheduled.saturating_sub(completed + refused),
         });
     }
     LimitResult {

@@ -74,7 +74,6 @@ impl<B: Body> Body for LatencyPhaseRecorderBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
-        let _enter = this.span.enter();
         let polled = this.inner.as_mut().poll_frame(cx);
         let Poll::Ready(res) = &polled else {
             return Poll::Pending;

@@ -55,8 +55,9 @@ impl fmt::Debug for Sinks {
 /// event at the end, inside that span.
 ///
 /// The span (`llm_request`, level INFO, target `tailguard_phases`) is opened by the recorder in
-/// `call` and entered around every poll of the inner service, so inner layers' spans and events
-/// nest inside it. Its fields are declared at creation and filled here:
+/// `call` and entered around the inner service's `call` and every poll of its response future,
+/// so inner layers' spans and events up to the response head nest inside it (the body's polls
+/// do not enter it). Its fields are declared at creation and filled here:
 /// `request_id`, `route`, `model`, `requested_model`, `priority`, `upstream`, `streamed`,
 /// `status`, `end_reason`, `queue_wait_s`, `time_to_headers_s`, `ttft_s`, `tpot_s`, `total_s`,
 /// `output_events`, `events`, `gaps`, `max_gap_s`, `prompt_tokens`, `completion_tokens`,

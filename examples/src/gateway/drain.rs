@@ -8,7 +8,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -72,6 +72,7 @@ where
         let report = req.extensions().get::<EndReport>().cloned();
         let fut = self.inner.call(req);
         let mut rx = self.signal.clone();
+        let state = self.signal.clone();
         Box::pin(async move {
             let res = fut.await.map_err(Into::into)?;
             let tracker = StreamTracker::new(&Dialect::Auto, res.headers());
@@ -85,6 +86,8 @@ where
                 inner,
                 tracker,
                 signal,
+                state,
+                registered: None,
                 draining: false,
                 saw_done: false,
                 done: false,
@@ -101,6 +104,11 @@ pin_project! {
         inner: B,
         tracker: StreamTracker,
         signal: Signal,
+        // Whether the drain channel changed since `signal` was last polled (an atomic load).
+        state: watch::Receiver<bool>,
+        // The waker `signal` was last polled with: polling it again with the same one would
+        // only take the channel's lock again (the channel is shared by every stream).
+        registered: Option<Waker>,
         draining: bool,
         saw_done: bool,
         done: bool,
@@ -143,8 +151,20 @@ where
         if *this.done {
             return Poll::Ready(None);
         }
-        if !*this.draining && this.signal.as_mut().poll(cx).is_ready() {
-            *this.draining = true;
+        if !*this.draining {
+            // The signal is polled again only when the channel changed or the waker did.
+            let changed = this.state.has_changed().unwrap_or(false);
+            let fresh = this
+                .registered
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()));
+            if changed || !fresh {
+                if changed {
+                    this.state.borrow_and_update();
+                }
+                *this.draining = this.signal.as_mut().poll(cx).is_ready();
+                *this.registered = Some(cx.waker().clone());
+            }
         }
         // Draining, and no event half sent: end here.
         if *this.draining && this.tracker.pending_bytes() == 0 {

@@ -118,7 +118,7 @@ async fn passthrough(State(app): State<App>, req: Request<Body>) -> Response<Bod
     match app.stack.oneshot(req).await {
         Ok(mut res) => {
             if let Some(o) = res.extensions().get::<HedgeOutcome>()
-                && let Ok(v) = HeaderValue::from_str(&hedge_header(o))
+                && let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(hedge_header(o)))
             {
                 res.headers_mut().insert(HEDGE_HEADER, v);
             }

@@ -58,6 +58,11 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// Removes the hop-by-hop headers: those named in `Connection`, then the fixed set.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of them: look at the names there are before removing any (a
+    // removal hashes the name it is given). No `Connection` header, no names in it.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -9,6 +9,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
+#[allow(unused_imports)] // not every test file streams the default chat request
 pub use tailguard_test_support::{CHAT as CHAT_STREAM, HttpClient, client};
 
 pub fn h2_client() -> HttpClient {

@@ -1,0 +1,159 @@
+//! The table, the ratios against the targets, and the JSON file.
+
+use serde::Serialize;
+use tailguard::core::BoxError;
+
+use crate::{FrontResult, Opts, RATES, REPLICAS, SCRIPT, SLO_FACTOR};
+
+const TARGETS: &str = "gateway/nginx: gap p99 <= 1.1x at 100/s and 400/s; TTFT p99 <= 1.2x at every rate up to the highest nginx sustains; sustained rate >= 0.8x";
+
+/// The gateway's figures over nginx's, in this run.
+#[derive(Debug, Serialize)]
+struct Ratios {
+    /// Per fixed rate: (rate, TTFT p99 ratio, gap p99 ratio).
+    per_rate: Vec<(f64, f64, f64)>,
+    sustained: f64,
+    /// Each target, met or not.
+    gap_target_met: bool,
+    ttft_target_met: bool,
+    sustained_target_met: bool,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    bench: &'static str,
+    script: &'static str,
+    replicas: usize,
+    window_seconds: f64,
+    slo_ttft_p99_ms: f64,
+    slo: String,
+    targets: &'static str,
+    loadavg_before: &'a str,
+    fronts: &'a [FrontResult],
+    gateway_over_nginx: Option<Ratios>,
+}
+
+fn ratios(nginx: &FrontResult, gateway: &FrontResult) -> Ratios {
+    let per_rate: Vec<(f64, f64, f64)> = RATES
+        .iter()
+        .filter_map(|&rate| {
+            let (n, g) = (nginx.at(rate)?, gateway.at(rate)?);
+            Some((
+                rate,
+                g.ttft_p99_ms / n.ttft_p99_ms,
+                g.gap_p99_ms / n.gap_p99_ms,
+            ))
+        })
+        .collect();
+    let gap_target_met = per_rate
+        .iter()
+        .filter(|(rate, ..)| *rate <= 400.0)
+        .all(|(_, _, gap)| *gap <= 1.1);
+    let ttft_target_met = per_rate
+        .iter()
+        .filter(|(rate, ..)| *rate <= nginx.sustained)
+        .all(|(_, ttft, _)| *ttft <= 1.2);
+    let sustained = gateway.sustained / nginx.sustained;
+    Ratios {
+        per_rate,
+        sustained,
+        gap_target_met,
+        ttft_target_met,
+        sustained_target_met: sustained >= 0.8,
+    }
+}
+
+fn sustained_cell(f: &FrontResult) -> String {
+    format!(
+        "{}{:.0}/s",
+        if f.sustained_at_least { ">= " } else { "" },
+        f.sustained
+    )
+}
+
+fn table(fronts: &[FrontResult], slo: f64) -> String {
+    let name = |f: &FrontResult| match f.front {
+        "direct" => "direct: TTFT p99 / gap p99",
+        "gateway" => "tailguard gateway",
+        other => other,
+    };
+    let mut t = String::from("| rate |");
+    for f in fronts {
+        t += &format!(" {} |", name(f));
+    }
+    t += "\n|---|";
+    t += &"---:|".repeat(fronts.len());
+    for rate in RATES {
+        t += &format!("\n| {rate:.0}/s |");
+        for f in fronts {
+            match f.at(rate) {
+                Some(r) => t += &format!(" {:.1} / {:.1} ms |", r.ttft_p99_ms, r.gap_p99_ms),
+                None => t += " - |",
+            }
+        }
+    }
+    t += &format!("\n| sustained (p99 TTFT <= {slo:.1} ms) |");
+    for f in fronts {
+        t += &format!(" {} |", sustained_cell(f));
+    }
+    t
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "missed" }
+}
+
+fn print_ratios(r: &Ratios) {
+    println!("\ngateway / nginx, this run:");
+    for (rate, ttft, gap) in &r.per_rate {
+        println!("  {rate:>6.0}/s: TTFT p99 {ttft:.2}x, gap p99 {gap:.2}x");
+    }
+    println!("  sustained rate {:.2}x", r.sustained);
+    println!(
+        "targets: gap p99 <= 1.1x at 100/s and 400/s: {}; TTFT p99 <= 1.2x up to nginx's sustained rate: {}; sustained >= 0.8x: {}",
+        verdict(r.gap_target_met),
+        verdict(r.ttft_target_met),
+        verdict(r.sustained_target_met)
+    );
+}
+
+/// Prints the table and the ratios; writes `benches/results/gateway_nginx.json`.
+pub(crate) fn print_and_save(
+    fronts: &[FrontResult],
+    opts: Opts,
+    loadavg_before: &str,
+) -> Result<(), BoxError> {
+    let direct = fronts
+        .iter()
+        .find(|f| f.front == "direct")
+        .ok_or("no direct run")?;
+    let slo = direct.runs.first().ok_or("no direct run")?.ttft_p99_ms * SLO_FACTOR;
+    println!("\n{}", table(fronts, slo));
+    let get = |name: &str| fronts.iter().find(|f| f.front == name);
+    let ratios = get("nginx").zip(get("gateway")).map(|(n, g)| ratios(n, g));
+    match &ratios {
+        Some(r) => print_ratios(r),
+        None => println!("\nno nginx run: no ratios"),
+    }
+    let out = Output {
+        bench: "gateway_nginx",
+        script: SCRIPT,
+        replicas: REPLICAS,
+        window_seconds: opts.window.as_secs_f64(),
+        slo_ttft_p99_ms: slo,
+        slo: format!(
+            "p99 TTFT <= {SLO_FACTOR}x the direct path's at {:.0}/s, <= 0.1% not completed",
+            RATES[0]
+        ),
+        targets: TARGETS,
+        loadavg_before,
+        fronts,
+        gateway_over_nginx: ratios,
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("gateway_nginx.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
