@@ -277,6 +277,8 @@ async fn three_gateways_run(
         upstreams: vec![replica.url()],
         models: vec!["mock-llm".to_owned()],
         admission_capacity: Some(CAPACITY),
+        // The shared capacity is what is measured: a fixed local limit, not an adaptive one.
+        admission_adaptive: Some(false),
         admission_queue_len: Some(256),
         admission_queue_timeout: Some(Duration::from_secs(2)),
         hedge_max_attempts: Some(1),

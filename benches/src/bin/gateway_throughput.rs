@@ -164,6 +164,7 @@ fn config(upstream: &str) -> Result<Config, BoxError> {
     config.upstreams = vec![upstream.parse()?];
     // Room for every stream: admission must not queue or refuse them.
     config.admission.capacity = 4 * STREAMS as u32;
+    config.admission.adaptive = false;
     config.admission.queue_len = 4 * STREAMS;
     Ok(config)
 }

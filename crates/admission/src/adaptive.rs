@@ -25,8 +25,12 @@
 //!
 //! Samples are collected in a window of at least [`with_window`](AdaptiveLimit::with_window)'s
 //! duration and sample count (a window ends at the first sample that meets both). Its statistic
-//! is the median: one huge prompt (or any minority of odd requests) cannot move it. A censored
-//! sample `t` counts, as the value `t`, only when `t` exceeds the *reference*: the median of the
+//! is the 75th percentile (nearest rank): one or two huge prompts among eight samples cannot
+//! move it, yet it sees a quarter of the requests queueing. The median would not: when one
+//! replica loses capacity while the balancer still sends it a minority of the traffic, only
+//! that minority queues, and a median-driven limit kept rising while it did (scenario E's
+//! capacity drop in `benches/`). A censored
+//! sample `t` counts, as the value `t`, only when `t` exceeds the *reference*: the statistic of the
 //! window's uncensored samples, or, when it has none, the previous window's statistic. So a
 //! censored sample can only raise the statistic (its true TTFT is above `t`, above the
 //! reference): clients that cancel early, or an upstream that fails fast, cannot make the
@@ -44,7 +48,7 @@
 //! ```
 //!
 //! * `tolerance` ([`DEFAULT_TOLERANCE`], 0.25): TTFT carries prefill noise (prompt sizes vary
-//!   from window to window), so a median up to 25% above the baseline still counts as no
+//!   from window to window), so a statistic up to 25% above the baseline still counts as no
 //!   queueing. Larger values let the server's queue grow further before backing off.
 //! * The clamp `[0.5, 2.0]` (Envoy's): one window can
 //!   at most halve or double the target, so a single bad window cannot collapse the limit and a
@@ -56,9 +60,12 @@
 //! * `smoothing` ([`DEFAULT_SMOOTHING`], 0.5): the limit moves half way to the target per
 //!   window, so with the clamp one window costs at most a quarter of the limit, while a real
 //!   capacity drop is followed within a few windows.
-//! * The limit does not rise while the window's peak of units in use stayed below half the
-//!   limit: an idle gate says nothing about the upstream's room, and a limit that drifted up
-//!   to the ceiling while idle would let the next burst into the server's queue.
+//! * While the window's peak of units in use stays below half the limit, the limit does not
+//!   rise, and moves toward twice that peak: a gate used lightly says nothing about the
+//!   upstream's room, and a limit far above the concurrency it has seen (the initial one is
+//!   the ceiling) would let the next burst into the server's queue. This is how TCP decays an
+//!   application-limited congestion window (RFC 7661); twice the peak leaves the burst room
+//!   to double before the gradient has to let it grow.
 //! * A window's statistic below the baseline lowers the baseline to it (a loaded TTFT is never
 //!   below the no-load one, so the baseline was measured high).
 //!
@@ -67,11 +74,15 @@
 //! The baseline (no-load TTFT) is measured as Envoy does: the limit is held at `min`, the
 //! samples of requests admitted from then on (they run with at most `min` in flight) are
 //! collected until [`with_probe_samples`](AdaptiveLimit::with_probe_samples) of them, and their
-//! median (with the same censoring rule, against the previous baseline) becomes the baseline.
+//! statistic (the same 75th percentile, with the same censoring rule against the previous
+//! baseline) becomes the baseline.
 //! A probe lasts at most [`with_probe_timeout`](AdaptiveLimit::with_probe_timeout) and then
 //! uses the samples it has; with none the baseline stays (without any baseline the limit stays
 //! at its initial value: traffic without TTFT samples, such as non-streamed answers, sees a
 //! static gate). The gate starts in such a probe (the seed), then runs at the initial limit;
+//! the seed ends after `min` samples (one round: the gate starts empty, so the first `min`
+//! requests run with nothing else in flight, and a second round would hold new traffic at
+//! `min` for a whole stream);
 //! afterwards a probe starts every [`with_probe_interval`](AdaptiveLimit::with_probe_interval),
 //! jittered by ±15% ([`with_probe_jitter`](AdaptiveLimit::with_probe_jitter)) so that several
 //! gateways in front of one upstream do not probe in lockstep. Nothing is revoked when the
@@ -89,7 +100,8 @@ pub const DEFAULT_MIN_LIMIT: u32 = 4;
 /// Default window: 1 s, a few first tokens' worth of time for an LLM server, short enough that a
 /// capacity drop is followed within seconds.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(1);
-/// Default minimum samples per window: 8, so that the median ignores up to three odd requests.
+/// Default minimum samples per window: 8, so that the 75th percentile ignores up to two odd
+/// requests.
 pub const DEFAULT_WINDOW_SAMPLES: usize = 8;
 /// Default tolerance: 0.25 (see the [module docs](self)).
 pub const DEFAULT_TOLERANCE: f64 = 0.25;
@@ -98,8 +110,8 @@ pub const DEFAULT_SMOOTHING: f64 = 0.5;
 /// Default probe interval: 60 s (Envoy's default): the no-load TTFT drifts slowly (model,
 /// hardware, prompt mix), and each probe costs throughput while the limit is held at `min`.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(60);
-/// Default samples per probe: 8, two rounds at the default minimum limit; the median of 8 is
-/// not moved by one long prompt.
+/// Default samples per probe: 8, two rounds at the default minimum limit; the 75th percentile
+/// of 8 is not moved by one or two long prompts.
 pub const DEFAULT_PROBE_SAMPLES: usize = 8;
 /// Default probe timeout: 10 s, time for the streams in flight to drain to `min` and two rounds
 /// at `min` to reach their first token for typical chat answers, while bounding what a probe

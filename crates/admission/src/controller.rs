@@ -179,7 +179,7 @@ impl Controller {
         }
         let count = self.samples.len() + self.censored.len();
         match self.probe {
-            Some(_) if count >= self.cfg.probe_samples => self.end_probe(now),
+            Some(_) if count >= self.probe_samples() => self.end_probe(now),
             Some(_) => {}
             None if count >= self.cfg.window_samples
                 && now.saturating_duration_since(self.window_start) >= self.cfg.window =>
@@ -197,14 +197,23 @@ impl Controller {
     /// The statistic of the collected samples against `reference` (see the censoring rule in
     /// [`crate::adaptive`]); clears them.
     fn take_statistic(&mut self, reference: Option<f64>) -> Option<f64> {
-        let own = median(&mut self.samples);
+        let own = p75(&mut self.samples);
         let reference = own.or(reference).unwrap_or(f64::INFINITY);
         let above = self.censored.iter().filter(|&&t| t > reference);
         self.samples.extend(above);
-        let stat = median(&mut self.samples);
+        let stat = p75(&mut self.samples);
         self.samples.clear();
         self.censored.clear();
         stat
+    }
+
+    /// The samples that end the current probe: the seed needs one round at `min` (see
+    /// [`crate::adaptive`]).
+    fn probe_samples(&self) -> usize {
+        match self.probes {
+            0 => self.cfg.probe_samples.min(self.cfg.min as usize),
+            _ => self.cfg.probe_samples,
+        }
     }
 
     fn end_probe(&mut self, now: Instant) {
@@ -241,8 +250,9 @@ impl Controller {
         let gradient = (b * (1.0 + self.cfg.tolerance) / s).clamp(lo, hi);
         let mut target = self.limit * gradient + self.limit.sqrt();
         if f64::from(peak) < self.limit / 2.0 {
-            // Application-limited: no evidence the upstream has room for more.
-            target = target.min(self.limit);
+            // Application-limited: no evidence the upstream has room for more; decay toward
+            // twice the concurrency seen.
+            target = target.min(self.limit).min(2.0 * f64::from(peak));
         }
         let a = self.cfg.smoothing;
         let next = (1.0 - a) * self.limit + a * target;
@@ -276,18 +286,14 @@ impl Controller {
     }
 }
 
-/// The median of `v` (sorted in place); `None` when empty.
-fn median(v: &mut [f64]) -> Option<f64> {
+/// The 75th percentile of `v` (nearest rank; sorted in place); `None` when empty.
+fn p75(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
     v.sort_unstable_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    let rank = (v.len() * 3).div_ceil(4);
+    Some(v[rank - 1])
 }
 
 /// A pseudo-random value in `[-1, 1]` for the `n`th probe, from the standard library's
@@ -300,7 +306,7 @@ fn jitter(n: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adaptive::{DEFAULT_MIN_LIMIT, DEFAULT_PROBE_SAMPLES, DEFAULT_PROBE_TIMEOUT};
+    use crate::adaptive::{DEFAULT_MIN_LIMIT, DEFAULT_PROBE_TIMEOUT, DEFAULT_WINDOW_SAMPLES};
 
     fn sample(granted: Instant, ms: u64, censored: bool) -> Sample {
         Sample {
@@ -311,10 +317,16 @@ mod tests {
     }
 
     #[test]
-    fn median_is_robust_and_censored_samples_only_raise_it() {
-        let mut v = vec![0.1, 0.1, 0.1, 5.0];
-        assert_eq!(median(&mut v), Some(0.1));
-        assert_eq!(median(&mut []), None);
+    fn p75_is_robust_and_censored_samples_only_raise_it() {
+        let mut v = vec![0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 5.0, 5.0];
+        assert_eq!(
+            p75(&mut v),
+            Some(0.1),
+            "two odd samples of eight do not move it"
+        );
+        let mut v = vec![0.1, 0.1, 0.1, 0.1, 0.1, 0.3, 5.0, 5.0];
+        assert_eq!(p75(&mut v), Some(0.3));
+        assert_eq!(p75(&mut []), None);
         let mut c = Controller::new(AdaptiveLimit::new(), 16, Instant::now());
         c.samples = vec![0.2; 5];
         c.censored = vec![0.01; 20];
@@ -333,11 +345,30 @@ mod tests {
         let start = Instant::now();
         let mut c = Controller::new(cfg, 16, start);
         assert_eq!(c.limit(), 2);
-        for _ in 0..DEFAULT_PROBE_SAMPLES {
-            c.observe(Some(sample(start, 100, false)), start);
-        }
+        // One round at min ends the seed.
+        c.observe(Some(sample(start, 100, false)), start);
+        assert_eq!(c.limit(), 2);
+        c.observe(Some(sample(start, 100, false)), start);
         assert_eq!(c.limit(), 10);
         assert_eq!(c.baseline(), Some(Duration::from_millis(100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lightly_used_limit_decays_toward_twice_the_peak() {
+        let start = Instant::now();
+        let mut c = Controller::new(AdaptiveLimit::new(), 128, start);
+        for _ in 0..DEFAULT_MIN_LIMIT {
+            c.observe(Some(sample(start, 100, false)), start);
+        }
+        assert_eq!(c.limit(), 128);
+        // A window at the baseline TTFT with at most 10 in use: down half way to 20 (no rise,
+        // however good the TTFT).
+        c.note_in_use(10);
+        let end = start + Duration::from_secs(1);
+        for _ in 0..DEFAULT_WINDOW_SAMPLES {
+            c.observe(Some(sample(start, 100, false)), end);
+        }
+        assert_eq!(c.limit(), 74);
     }
 
     #[tokio::test(start_paused = true)]

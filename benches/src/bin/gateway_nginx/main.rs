@@ -16,7 +16,7 @@
 //!   a keep-alive upstream pool, access log on;
 //! * `gateway`: the example gateway's release binary (`--upstream` each replica), its full
 //!   stack with every default except admission, opened up so it admits everything
-//!   (`--admission-capacity 1000000`, and `--max-connections 1000000` where the gateway has a
+//!   (`--admission-capacity 1000000 --admission-adaptive false`, and `--max-connections 1000000` where the gateway has a
 //!   client connection cap); logging at its default level (one line per request).
 //!
 //! Each is driven by the load generator of `tailguard-mock load` (open-loop Poisson, HDR

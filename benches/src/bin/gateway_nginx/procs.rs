@@ -157,9 +157,17 @@ pub(crate) fn start_gateway(
     dir: &Path,
     upstreams: &[String],
 ) -> Result<(Proc, String), BoxError> {
-    let mut args: Vec<String> = ["--listen", "127.0.0.1:0", "--admission-capacity", "1000000"]
-        .map(str::to_owned)
-        .into();
+    // A fixed capacity (the adaptive limit, on by default, would take it as a ceiling only).
+    let mut args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admission-capacity",
+        "1000000",
+        "--admission-adaptive",
+        "false",
+    ]
+    .map(str::to_owned)
+    .into();
     for u in upstreams {
         args.extend(["--upstream".to_owned(), u.clone()]);
     }
