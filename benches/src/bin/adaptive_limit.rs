@@ -185,7 +185,7 @@ fn adaptive_limit() -> Option<f64> {
     text.lines()
         .filter(|l| l.starts_with(LIMIT_GAUGE) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .last()
+        .next_back()
 }
 
 async fn run_limit(limit: Limit, scale: u32) -> Result<LimitResult, BoxError> {

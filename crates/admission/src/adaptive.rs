@@ -42,7 +42,7 @@
 //! At the end of each window, with `s` its statistic and `b` the baseline:
 //!
 //! ```text
-//! gradient = clamp(b × (1 + tolerance) / s, 0.5, 2.0)
+//! gradient = clamp(b × (1 + tolerance) / s, 0.5, 1.0)
 //! target   = limit × gradient + √limit
 //! limit    = clamp((1 − smoothing) × limit + smoothing × target, min, max)
 //! ```
@@ -50,16 +50,21 @@
 //! * `tolerance` ([`DEFAULT_TOLERANCE`], 0.25): TTFT carries prefill noise (prompt sizes vary
 //!   from window to window), so a statistic up to 25% above the baseline still counts as no
 //!   queueing. Larger values let the server's queue grow further before backing off.
-//! * The clamp `[0.5, 2.0]` (Envoy's): one window can
-//!   at most halve or double the target, so a single bad window cannot collapse the limit and a
-//!   single good one cannot blow it up.
+//! * The clamp `[0.5, 1.0]`: one window can at most halve the target, so a single bad window
+//!   cannot collapse the limit; and, as in Gradient2, a good window never multiplies it: the
+//!   limit grows only by the headroom, so it nears the knee in small steps and overshoots it by
+//!   about one window's headroom. A server's queue shows in TTFT only once the streams admitted
+//!   into it reach their prefill, a window later; with Envoy's upper clamp of 2 the limit grew
+//!   by a quarter per window meanwhile and overshot the knee by half (scenario E at 1x
+//!   capacity in `benches/`: p99 TTFT 2.2x the best static limit's).
 //! * Headroom `√limit` (Envoy's, and Gradient2's queue size): lets the limit probe above the current
 //!   concurrency and grow when the upstream has room; at equilibrium the gradient is
 //!   `1 − 1/√limit`, a small standing excess TTFT that shrinks relative to the limit as it
 //!   grows.
 //! * `smoothing` ([`DEFAULT_SMOOTHING`], 0.5): the limit moves half way to the target per
 //!   window, so with the clamp one window costs at most a quarter of the limit, while a real
-//!   capacity drop is followed within a few windows.
+//!   capacity drop is followed within a few windows; growth is `√limit / 2` per window (from 16,
+//!   2 per second).
 //! * While the window's peak of units in use stays below half the limit, the limit does not
 //!   rise, and moves toward twice that peak: a gate used lightly says nothing about the
 //!   upstream's room, and a limit far above the concurrency it has seen (the initial one is

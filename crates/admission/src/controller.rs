@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::adaptive::AdaptiveLimit;
 
 /// The gradient's clamp (see [`crate::adaptive`]).
-const GRADIENT: (f64, f64) = (0.5, 2.0);
+const GRADIENT: (f64, f64) = (0.5, 1.0);
 
 /// One TTFT sample.
 #[derive(Clone, Copy, Debug)]
