@@ -23,6 +23,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
 use tailguard_examples::gateway::{Args, Config, Gateway, metrics_handle};
@@ -410,49 +412,49 @@ fn plot(path: &Path, results: &[LimitResult]) -> Result<(), BoxError> {
     let root = SVGBackend::new(path, (1000, 800)).into_drawing_area();
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(400);
-    let mut chart = ChartBuilder::on(&upper)
-        .caption("admission limit over time", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..end, 0.0..top * 1.1)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("limit")
-        .draw()?;
-    for (i, r) in results.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(
-                r.limit_series.clone(),
-                color.stroke_width(2),
-            ))?
-            .label(r.limit.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
+    let mut chart =
+        panel(&upper, "admission limit over time").build_cartesian_2d(0.0..end, 0.0..top * 1.1)?;
+    let limits = results.iter().map(|r| r.limit_series.clone());
+    lines(&mut chart, "limit", results, limits)?;
     let lo = if lo.is_finite() { lo * 0.8 } else { 1.0 };
-    let mut chart = ChartBuilder::on(&lower)
-        .caption("p99 time to first token per 2 s slice", ("sans-serif", 20))
+    let mut chart = panel(&lower, "p99 time to first token per 2 s slice")
+        .build_cartesian_2d(0.0..end, (lo..hi * 1.25).log_scale())?;
+    let p99s = results.iter().map(|r| {
+        r.slices
+            .iter()
+            .filter_map(|s| Some((s.t, s.p99_ttft_ms?)))
+            .collect()
+    });
+    lines(&mut chart, "ms (log scale)", results, p99s)?;
+    root.present()?;
+    Ok(())
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+fn panel<'a, 'b>(area: &'a Area<'b>, caption: &str) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut b = ChartBuilder::on(area);
+    b.caption(caption, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..end, (lo..hi * 1.25).log_scale())?;
+        .y_label_area_size(55);
+    b
+}
+
+/// One line per limit over seconds, with the mesh and the legend.
+fn lines<'a, Y: Ranged<ValueType = f64> + ValueFormatter<f64>>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+    y_desc: &str,
+    results: &[LimitResult],
+    series: impl Iterator<Item = Vec<(f64, f64)>>,
+) -> Result<(), BoxError> {
     chart
         .configure_mesh()
         .x_desc("seconds")
-        .y_desc("ms (log scale)")
+        .y_desc(y_desc)
         .draw()?;
-    for (i, r) in results.iter().enumerate() {
+    for (i, (r, pts)) in results.iter().zip(series).enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let pts = r.slices.iter().filter_map(|s| Some((s.t, s.p99_ttft_ms?)));
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
             .label(r.limit.as_str())
@@ -465,7 +467,6 @@ fn plot(path: &Path, results: &[LimitResult]) -> Result<(), BoxError> {
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()?;
-    root.present()?;
     Ok(())
 }
 
