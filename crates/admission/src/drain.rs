@@ -101,30 +101,17 @@ impl Holds {
     }
 }
 
-/// The `Retry-After` of a refused request of `units` in class `class`: how long until the work
-/// queued ahead of it, and its own units, can be admitted.
+/// How long a request of `units` in class `class` arriving at `now` can expect to wait in the
+/// queue: until the work queued ahead of it, and its own units, can be admitted (zero before
+/// the gate has seen any hold, at most [`MAX_RETRY_AFTER`]). A refusal's `Retry-After` is this
+/// in [`whole_seconds`].
 ///
 /// Ahead of a class are the waiters of its own and higher classes (lower ones are served after
 /// it and evicted for it). They are admitted as the capacity left to the class frees: the
 /// capacity less the reserved shares of lower classes that have waiters (those slots go back to
 /// their class), at the gate-wide hold time, since whatever holds the shared capacity frees it.
 /// A class with a reserved share also drains its own waiters through its reserved units, at its
-/// own hold time; the sooner of the two wins ([`expected_wait`]). Whole seconds, rounded up, at
-/// least 1, at most 60.
-pub(crate) fn retry_after(
-    queue: &Queue,
-    gate: &Holds,
-    capacity: u32,
-    class: usize,
-    units: u32,
-    now: Instant,
-) -> Duration {
-    whole_seconds(expected_secs(queue, gate, capacity, class, units, now))
-}
-
-/// How long a request of `units` in class `class` arriving at `now` can expect to wait in the
-/// queue: the estimate behind [`retry_after`], unrounded (zero before the gate has seen any
-/// hold, at most [`MAX_RETRY_AFTER`]).
+/// own hold time; the sooner of the two wins.
 pub(crate) fn expected_wait(
     queue: &Queue,
     gate: &Holds,
@@ -133,18 +120,6 @@ pub(crate) fn expected_wait(
     units: u32,
     now: Instant,
 ) -> Duration {
-    let secs = expected_secs(queue, gate, capacity, class, units, now);
-    Duration::try_from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64())).unwrap_or(MAX_RETRY_AFTER)
-}
-
-fn expected_secs(
-    queue: &Queue,
-    gate: &Holds,
-    capacity: u32,
-    class: usize,
-    units: u32,
-    now: Instant,
-) -> f64 {
     let c = &queue.classes[class];
     let level = c.priority.level();
     let mut ahead = u64::from(units);
@@ -163,11 +138,11 @@ fn expected_secs(
         let hold = c.holds.estimate(now).unwrap_or(hold);
         secs = secs.min(own as f64 * hold / f64::from(c.reserved));
     }
-    secs
+    Duration::try_from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64())).unwrap_or(MAX_RETRY_AFTER)
 }
 
 /// `secs` rounded up to whole seconds, at least 1, at most [`MAX_RETRY_AFTER`].
-fn whole_seconds(secs: f64) -> Duration {
+pub(crate) fn whole_seconds(secs: f64) -> Duration {
     let max = MAX_RETRY_AFTER.as_secs();
     if secs.is_nan() || secs >= max as f64 {
         return MAX_RETRY_AFTER;

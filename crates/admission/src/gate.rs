@@ -421,9 +421,10 @@ impl Shared {
         }
     }
 
-    /// The `Retry-After` of a refused request of `units` in `class` ([`drain::retry_after`]).
+    /// The `Retry-After` of a refused request of `units` in `class`: its expected wait in
+    /// whole seconds.
     fn retry_after(&self, st: &State, class: usize, now: Instant, units: u32) -> Duration {
-        drain::retry_after(&st.queue, &st.holds, st.limit, class, units, now)
+        drain::whole_seconds(self.expected_wait(st, class, now, units).as_secs_f64())
     }
 
     /// How long a request of `units` in `class` arriving now can expect to wait

@@ -72,20 +72,7 @@ impl<S, M> BoundedAdmission<S, M> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the service, returning the inner one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    tailguard_core::inner_service_accessors!();
 
     /// Weighs the request, asks the gate, and starts the response future in the state the
     /// gate decided: called, waiting in the queue, or refused.

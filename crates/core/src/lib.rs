@@ -52,6 +52,7 @@ pub mod error;
 pub mod ext;
 pub mod facts;
 pub mod headers;
+mod macros;
 mod mode;
 pub mod outcome;
 pub mod render;

@@ -31,38 +31,24 @@ pub(crate) struct Fault {
 
 impl Fault {
     /// The inner service returned an error instead of a response.
-    pub(crate) const NO_RESPONSE: Fault = Fault {
-        kind: UpstreamFailure::Transport,
-        rank: Rank::NoResponse,
-    };
+    pub(crate) const NO_RESPONSE: Fault = Fault::new(UpstreamFailure::Transport, Rank::NoResponse);
     /// The response body failed before its first token.
-    pub(crate) const BODY_ERROR: Fault = Fault {
-        kind: UpstreamFailure::Transport,
-        rank: Rank::NoToken,
-    };
+    pub(crate) const BODY_ERROR: Fault = Fault::new(UpstreamFailure::Transport, Rank::NoToken);
     /// The stream completed (its terminal event, or gRPC trailers with `OK`) without a token.
-    pub(crate) const NO_TOKEN: Fault = Fault {
-        kind: UpstreamFailure::Protocol,
-        rank: Rank::NoToken,
-    };
+    pub(crate) const NO_TOKEN: Fault = Fault::new(UpstreamFailure::Protocol, Rank::NoToken);
     /// The body ended before its first token and before its terminal event (half an event, a
     /// stream cut short).
-    pub(crate) const TRUNCATED: Fault = Fault {
-        kind: UpstreamFailure::Truncated,
-        rank: Rank::NoToken,
-    };
+    pub(crate) const TRUNCATED: Fault = Fault::new(UpstreamFailure::Truncated, Rank::NoToken);
     /// An in-band error event, or a retryable gRPC status.
-    pub(crate) const IN_BAND: Fault = Fault {
-        kind: UpstreamFailure::InBand,
-        rank: Rank::InBand,
-    };
+    pub(crate) const IN_BAND: Fault = Fault::new(UpstreamFailure::InBand, Rank::InBand);
 
     /// A retryable HTTP status.
     pub(crate) fn status(status: StatusCode) -> Fault {
-        Fault {
-            kind: UpstreamFailure::Status(status),
-            rank: Rank::Status,
-        }
+        Fault::new(UpstreamFailure::Status(status), Rank::Status)
+    }
+
+    const fn new(kind: UpstreamFailure, rank: Rank) -> Fault {
+        Fault { kind, rank }
     }
 
     /// Whether this failure, of a later attempt, replaces `kept` as the one the client gets:

@@ -41,20 +41,7 @@ impl<S> LatencyPhaseRecorder<S> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    tailguard_core::inner_service_accessors!();
 }
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for LatencyPhaseRecorder<S>

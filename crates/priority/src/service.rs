@@ -48,20 +48,7 @@ impl<S> PriorityClass<S> {
         PriorityClass { inner, cls }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the service, returning the inner one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    tailguard_core::inner_service_accessors!();
 }
 
 impl<S, B, ResB> Service<Request<B>> for PriorityClass<S>

@@ -53,20 +53,7 @@ impl<S, M> SseIdleTimeout<S, M> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    tailguard_core::inner_service_accessors!();
 }
 
 impl<S: fmt::Debug, M> fmt::Debug for SseIdleTimeout<S, M> {

@@ -90,15 +90,7 @@ impl<S> RequestFactsService<S> {
         layer.layer(inner)
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::inner_service_accessors!();
 }
 
 impl<S, B, RB> Service<Request<B>> for RequestFactsService<S>
