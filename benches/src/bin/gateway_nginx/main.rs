@@ -17,7 +17,10 @@
 //! * `gateway`: the example gateway's release binary (`--upstream` each replica), its full
 //!   stack with every default except admission, opened up so it admits everything
 //!   (`--admission-capacity 1000000 --admission-adaptive false`, and `--max-connections 1000000` where the gateway has a
-//!   client connection cap); logging at its default level (one line per request).
+//!   client connection cap); logging at its default level (one line per request);
+//! * `bare proxy`: the smallest hyper proxy in front of the same replicas (round robin,
+//!   `TCP_NODELAY`, a pooled client, no layer, no log line: [`bare_proxy`]), run as a child of
+//!   this program: what hyper and tokio cost before anything the gateway adds.
 //!
 //! Each is driven by the load generator of `tailguard-mock load` (open-loop Poisson, HDR
 //! histograms, latencies from the scheduled send time) at 100, 400 and 1,000 requests/s for
@@ -29,6 +32,7 @@
 //!
 //! Results: a table on stdout and `benches/results/gateway_nginx.json`.
 
+mod bare_proxy;
 mod procs;
 mod report;
 
@@ -232,9 +236,13 @@ async fn bench(opts: Opts, dir: &std::path::Path) -> Result<Vec<FrontResult>, Bo
         eprintln!("nginx: {url}");
         results.push(bench_front("nginx", &[url], Some(slo), opts).await?.0);
     }
-    let (_gateway, url) = procs::start_gateway(&gateway_bin, dir, &replicas)?;
+    let (gateway, url) = procs::start_gateway(&gateway_bin, dir, &replicas)?;
     eprintln!("gateway: {url}");
     results.push(bench_front("gateway", &[url], Some(slo), opts).await?.0);
+    drop(gateway);
+    let (_bare, url) = procs::start_bare_proxy(dir, &replicas)?;
+    eprintln!("bare proxy: {url}");
+    results.push(bench_front("bare proxy", &[url], Some(slo), opts).await?.0);
     Ok(results)
 }
 
@@ -272,7 +280,11 @@ Writes a table to stdout and benches/results/gateway_nginx.json; installs nginx 
 scripts/install-nginx.sh when none is installed (the nginx column is skipped where it cannot).";
 
 fn main() -> Result<(), BoxError> {
-    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(("--bare-proxy", upstreams)) = args.split_first().map(|(a, u)| (a.as_str(), u)) {
+        return bare_proxy::main(upstreams);
+    }
+    if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("{USAGE}");
         return Ok(());
     }

@@ -182,6 +182,21 @@ pub(crate) fn start_gateway(
     Ok((p, url))
 }
 
+/// The layer-less hyper proxy ([`crate::bare_proxy`]): this program again, with
+/// `--bare-proxy` and the replicas' URLs.
+pub(crate) fn start_bare_proxy(
+    dir: &Path,
+    upstreams: &[String],
+) -> Result<(Proc, String), BoxError> {
+    let mut args = vec!["--bare-proxy".to_owned()];
+    args.extend(upstreams.iter().cloned());
+    let exe = std::env::current_exe()?;
+    let mut p = Proc::spawn("bare proxy", &exe, &args, dir.join("bare_proxy.log"))?;
+    let line = p.wait_for_lines("listening on", 1)?;
+    let url = url_in(&line[0])?;
+    Ok((p, url))
+}
+
 /// An nginx configuration as a new user would write it for streamed completions: 2 workers,
 /// `proxy_buffering off`, HTTP/1.1 keep-alive connections to the upstreams, access log on.
 fn nginx_conf(dir: &Path, port: u16, upstreams: &[String]) -> String {

@@ -31,6 +31,8 @@ struct Output<'a> {
     loadavg_before: &'a str,
     fronts: &'a [FrontResult],
     gateway_over_nginx: Option<Ratios>,
+    /// The layer-less hyper proxy's sustained rate over nginx's.
+    bare_proxy_over_nginx_sustained: Option<f64>,
 }
 
 fn ratios(nginx: &FrontResult, gateway: &FrontResult) -> Ratios {
@@ -75,6 +77,7 @@ fn table(fronts: &[FrontResult], slo: f64) -> String {
     let name = |f: &FrontResult| match f.front {
         "direct" => "direct: TTFT p99 / gap p99",
         "gateway" => "tailguard gateway",
+        "bare proxy" => "bare hyper proxy (no layers)",
         other => other,
     };
     let mut t = String::from("| rate |");
@@ -135,6 +138,14 @@ pub(crate) fn print_and_save(
         Some(r) => print_ratios(r),
         None => println!("\nno nginx run: no ratios"),
     }
+    let bare_over_nginx = get("nginx")
+        .zip(get("bare proxy"))
+        .map(|(n, b)| b.sustained / n.sustained);
+    if let Some(r) = bare_over_nginx {
+        println!(
+            "bare hyper proxy / nginx, sustained rate: {r:.2}x (the gateway's ceiling on this machine)"
+        );
+    }
     let out = Output {
         bench: "gateway_nginx",
         script: SCRIPT,
@@ -149,6 +160,7 @@ pub(crate) fn print_and_save(
         loadavg_before,
         fronts,
         gateway_over_nginx: ratios,
+        bare_proxy_over_nginx_sustained: bare_over_nginx,
     };
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
     std::fs::create_dir_all(&dir)?;
