@@ -139,6 +139,8 @@ pub enum Wire {
     OpenAiSse,
     /// Anthropic-style SSE (`event: ...` names).
     AnthropicSse,
+    /// The OpenAI Responses API's SSE (`event: response.*` names, no `[DONE]`).
+    OpenAiResponsesSse,
     /// SSE of no known dialect.
     Sse,
     /// gRPC.

@@ -279,6 +279,17 @@ pub fn in_band(wire: Wire, info: &ErrorInfo) -> Option<Bytes> {
             });
             format!("event: error\ndata: {v}\n\n")
         }
+        // The Responses API's `error` stream event; the stream ends with it (no `[DONE]`).
+        // Its `sequence_number` is left out: only the upstream knows the stream's count.
+        Wire::OpenAiResponsesSse => {
+            let v = serde_json::json!({
+                "type": "error",
+                "code": info.code,
+                "message": info.message,
+                "param": null,
+            });
+            format!("event: error\ndata: {v}\n\n")
+        }
         Wire::Ndjson => format!("{}\n", openai_error(info)),
         Wire::Grpc | Wire::Opaque => return None,
     };
@@ -365,6 +376,20 @@ mod tests {
             .unwrap();
         let v: serde_json::Value = serde_json::from_str(json).unwrap();
         assert_eq!(v["error"]["code"], "idle_timeout");
+    }
+
+    #[test]
+    fn responses_in_band_is_the_responses_error_event_without_done() {
+        let t = TimeoutError::new(Phase::Idle, Duration::from_secs(1), Duration::from_secs(3));
+        let b = in_band(Wire::OpenAiResponsesSse, &t.error_info()).unwrap();
+        let s = std::str::from_utf8(&b).unwrap();
+        let data = s.strip_prefix("event: error\ndata: ").unwrap();
+        assert!(data.ends_with("\n\n") && !s.contains("[DONE]"));
+        let v: serde_json::Value = serde_json::from_str(data.trim_end()).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["code"], "idle_timeout");
+        assert!(v["param"].is_null());
+        assert!(v["message"].as_str().unwrap().contains("idle"));
     }
 
     #[test]

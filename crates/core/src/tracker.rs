@@ -6,7 +6,7 @@ use bytes::Buf;
 use http::HeaderMap;
 use memchr::memmem;
 
-use crate::classify::{Class, Dialect, Framing, Wire, anthropic_event};
+use crate::classify::{Class, Dialect, Framing, Wire, anthropic_event, responses_event};
 use crate::error::ScanError;
 use crate::scan::{Captured, Event, Framer, Grpc, Limits, Ndjson, Scanner, Sse};
 
@@ -291,8 +291,9 @@ impl StreamTracker {
         self.scanner.as_ref().map_or(0, Scanner::pending_bytes)
     }
 
-    /// The wire dialect of the stream as far as seen (e.g. Anthropic once an Anthropic event
-    /// name appeared).
+    /// The wire dialect of the stream as far as seen: under an OpenAI-shaped dialect, Anthropic
+    /// once an Anthropic event name appeared (not under [`Dialect::OpenAi`]), the Responses API's
+    /// once a `response.*` one did.
     pub fn wire(&self) -> Wire {
         self.state.wire
     }
@@ -322,12 +323,15 @@ impl State {
         {
             class = Class::Meta;
         }
-        if self.detect_anthropic
+        // An OpenAI-shaped wire turns Anthropic or Responses at the first event name of either.
+        if self.wire == Wire::OpenAiSse
             && let Event::Sse { name, .. } = event
-            && *name != b"error"
-            && anthropic_event(name).is_some()
         {
-            self.wire = Wire::AnthropicSse;
+            if self.detect_anthropic && *name != b"error" && anthropic_event(name).is_some() {
+                self.wire = Wire::AnthropicSse;
+            } else if responses_event(name).is_some() {
+                self.wire = Wire::OpenAiResponsesSse;
+            }
         }
         if let Some(usage) = &mut self.usage
             && let Event::Sse { data, .. } | Event::Line { data } = event
@@ -643,6 +647,17 @@ mod tests {
         // A fixed dialect ignores the content-type.
         let mut t = StreamTracker::new(&Dialect::OpenAi, &headers("application/json"));
         assert!(t.observe(&b(TOKEN)).first_token);
+        // The Responses API's event names, under the auto and the OpenAI dialects.
+        for dialect in [Dialect::Auto, Dialect::OpenAi] {
+            let mut t = StreamTracker::new(&dialect, &sse);
+            t.observe(&b(
+                "event: response.created\ndata: {\"type\":\"response.created\"}\n\n",
+            ));
+            assert_eq!(t.wire(), Wire::OpenAiResponsesSse);
+            // It stays so: a later `ping` does not make it Anthropic.
+            t.observe(&b("event: ping\ndata: {}\n\n"));
+            assert_eq!(t.wire(), Wire::OpenAiResponsesSse);
+        }
     }
 
     #[test]

@@ -170,7 +170,8 @@ fn llmock_tool_calls_are_tokens() {
 #[test]
 fn llmock_responses_api_deltas_are_tokens_and_completed_is_done() {
     let s = all_splits("llmock-openai-responses-stream.sse", SSE, false);
-    assert_eq!(s.wire, Wire::OpenAiSse);
+    // Its own wire: a stream ended early gets the Responses API's `error` event, not chat's.
+    assert_eq!(s.wire, Wire::OpenAiResponsesSse);
     // created, in_progress, output_item.added, content_part.added come first (meta).
     assert_eq!(s.first_token_at, Some(0), "{s:?}");
     // Ten `response.output_text.delta` events.

@@ -220,3 +220,38 @@ async fn anthropic_stream_behind_pings_ends_with_an_error_event() {
     server.wait_idle().await;
     assert_eq!(server.stats().cancelled, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn responses_stream_behind_keepalives_ends_with_a_responses_error_event() {
+    let script = Script::new()
+        .ttft(ms(100))
+        .tokens(10)
+        .stall_after(2, None)
+        .keepalive_every(ms(700));
+    let server = MockServer::start(script).await.unwrap();
+    let svc = SseIdleTimeoutLayer::new()
+        .with_idle_timeout(ms(1550))
+        .layer(client());
+    let body = r#"{"model":"gpt-4o-mini","stream":true,"input":"hi"}"#;
+    let req = post(&format!("{}/v1/responses", server.url()), body, &[]);
+    let out = call(svc, req).await;
+    assert_eq!(out.elapsed, ms(100 + 1550));
+    let events = out.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("event: response.output_text.delta"))
+    );
+    // The Responses API's own `error` event, and no chat-style `[DONE]` after it.
+    let last = events.last().unwrap();
+    let data = last
+        .strip_prefix("event: error\ndata: ")
+        .unwrap_or_else(|| panic!("not a Responses error event: {last}"));
+    let v: serde_json::Value = serde_json::from_str(data.trim_end()).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["code"], "idle_timeout");
+    assert!(v.get("error").is_none(), "chat's shape: {v}");
+    assert!(!out.text.contains("[DONE]"), "{}", out.text);
+    server.wait_idle().await;
+    assert_eq!(server.stats().cancelled, 1);
+}
