@@ -17,8 +17,12 @@ use tailguard_core::{OverloadReason, Priority};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::cluster::{ClusterGate, Lease, LeaseFuture};
-use crate::controller::{Controller, Sample, TtftClock};
+mod permit;
+
+pub(crate) use permit::{Permit, WaitGuard};
+
+use crate::cluster::ClusterGate;
+use crate::controller::{Controller, Sample};
 use crate::drain::{self, Holds};
 use crate::layer::Config;
 use crate::queue::Queue;
@@ -32,92 +36,6 @@ pub(crate) type Grant = Result<(Permit, Duration), Rejection>;
 pub(crate) struct Rejection {
     pub(crate) reason: OverloadReason,
     pub(crate) retry_after: Duration,
-}
-
-/// Capacity held by one admitted request; releases it when dropped.
-pub(crate) struct Permit {
-    shared: Arc<Shared>,
-    class: usize,
-    units: u32,
-    admitted: Instant,
-    /// The cluster lease held with it, in cluster mode (released after the local units).
-    lease: Option<Lease>,
-    /// Runs from the grant to the first token, with an adaptive limit.
-    ttft: TtftClock,
-}
-
-impl Permit {
-    pub(crate) fn units(&self) -> u32 {
-        self.units
-    }
-
-    /// Holds `lease` with this permit, until it is dropped. The TTFT clock starts now: the
-    /// lease wait (and a failed lease step) is the gateway's, not the upstream's.
-    pub(crate) fn with_lease(mut self, lease: Option<Lease>) -> Self {
-        self.lease = lease;
-        self.ttft = TtftClock::new(self.shared.cfg.adaptive.is_some(), Instant::now());
-        self
-    }
-
-    /// Whether the gate wants this request's time to first token (an adaptive limit, no token
-    /// seen yet).
-    pub(crate) fn wants_ttft(&self) -> bool {
-        self.ttft.running()
-    }
-
-    /// The first token arrived: gives the gate its TTFT sample.
-    pub(crate) fn first_token(&mut self) {
-        if let Some(s) = self.ttft.take(false) {
-            self.shared
-                .locked(|st, deferred| self.shared.observe(st, Some(s), deferred));
-        }
-    }
-
-    /// The response gives no TTFT sample (a 2xx answer that is not a stream).
-    pub(crate) fn no_ttft(&mut self) {
-        self.ttft.stop();
-    }
-
-    /// The cluster lease step of this permit, in cluster mode: waits for a lease until
-    /// `deadline`.
-    pub(crate) fn cluster_lease(&self, deadline: Instant) -> Option<LeaseFuture> {
-        let cluster = self.shared.cluster.as_ref()?;
-        let class = self.shared.lock().queue.classes[self.class]
-            .priority
-            .clone();
-        Some(cluster.lease(&class, self.units, deadline))
-    }
-
-    /// The refusal of this permit's request after a failed lease step.
-    pub(crate) fn refusal(&self, reason: OverloadReason) -> Rejection {
-        let st = self.shared.lock();
-        let retry_after = self
-            .shared
-            .retry_after(&st, self.class, Instant::now(), self.units);
-        st.queue.classes[self.class].metrics.rejected(reason);
-        Rejection {
-            reason,
-            retry_after,
-        }
-    }
-}
-
-impl fmt::Debug for Permit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("class", &self.class)
-            .field("units", &self.units)
-            .finish()
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        // Ended before its first token: a censored sample.
-        let sample = self.ttft.take(true);
-        self.shared
-            .release(self.class, self.units, self.admitted, sample);
-    }
 }
 
 /// The outcome of [`Shared::acquire`].
@@ -136,39 +54,6 @@ pub(crate) struct Queued {
     pub(crate) guard: WaitGuard,
     pub(crate) deadline: Instant,
     pub(crate) enqueued: Instant,
-}
-
-/// Removes the waiter from the queue when dropped while still armed (the caller went away).
-pub(crate) struct WaitGuard {
-    shared: Arc<Shared>,
-    class: usize,
-    seq: u64,
-    armed: bool,
-}
-
-impl WaitGuard {
-    /// The outcome was received: nothing to remove.
-    pub(crate) fn disarm(&mut self) {
-        self.armed = false;
-    }
-
-    /// Removes the entry because its deadline passed. `Some` with the rejection when the entry
-    /// was still queued; `None` when the gate already decided (the outcome is in the channel).
-    pub(crate) fn expire(&mut self) -> Option<Rejection> {
-        let removed = self.shared.remove_waiter(self.class, self.seq, true);
-        if removed.is_some() {
-            self.armed = false;
-        }
-        removed
-    }
-}
-
-impl Drop for WaitGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            self.shared.remove_waiter(self.class, self.seq, false);
-        }
-    }
 }
 
 /// Everything behind the gate's lock.
@@ -303,21 +188,6 @@ impl Shared {
         }
     }
 
-    fn permit(self: &Arc<Self>, class: usize, units: u32, admitted: Instant) -> Permit {
-        Permit {
-            shared: self.clone(),
-            class,
-            units,
-            admitted,
-            lease: None,
-            // In cluster mode the clock starts with the lease.
-            ttft: TtftClock::new(
-                self.cfg.adaptive.is_some() && self.cluster.is_none(),
-                admitted,
-            ),
-        }
-    }
-
     /// Decides on an arriving request of class `priority` (the default class when `None`)
     /// carrying an optional reserved `share` for its class, with `left` until its deadline.
     pub(crate) fn acquire(
@@ -339,7 +209,7 @@ impl Shared {
                 let m = &st.queue.classes[class].metrics;
                 m.admitted_immediate.increment(1);
                 m.queue_wait.record(0.0);
-                return Acquire::Admitted(self.permit(class, units, now));
+                return Acquire::Admitted(Permit::new(self, class, units, now));
             }
             if self.cfg.queue_len == 0 {
                 let r = self.refuse(st, class, OverloadReason::QueueFull, now, units);
@@ -393,12 +263,7 @@ impl Shared {
         }
         Acquire::Queued(Queued {
             rx,
-            guard: WaitGuard {
-                shared: self.clone(),
-                class,
-                seq,
-                armed: true,
-            },
+            guard: WaitGuard::new(self.clone(), class, seq),
             deadline,
             enqueued: now,
         })
@@ -445,7 +310,7 @@ impl Shared {
             m.admitted_queued.increment(1);
             m.queue_wait.record(waited.as_secs_f64());
             st.admit(pick.class, w.units, now);
-            let permit = self.permit(pick.class, w.units, now);
+            let permit = Permit::new(self, pick.class, w.units, now);
             if let Err(g) = w.tx.send(Ok((permit, waited))) {
                 deferred.push(g);
             }
