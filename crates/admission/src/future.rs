@@ -105,12 +105,7 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
-    pub(crate) fn new(
-        cfg_full_status: StatusCode,
-        r: Rejection,
-        waited: Duration,
-        units: u32,
-    ) -> Self {
+    pub(crate) fn new(cfg_full_status: StatusCode, r: Rejection, waited: Duration) -> Self {
         let status = match r.reason {
             OverloadReason::QueueTimeout
             | OverloadReason::DeadlineTooShort
@@ -121,7 +116,7 @@ impl Refusal {
             overloaded: Overloaded::new(r.reason, status)
                 .with_retry_after(r.retry_after)
                 .with_queue_wait(waited),
-            outcome: AdmissionOutcome::rejected(waited, units, r.reason),
+            outcome: AdmissionOutcome::rejected(waited, r.units, r.reason),
         }
     }
 }
@@ -218,9 +213,11 @@ impl<S, ReqB> Wait<S, ReqB> {
         loop {
             if let Poll::Ready(r) = Pin::new(&mut this.queued.rx).poll(cx) {
                 this.queued.guard.disarm();
+                // The gate is gone: there is no current limit to cap the units at.
                 return Poll::Ready(r.unwrap_or(Err(Rejection {
                     reason: OverloadReason::QueueTimeout,
                     retry_after: Duration::from_secs(1),
+                    units: *this.units,
                 })));
             }
             if *this.expired {
@@ -318,7 +315,7 @@ where
         Err(r) => {
             let waited = Instant::now().saturating_duration_since(w.queued.enqueued);
             EndReport::report_to(req.extensions(), EndReason::Rejected);
-            State::refused(Refusal::new(*w.full_status, r, waited, *w.units))
+            State::refused(Refusal::new(*w.full_status, r, waited))
         }
     };
     state.set(next);
@@ -348,10 +345,9 @@ where
         ),
         Err(reason) => {
             let r = permit.refusal(reason);
-            let units = permit.units();
             drop(permit);
             EndReport::report_to(req.extensions(), EndReason::Rejected);
-            State::refused(Refusal::new(step.full_status, r, waited, units))
+            State::refused(Refusal::new(step.full_status, r, waited))
         }
     })
 }

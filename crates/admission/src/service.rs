@@ -110,7 +110,7 @@ impl<S, M> BoundedAdmission<S, M> {
             }
             Acquire::Rejected(r) => {
                 EndReport::report_to(req.extensions(), EndReason::Rejected);
-                State::refused(Refusal::new(cfg.full_status, r, Duration::ZERO, units))
+                State::refused(Refusal::new(cfg.full_status, r, Duration::ZERO))
             }
             Acquire::Queued(q) => {
                 // The ready service goes with the request; the clone is polled next time.

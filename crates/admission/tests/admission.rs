@@ -383,6 +383,34 @@ async fn cost_is_weighted_and_capped() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_refusal_reports_the_units_capped_at_the_current_limit() {
+    let (up, _ctl) = upstream();
+    // The adaptive limit starts at its minimum (4) for the seed probe, under a ceiling of 64.
+    let layer = BoundedAdmissionLayer::new(64)
+        .with_adaptive_limit(Some(tailguard_admission::AdaptiveLimit::new().with_min(4)))
+        .with_cost(Cost::max_tokens(100))
+        .with_max_request_share(0.25)
+        .with_queue_len(0);
+    let h = layer.handle();
+    let svc = layer.layer(up);
+    assert_eq!(h.limit(), 4);
+    let mut held = Vec::new();
+    for id in ["a", "b", "c", "d"] {
+        held.push(svc.clone().oneshot(request(id)).await.unwrap());
+    }
+    // Cost 10 is capped at a quarter of the capacity (16) by its weight, and at a quarter of
+    // the current limit (1) by the gate: the refusal reports what the gate decided on.
+    let mut r = request("e");
+    r.extensions_mut()
+        .insert(RequestFacts::new().with_max_tokens(1_000));
+    let res = svc.clone().oneshot(r).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let o = res.extensions().get::<AdmissionOutcome>().unwrap();
+    assert_eq!(o.units, 1, "{o:?}");
+    drop(held);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_big_request_is_not_starved_by_small_ones() {
     let (up, _ctl) = upstream();
     let layer = BoundedAdmissionLayer::new(4)

@@ -36,6 +36,9 @@ pub(crate) type Grant = Result<(Permit, Duration), Rejection>;
 pub(crate) struct Rejection {
     pub(crate) reason: OverloadReason,
     pub(crate) retry_after: Duration,
+    /// The units the request would have held: its cost capped at the share of the current
+    /// limit one request may take (what its `AdmissionOutcome` reports).
+    pub(crate) units: u32,
 }
 
 /// The outcome of [`Shared::acquire`].
@@ -283,6 +286,7 @@ impl Shared {
         Rejection {
             reason,
             retry_after: self.retry_after(st, class, now, units),
+            units,
         }
     }
 
@@ -356,6 +360,7 @@ impl Shared {
             Some(Rejection {
                 reason,
                 retry_after,
+                units: w.units,
             })
         })
     }

@@ -91,6 +91,7 @@ impl Permit {
         Rejection {
             reason,
             retry_after,
+            units: self.units,
         }
     }
 }
