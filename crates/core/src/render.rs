@@ -6,7 +6,8 @@
 //!   (`{"error":{"message":..,"type":..,"code":..}}`) and `Retry-After` where it applies
 //!   ([`error_response`]);
 //! * mid-stream, a terminal in-band event in the stream's own dialect ([`in_band`]): OpenAI
-//!   `data: {"error":{..}}` followed by `data: [DONE]`, or Anthropic `event: error`;
+//!   `data: {"error":{..}}` followed by `data: [DONE]`, Anthropic `event: error`, or the
+//!   OpenAI Responses API's `event: error`;
 //! * for gRPC, trailers with `grpc-status` and `grpc-message` ([`grpc_trailers`]), or before
 //!   headers a trailers-only response ([`respond`], which picks this or [`error_response`]).
 //!
@@ -265,6 +266,8 @@ pub fn respond<T>(
 ///
 /// * OpenAI (and SSE of no known dialect): `data: {"error":{..}}` then `data: [DONE]`;
 /// * Anthropic: `event: error` with `{"type":"error","error":{"type":..,"message":..}}`;
+/// * the OpenAI Responses API: `event: error` with
+///   `{"type":"error","code":..,"message":..,"param":null}`, no `[DONE]`;
 /// * NDJSON: one line `{"error":{..}}`;
 /// * gRPC and opaque bodies: `None` (use [`grpc_trailers`] or a body error).
 ///
