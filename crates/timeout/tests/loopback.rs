@@ -199,8 +199,9 @@ async fn head_timeout_is_a_504_in_openai_json_over_loopback() {
     assert_eq!(server.stats().cancelled, 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn anthropic_stream_behind_pings_ends_with_an_error_event() {
+/// A stream of `path` that stalls after two tokens behind keepalives every 700 ms, through an
+/// idle timeout of 1.55 s: it ends 1.55 s after the first token.
+async fn stalled_behind_keepalives(path: &str, body: &str) -> (MockServer, Outcome) {
     let script = Script::new()
         .ttft(ms(100))
         .tokens(10)
@@ -210,9 +211,15 @@ async fn anthropic_stream_behind_pings_ends_with_an_error_event() {
     let svc = SseIdleTimeoutLayer::new()
         .with_idle_timeout(ms(1550))
         .layer(client());
-    let req = post(&format!("{}/v1/messages", server.url()), MESSAGES, &[]);
+    let req = post(&format!("{}{path}", server.url()), body, &[]);
     let out = call(svc, req).await;
     assert_eq!(out.elapsed, ms(100 + 1550));
+    (server, out)
+}
+
+#[tokio::test(start_paused = true)]
+async fn anthropic_stream_behind_pings_ends_with_an_error_event() {
+    let (server, out) = stalled_behind_keepalives("/v1/messages", MESSAGES).await;
     let events = out.events();
     assert!(events.iter().any(|e| e.starts_with("event: ping")));
     let last = events.last().unwrap();
@@ -223,19 +230,8 @@ async fn anthropic_stream_behind_pings_ends_with_an_error_event() {
 
 #[tokio::test(start_paused = true)]
 async fn responses_stream_behind_keepalives_ends_with_a_responses_error_event() {
-    let script = Script::new()
-        .ttft(ms(100))
-        .tokens(10)
-        .stall_after(2, None)
-        .keepalive_every(ms(700));
-    let server = MockServer::start(script).await.unwrap();
-    let svc = SseIdleTimeoutLayer::new()
-        .with_idle_timeout(ms(1550))
-        .layer(client());
     let body = r#"{"model":"gpt-4o-mini","stream":true,"input":"hi"}"#;
-    let req = post(&format!("{}/v1/responses", server.url()), body, &[]);
-    let out = call(svc, req).await;
-    assert_eq!(out.elapsed, ms(100 + 1550));
+    let (server, out) = stalled_behind_keepalives("/v1/responses", body).await;
     let events = out.events();
     assert!(
         events
