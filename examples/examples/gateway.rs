@@ -17,6 +17,9 @@ use clap::Parser;
 use tailguard_examples::gateway::{Args, Config, Gateway};
 use tracing_subscriber::EnvFilter;
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();

@@ -2,7 +2,7 @@
 //! and sees that the stream ends cleanly.
 
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
 use http::response::Parts;
@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::ending::{End, Failure};
 use crate::held::HeldBack;
 use crate::layer::{Config, FirstTokenClock, OnExpiry, Timeouts};
+use crate::shutdown::Shutdown;
 use crate::timers::{Expired, Timers};
 
 /// Deadlines are also checked after this many frames delivered in a row without waiting, so
@@ -57,6 +58,8 @@ pin_project! {
         terminal: bool,
         on_expiry: OnExpiry,
         report: Option<EndReport>,
+        // The layer's shutdown signal, when it has one.
+        shutdown: Option<Shutdown>,
         end: End,
     }
 }
@@ -84,6 +87,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
             terminal: false,
             on_expiry: OnExpiry::Auto,
             report: None,
+            shutdown: None,
             end,
         }
     }
@@ -134,6 +138,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         body.terminal = grpc && grpc_status(headers).is_some();
         body.on_expiry = config.on_expiry;
         body.report = report;
+        body.shutdown = config.shutdown.as_ref().map(Shutdown::new);
         body
     }
 
@@ -174,6 +179,10 @@ where
                     expire(&mut this, expired);
                     continue;
                 }
+                if this.shutdown.as_ref().is_some_and(Shutdown::now) {
+                    fail(&mut this, Failure::shutdown());
+                    continue;
+                }
             }
             let Some(inner) = this.inner.as_mut().as_pin_mut() else {
                 continue;
@@ -195,8 +204,13 @@ where
                 Poll::Ready(None) => on_end(&mut this, End::Finished),
                 Poll::Pending => {
                     *this.streak = 0;
-                    let expired = ready!(this.timers.as_mut().poll_expired(cx));
-                    expire(&mut this, expired);
+                    if let Poll::Ready(expired) = this.timers.as_mut().poll_expired(cx) {
+                        expire(&mut this, expired);
+                    } else if this.shutdown.as_mut().is_some_and(|s| s.poll_fired(cx)) {
+                        fail(&mut this, Failure::shutdown());
+                    } else {
+                        return Poll::Pending;
+                    }
                 }
             }
         }

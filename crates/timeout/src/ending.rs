@@ -55,6 +55,26 @@ impl Failure {
         }
     }
 
+    /// The layer's shutdown signal fired ([`with_shutdown`]): a 503-shaped error the client may
+    /// retry, reported as [`EndReason::Deadline`] (the shutdown's grace period is over). For
+    /// gRPC the status is `UNAVAILABLE`.
+    ///
+    /// [`with_shutdown`]: crate::SseIdleTimeoutLayer::with_shutdown
+    pub(crate) fn shutdown() -> Self {
+        let message = "the server is shutting down and ended this stream; retry the request";
+        let info = ErrorInfo::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            message,
+            "server_shutdown",
+            "shutdown",
+        );
+        Failure {
+            reason: EndReason::Deadline,
+            info,
+            error: message.into(),
+        }
+    }
+
     /// The body ended without the dialect's terminal event, or inside an event. For gRPC the
     /// status is `UNAVAILABLE`: the upstream went away before it finished.
     pub(crate) fn truncated(events: u64) -> Self {

@@ -9,6 +9,7 @@ use http::HeaderName;
 use tailguard_core::{
     ClassPolicy, ClientDeadline, Deadlines, Dialect, Fail, Phase, Priority, Respond,
 };
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tower_layer::Layer;
 
@@ -175,6 +176,7 @@ pub(crate) struct Config {
     /// `None`: per dialect (see [`SseIdleTimeoutLayer::with_require_terminal_event`]).
     pub(crate) require_terminal_event: Option<bool>,
     pub(crate) client_deadline: ClientDeadline,
+    pub(crate) shutdown: Option<watch::Receiver<bool>>,
 }
 
 impl Config {
@@ -346,6 +348,7 @@ impl SseIdleTimeoutLayer<Respond> {
                 on_expiry: OnExpiry::Auto,
                 require_terminal_event: None,
                 client_deadline: ClientDeadline::new(),
+                shutdown: None,
             }),
         }
     }
@@ -479,6 +482,18 @@ impl<M> SseIdleTimeoutLayer<M> {
     /// presets do not classify as terminal.
     pub fn with_require_terminal_event(self, require: bool) -> Self {
         self.edit(|c| c.require_terminal_event = Some(require))
+    }
+
+    /// Ends every stream still running when `signal` turns `true` (a server's shutdown grace
+    /// period is over), as an expiry ends one ([`OnExpiry`]): after the last whole event, an
+    /// in-band error the client may retry (status 503, type `server_shutdown`, code `shutdown`;
+    /// gRPC: `UNAVAILABLE`), reported as [`EndReason::Deadline`]. A stream that already sent its
+    /// terminal event ends quietly. Only bodies are ended: a request still waiting for its
+    /// response head is left to the server's own stop. Default: no signal.
+    ///
+    /// [`EndReason::Deadline`]: tailguard_core::EndReason::Deadline
+    pub fn with_shutdown(self, signal: watch::Receiver<bool>) -> Self {
+        self.edit(|c| c.shutdown = Some(signal))
     }
 }
 

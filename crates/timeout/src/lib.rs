@@ -170,6 +170,7 @@ pub mod future;
 mod held;
 mod layer;
 mod service;
+mod shutdown;
 mod timers;
 
 pub use body::SseIdleTimeoutBody;

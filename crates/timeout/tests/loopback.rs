@@ -251,3 +251,36 @@ async fn responses_stream_behind_keepalives_ends_with_a_responses_error_event() 
     server.wait_idle().await;
     assert_eq!(server.stats().cancelled, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_ends_a_running_stream_in_band_after_its_last_whole_event() {
+    let script = Script::new().ttft(ms(100)).gap(ms(100)).tokens(20);
+    let server = MockServer::start(script).await.unwrap();
+    let report = EndReport::new();
+    let (stop, signal) = tokio::sync::watch::channel(false);
+    let svc = SseIdleTimeoutLayer::new()
+        .with_shutdown(signal)
+        .layer(client());
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(350)).await;
+        stop.send(true).unwrap();
+    });
+    let out = call(svc, chat(&server, &report)).await;
+    // Tokens at 0.1, 0.2 and 0.3 s; the signal at 0.35 s ends the stream while it waits.
+    assert_eq!(out.elapsed, ms(350));
+    let events = out.events();
+    let n = events.len();
+    assert_eq!(error_code(events[n - 2]), "shutdown");
+    assert_eq!(
+        error_json(events[n - 2])["error"]["type"],
+        "server_shutdown"
+    );
+    assert_eq!(events[n - 1], "data: [DONE]");
+    assert_eq!(
+        events.iter().filter(|e| e.contains("\"content\"")).count(),
+        3
+    );
+    assert_eq!(report.get(), Some(EndReason::Deadline));
+    server.wait_idle().await;
+    assert_eq!(server.stats().cancelled, 1, "upstream cancelled");
+}

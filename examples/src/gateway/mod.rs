@@ -2,13 +2,13 @@
 //!
 //! ```text
 //! client ─▶ axum router ─▶ RequestFacts ─▶ LatencyPhaseRecorder ─▶ PriorityClass
-//!        ─▶ BoundedAdmission ─▶ Drain ─▶ SseIdleTimeout ─▶ FirstTokenHedge ─▶ ReplicaSet
+//!        ─▶ BoundedAdmission ─▶ SseIdleTimeout ─▶ FirstTokenHedge ─▶ ReplicaSet
 //!        ─▶ pooled hyper client ─▶ upstream replicas
 //! ```
 //!
-//! The five tailguard layers in the recommended order, plus a small layer of the gateway's
-//! own: [`Drain`] ends in-flight streams in-band when the shutdown grace period
-//! is over.
+//! The five tailguard layers in the recommended order. When the shutdown grace period is
+//! over, `SseIdleTimeout` ends the streams still running in-band
+//! ([`SseIdleTimeoutLayer::with_shutdown`]).
 //!
 //! Routes ([`HEDGED_ROUTES`]): OpenAI's `POST /v1/chat/completions`, `POST /v1/completions`
 //! and `POST /v1/responses`, and Anthropic's `POST /v1/messages`, proxied through the stack
@@ -29,7 +29,6 @@
 mod args;
 mod cluster;
 mod config;
-mod drain;
 mod file;
 mod metrics;
 mod routes;
@@ -63,7 +62,6 @@ pub use config::{
     AdmissionConfig, Config, ConfigError, DEFAULT_CONGESTED_SCRIPT, DEFAULT_MOCK_SCRIPT,
     HedgeConfig, MOCK_MODEL, MockConfig, PriorityConfig, TimeoutConfig, parse_priority,
 };
-pub use drain::{Drain, DrainBody, DrainLayer};
 pub use file::{ClusterFile, FileConfig, HedgeDelaySetting, parse_duration};
 pub use metrics::{metrics_handle, prometheus_recorder};
 pub use serve::{Limits, serve};
@@ -141,7 +139,9 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         a.capacity,
     );
 
-    let mut timeout = SseIdleTimeoutLayer::new().with_client_deadline(t.client_deadline());
+    let mut timeout = SseIdleTimeoutLayer::new()
+        .with_client_deadline(t.client_deadline())
+        .with_shutdown(drain);
     if let Some(d) = t.head {
         timeout = timeout.with_head_timeout(d);
     }
@@ -193,7 +193,6 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         // runs before classification) reads it for its `priority` label.
         .layer(priority)
         .layer(shared.admission)
-        .layer(DrainLayer::new(drain))
         .layer(timeout)
         .service(hedged);
     BoxCloneSyncService::new(stack)

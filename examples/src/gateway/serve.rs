@@ -18,12 +18,14 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use bytes::Bytes;
 use http::{Request, Version};
-use http_body_util::BodyExt;
+use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -144,7 +146,7 @@ async fn connection(
         async move {
             let res = router.oneshot(req).await;
             // The connection is busy until hyper drops the response body.
-            res.map(|res| res.map(|b| Body::new(b.map_frame(move |f| hold(&busy, f)))))
+            res.map(|res| res.map(|body| Held { body, _busy: busy }))
         }
     });
     let builder = auto::Builder::new(TokioExecutor::new());
@@ -173,9 +175,34 @@ async fn connection(
     }
 }
 
-/// Keeps `_busy` alive as long as the response body that owns this closure.
-fn hold<T>(_busy: &Busy, frame: T) -> T {
-    frame
+pin_project! {
+    /// A response body that keeps its connection busy until hyper drops it. Frames pass
+    /// through untouched (no second boxing of the router's body).
+    struct Held {
+        #[pin]
+        body: Body,
+        _busy: Busy,
+    }
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
