@@ -132,6 +132,12 @@
 //!
 //! A response that is not a stream (`application/json`, say) is not affected.
 //!
+//! ## On shutdown
+//!
+//! With [`with_shutdown`](SseIdleTimeoutLayer::with_shutdown), a server's graceful stop ends the
+//! streams still running when its grace period is over the same way: after the last whole
+//! event, an in-band error the client may retry (code `shutdown`), end reason `Deadline`.
+//!
 //! ## Timing, precisely
 //!
 //! * **Frames first.** Each poll first polls the inner future or body. A frame (or the
