@@ -24,9 +24,10 @@
 //!
 //! Each is driven by the load generator of `tailguard-mock load` (open-loop Poisson, HDR
 //! histograms, latencies from the scheduled send time) at 100, 400 and 1,000 requests/s for
-//! 10 s each (after a 2 s warm-up), then at rates found by bisection for the highest rate it
+//! 10 s each (after a 2 s warm-up) and at rates found by bisection for the highest rate it
 //! *sustains*: p99 time to first token within 2x the direct path's at 100/s, and at most 0.1%
-//! of requests not completed. Every process runs on this machine, on 127.0.0.1, and is killed
+//! of requests not completed. The bisection runs before the 1,000/s run, so that no probe
+//! follows an overload. Every process runs on this machine, on 127.0.0.1, and is killed
 //! when the bench ends (each also runs under a one-hour `timeout`, in case the bench is killed
 //! outright).
 //!
@@ -171,8 +172,11 @@ async fn bench_front(
 ) -> Result<(FrontResult, f64), BoxError> {
     eprintln!("{front}: warm-up");
     measure(urls, 50.0, Duration::from_secs(2)).await?;
+    // The overload rate (1,000/s) runs last: a probe right after it measured how fast a front
+    // recovers from it, not what it sustains.
+    let (overload, steady) = RATES.split_last().ok_or("no rates")?;
     let mut runs = Vec::new();
-    for rate in RATES {
+    for &rate in steady {
         let r = measure_logged(front, urls, rate, opts.window).await?;
         slo_ms.get_or_insert(r.ttft_p99_ms * SLO_FACTOR);
         runs.push(r);
@@ -212,6 +216,7 @@ async fn bench_front(
             probes.push(r);
         }
     }
+    runs.push(measure_logged(front, urls, *overload, opts.window).await?);
     let result = FrontResult {
         front,
         runs,
