@@ -193,28 +193,19 @@ async fn watchdog(
     graceful: oneshot::Sender<()>,
     mut close: oneshot::Sender<()>,
 ) {
-    let mut stopping = false;
     let mut graceful = Some(graceful);
     loop {
         tokio::select! {
-            expiry = state.expired(limits) => match expiry {
-                Expiry::HeaderRead => {
-                    let _ = close.send(());
-                    return;
-                }
-                Expiry::Idle => {
-                    if let Some(g) = graceful.take() {
-                        let _ = g.send(());
-                    }
-                }
+            expiry = state.expired(limits) => if let Expiry::HeaderRead = expiry {
+                let _ = close.send(());
+                return;
             },
-            () = stopped(&mut stop), if !stopping => {
-                stopping = true;
-                if let Some(g) = graceful.take() {
-                    let _ = g.send(());
-                }
-            }
+            () = stopped(&mut stop), if graceful.is_some() => {}
             () = close.closed() => return,
+        }
+        // Idle too long, or the server stops.
+        if let Some(g) = graceful.take() {
+            let _ = g.send(());
         }
     }
 }
