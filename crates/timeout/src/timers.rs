@@ -1,10 +1,11 @@
-//! The timers: a [`Clock`] per timer, and the body's first-token, idle and total clocks
-//! ([`Timers`]), which one expired and the phase it is named by.
+//! The timers: a [`Clock`] for the response head, and the body's first-token, idle, liveness
+//! and total deadlines ([`Timers`]), which one expired and the phase it is named by.
 //!
-//! A clock keeps its deadline as an [`Instant`] and one [`Sleep`], armed lazily the first time
-//! its owner waits. Progress only records a new, later deadline; the sleep is left alone, and
-//! when it fires the clock compares the time with the recorded deadline and re-arms the sleep
-//! for it if progress moved it.
+//! Every waiter has one [`Wake`]: a [`Sleep`] armed lazily the first time it waits, for the
+//! earliest deadline it guards. Progress only records a new, later deadline; the sleep is left
+//! alone, and when it fires the time is compared with the deadline and the sleep re-armed for
+//! it if progress moved it. One sleep per body, rather than one per timer, is one timer-wheel
+//! entry to register and poll per wait instead of up to four.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,13 +18,55 @@ use tokio::time::{Instant, Sleep};
 
 use crate::layer::Timeouts;
 
+/// A running timer: the instant it runs out and the limit that instant came from.
+type Running = Option<(Instant, Duration)>;
+
+pin_project! {
+    /// A sleep for a deadline that may move, armed on the first wait.
+    #[derive(Debug, Default)]
+    pub(crate) struct Wake {
+        #[pin]
+        sleep: Option<Sleep>,
+    }
+}
+
+impl Wake {
+    /// `Ready` once `at` has passed.
+    ///
+    /// A sleep armed for an earlier instant is re-armed when it fires (progress moved the
+    /// deadline); one armed for a later instant is re-armed at once (an earlier timer started).
+    pub(crate) fn poll_until(self: Pin<&mut Self>, at: Instant, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        match this.sleep.as_mut().as_pin_mut() {
+            None => this.sleep.set(Some(tokio::time::sleep_until(at))),
+            Some(sleep) if sleep.deadline() > at => sleep.reset(at),
+            Some(_) => {}
+        }
+        let Some(mut sleep) = this.sleep.as_pin_mut() else {
+            return Poll::Pending;
+        };
+        loop {
+            ready!(sleep.as_mut().poll(cx));
+            if Instant::now() >= at {
+                return Poll::Ready(());
+            }
+            sleep.as_mut().reset(at);
+        }
+    }
+
+    /// Drops the sleep.
+    pub(crate) fn stop(self: Pin<&mut Self>) {
+        self.project().sleep.set(None);
+    }
+}
+
 pin_project! {
     /// One timer: the deadline it runs to, the limit that deadline came from, and its sleep.
     #[derive(Debug)]
     pub(crate) struct Clock {
-        running: Option<(Instant, Duration)>,
+        running: Running,
         #[pin]
-        sleep: Option<Sleep>,
+        wake: Wake,
     }
 }
 
@@ -33,12 +76,12 @@ impl Clock {
     pub(crate) fn new(limit: Option<Duration>, from: Instant) -> Self {
         Clock {
             running: deadline(limit, from),
-            sleep: None,
+            wake: Wake::default(),
         }
     }
 
     /// The deadline and its limit, while the clock runs.
-    pub(crate) fn running(&self) -> Option<(Instant, Duration)> {
+    pub(crate) fn running(&self) -> Running {
         self.running
     }
 
@@ -48,46 +91,25 @@ impl Clock {
             .and_then(|(at, limit)| (now >= at).then_some(limit))
     }
 
-    /// Runs the clock to `from + limit`. Only the deadline is recorded: a sleep armed for an
-    /// earlier one is re-armed when it fires.
-    fn restart(self: Pin<&mut Self>, limit: Option<Duration>, from: Instant) {
-        *self.project().running = deadline(limit, from);
-    }
-
     /// Stops the clock and drops its sleep.
     pub(crate) fn stop(self: Pin<&mut Self>) {
-        let mut this = self.project();
+        let this = self.project();
         *this.running = None;
-        this.sleep.set(None);
+        this.wake.stop();
     }
 
     /// Waits for the deadline; `Ready` with the limit once it has passed.
-    ///
-    /// The sleep is armed on the first poll. When it fires, the time is compared with the
-    /// recorded deadline: past it, the clock has run out; before it, progress moved the
-    /// deadline since the sleep was armed, and the sleep is re-armed for it.
     pub(crate) fn poll_expired(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Duration> {
-        let mut this = self.project();
+        let this = self.project();
         let Some((at, limit)) = *this.running else {
             return Poll::Pending;
         };
-        if this.sleep.is_none() {
-            this.sleep.set(Some(tokio::time::sleep_until(at)));
-        }
-        let Some(mut sleep) = this.sleep.as_pin_mut() else {
-            return Poll::Pending;
-        };
-        loop {
-            ready!(sleep.as_mut().poll(cx));
-            if Instant::now() >= at {
-                return Poll::Ready(limit);
-            }
-            sleep.as_mut().reset(at);
-        }
+        ready!(this.wake.poll_until(at, cx));
+        Poll::Ready(limit)
     }
 }
 
-fn deadline(limit: Option<Duration>, from: Instant) -> Option<(Instant, Duration)> {
+fn deadline(limit: Option<Duration>, from: Instant) -> Running {
     let limit = limit?;
     Some((from.checked_add(limit)?, limit))
 }
@@ -121,14 +143,13 @@ pin_project! {
         bytes: bool,
         // When the current gap between any bytes started.
         last_bytes: Option<Instant>,
+        first_token: Running,
+        idle: Running,
+        liveness: Running,
+        total: Running,
+        // Armed for the earliest of the four deadlines.
         #[pin]
-        first_token: Clock,
-        #[pin]
-        idle: Clock,
-        #[pin]
-        liveness: Clock,
-        #[pin]
-        total: Clock,
+        wake: Wake,
     }
 }
 
@@ -152,10 +173,11 @@ impl Timers {
             last_progress: None,
             bytes: false,
             last_bytes: None,
-            first_token: Clock::new(t.first_token, first_token_from),
-            idle: Clock::new(None, start),
-            liveness: Clock::new(t.liveness, headers_at),
-            total: Clock::new(t.total, start),
+            first_token: deadline(t.first_token, first_token_from),
+            idle: None,
+            liveness: deadline(t.liveness, headers_at),
+            total: deadline(t.total, start),
+            wake: Wake::default(),
         }
     }
 
@@ -175,10 +197,10 @@ impl Timers {
 
     /// Whether any timer can still expire.
     pub(crate) fn active(&self) -> bool {
-        self.first_token.running.is_some()
+        self.first_token.is_some()
             || self.idle_limit.is_some()
-            || self.liveness.running.is_some()
-            || self.total.running.is_some()
+            || self.liveness.is_some()
+            || self.total.is_some()
     }
 
     /// Records what the tracker found in a data frame of `bytes` bytes.
@@ -193,7 +215,7 @@ impl Timers {
         *this.bytes |= bytes;
         if first_token && !*this.first_token_seen {
             *this.first_token_seen = true;
-            this.first_token.stop();
+            *this.first_token = None;
         }
     }
 
@@ -201,61 +223,62 @@ impl Timers {
     /// timer that has run out at `now`, if any: the one with the earliest deadline, and on a tie
     /// the first of first token, idle, liveness and total. Bytes delivered since the last check
     /// restart the liveness clock the same way.
-    pub(crate) fn check(self: Pin<&mut Self>, now: Instant) -> Option<Expired> {
-        let mut this = self.project();
+    pub(crate) fn check(mut self: Pin<&mut Self>, now: Instant) -> Option<Expired> {
+        let this = self.as_mut().project();
         if std::mem::take(this.progress) {
             *this.last_progress = Some(now);
             if *this.first_token_seen {
-                this.idle.as_mut().restart(*this.idle_limit, now);
+                *this.idle = deadline(*this.idle_limit, now);
             }
         }
         if std::mem::take(this.bytes) {
             *this.last_bytes = Some(now);
-            this.liveness.as_mut().restart(*this.liveness_limit, now);
+            *this.liveness = deadline(*this.liveness_limit, now);
         }
+        self.earliest()
+            .filter(|(_, (at, _))| now >= *at)
+            .map(|(phase, (_, limit))| Expired { phase, limit })
+    }
+
+    /// The running timer with the earliest deadline; on a tie the first of first token, idle,
+    /// liveness and total.
+    fn earliest(&self) -> Option<(Phase, (Instant, Duration))> {
         [
-            (Phase::FirstToken, this.first_token.running()),
-            (Phase::Idle, this.idle.running()),
-            (Phase::Liveness, this.liveness.running()),
-            (Phase::Total, this.total.running()),
+            (Phase::FirstToken, self.first_token),
+            (Phase::Idle, self.idle),
+            (Phase::Liveness, self.liveness),
+            (Phase::Total, self.total),
         ]
         .into_iter()
         .filter_map(|(phase, running)| Some((phase, running?)))
-        .filter(|(_, (at, _))| now >= *at)
         .min_by_key(|(_, (at, _))| *at)
-        .map(|(phase, (_, limit))| Expired { phase, limit })
     }
 
-    /// The body has to wait: checks the timers at the current time, then waits on their sleeps.
+    /// The body has to wait: checks the timers at the current time, then waits for the
+    /// earliest deadline.
     pub(crate) fn poll_expired(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Expired> {
         if !self.active() {
             return Poll::Pending;
         }
-        if let Some(expired) = self.as_mut().check(Instant::now()) {
-            return Poll::Ready(expired);
-        }
-        let this = self.project();
-        let clocks = [
-            (Phase::FirstToken, this.first_token),
-            (Phase::Idle, this.idle),
-            (Phase::Liveness, this.liveness),
-            (Phase::Total, this.total),
-        ];
-        for (phase, clock) in clocks {
-            if let Poll::Ready(limit) = clock.poll_expired(cx) {
-                return Poll::Ready(Expired { phase, limit });
+        loop {
+            if let Some(expired) = self.as_mut().check(Instant::now()) {
+                return Poll::Ready(expired);
             }
+            let Some((_, (at, _))) = self.earliest() else {
+                return Poll::Pending;
+            };
+            ready!(self.as_mut().project().wake.poll_until(at, cx));
         }
-        Poll::Pending
     }
 
-    /// Stops every clock (the inner body is gone).
+    /// Stops every timer (the inner body is gone).
     pub(crate) fn stop(self: Pin<&mut Self>) {
         let this = self.project();
-        this.first_token.stop();
-        this.idle.stop();
-        this.liveness.stop();
-        this.total.stop();
+        *this.first_token = None;
+        *this.idle = None;
+        *this.liveness = None;
+        *this.total = None;
+        this.wake.stop();
     }
 }
 
@@ -348,7 +371,7 @@ mod tests {
         let t = Timeouts::new().with_idle(secs(2));
         let mut timers = Box::pin(Timers::new(&t, (t0, t0), t0, false));
         let mut cx = Context::from_waker(Waker::noop());
-        let armed = |timers: &Pin<Box<Timers>>| timers.idle.sleep.as_ref().map(Sleep::deadline);
+        let armed = |timers: &Pin<Box<Timers>>| timers.wake.sleep.as_ref().map(Sleep::deadline);
 
         // A gap from 0 s: the sleep is armed for 2 s.
         timers.as_mut().observe(&token(), 1);
@@ -364,5 +387,29 @@ mod tests {
         assert_eq!((e.phase, Instant::now()), (Phase::Idle, t0 + secs(3)));
         assert_eq!(armed(&timers), Some(t0 + secs(3)));
         assert_eq!(timers.last_activity(Phase::Idle), Some(t0 + secs(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_sleep_is_re_armed_at_once_for_an_earlier_deadline() {
+        let t0 = Instant::now();
+        let t = Timeouts::new()
+            .with_first_token(secs(10))
+            .with_idle(secs(1))
+            .with_total(secs(60));
+        let mut timers = Box::pin(Timers::new(&t, (t0, t0), t0, false));
+        let mut cx = Context::from_waker(Waker::noop());
+        let armed = |timers: &Pin<Box<Timers>>| timers.wake.sleep.as_ref().map(Sleep::deadline);
+
+        // Waiting for the first token: the one sleep is armed for its deadline, not the total's.
+        assert!(timers.as_mut().poll_expired(&mut cx).is_pending());
+        assert_eq!(armed(&timers), Some(t0 + secs(10)));
+        // The first token at 2 s: the idle gap runs to 3 s, before the armed 10 s.
+        tokio::time::sleep(secs(2)).await;
+        timers.as_mut().observe(&token(), 1);
+        assert!(timers.as_mut().poll_expired(&mut cx).is_pending());
+        assert_eq!(armed(&timers), Some(t0 + secs(3)));
+        let e = std::future::poll_fn(|cx| timers.as_mut().poll_expired(cx)).await;
+        assert_eq!((e.phase, e.limit), (Phase::Idle, secs(1)));
+        assert_eq!(Instant::now(), t0 + secs(3));
     }
 }
