@@ -31,6 +31,7 @@ mod cluster;
 mod config;
 mod file;
 mod metrics;
+mod resolve;
 mod routes;
 mod serve;
 mod timeout_config;

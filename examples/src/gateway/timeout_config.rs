@@ -6,8 +6,9 @@ use http::HeaderName;
 use tailguard::core::ClientDeadline;
 
 use super::args::Args;
-use super::config::{Config, ConfigError, err, pick};
+use super::config::{Config, ConfigError, err};
 use super::file::{FileConfig, Timer};
+use super::resolve::pick;
 
 /// `SseIdleTimeout` settings (`None`: the timer is off) and how a client's own deadline is read.
 #[derive(Clone, Debug)]
