@@ -333,6 +333,87 @@ async fn hedge_outcome_from_first_token_hedge() {
     server.shutdown().await;
 }
 
+/// The hedge's losers of `r`: (attempt, how long it ran).
+fn loser_runs(r: &PhaseReport) -> Vec<(u8, Duration)> {
+    r.hedge
+        .as_ref()
+        .map(|h| h.losers.iter().map(|l| (l.attempt, l.ran)).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_race_cut_short_by_the_first_token_timeout_still_reports_what_the_hedge_did() {
+    // Both replicas are slow: the backup goes out at 100 ms, and the first-token timeout (outside
+    // the hedge) ends the request at 300 ms with no response from the hedge. The report still
+    // says two attempts ran and both lost, and for how long.
+    let server = MockServer::start(Script::new().ttft(ms(5000)))
+        .await
+        .unwrap();
+    let (layer, reports, snap) = recorder();
+    let upstream: HttpClient<ReplayBody<Full<Bytes>>> = client_of();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new().with_first_token_timeout(ms(300)))
+        .layer(
+            FirstTokenHedgeLayer::new()
+                .with_delay(ms(100))
+                .with_max_attempts(2),
+        )
+        .service(upstream);
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    let r = reports.one();
+    assert_eq!(r.end_reason, EndReason::FirstTokenTimeout);
+    let h = r
+        .hedge
+        .as_ref()
+        .expect("the hedge's outcome, from the end report");
+    assert_eq!((h.attempts, h.winner), (2, None));
+    assert_eq!(loser_runs(&r), [(0, ms(300)), (1, ms(200))]);
+    let attempts: Vec<_> = snapshot(&snap)
+        .iter()
+        .filter(|s| s.name == "tailguard_hedge_attempts")
+        .map(|s| s.label("end_reason").unwrap().to_owned())
+        .collect();
+    assert_eq!(attempts, ["first_token_timeout"]);
+    server.wait_idle().await;
+    assert_eq!(
+        server.stats().cancelled,
+        2,
+        "both attempts were cancelled upstream"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_gone_during_the_race_still_reports_what_the_hedge_did() {
+    let server = MockServer::start(Script::new().ttft(ms(5000)))
+        .await
+        .unwrap();
+    let (layer, reports, _snap) = recorder();
+    let upstream: HttpClient<ReplayBody<Full<Bytes>>> = client_of();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(
+            FirstTokenHedgeLayer::new()
+                .with_delay(ms(100))
+                .with_max_attempts(2),
+        )
+        .service(upstream);
+    let gone = tokio::time::timeout(ms(250), svc.oneshot(chat(&server, &[]))).await;
+    assert!(gone.is_err(), "no first token within 250 ms");
+    let r = reports.one();
+    assert_eq!(r.end_reason, EndReason::ClientDisconnect);
+    assert_eq!(
+        r.hedge.as_ref().map(|h| (h.attempts, h.winner)),
+        Some((2, None))
+    );
+    assert_eq!(loser_runs(&r), [(0, ms(250)), (1, ms(150))]);
+    server.wait_idle().await;
+    assert_eq!(server.stats().cancelled, 2);
+    server.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn every_hedge_attempt_reset_before_its_first_token_is_recorded_as_the_502_it_is() {
     // Issue 15: both attempts send a role-only chunk, then reset. The recorder logged

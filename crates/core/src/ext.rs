@@ -356,10 +356,21 @@ impl fmt::Display for EndReason {
 ///   layer finds the reason when it sees the end.
 /// * **The first report wins.** [`report`](EndReport::report) keeps the first reason and
 ///   ignores later ones: the innermost cause is kept.
+/// * **A race cut short.** A hedge normally tells the outer layer what it did through the
+///   response extensions ([`HedgeOutcome`]). When a layer outside ends the request before the
+///   hedge has a response (a first-token timeout, a deadline, the client going away), the hedge
+///   [`report_hedge`](EndReport::report_hedge)s its outcome here instead, as it is dropped;
+///   the reader takes it from [`hedge`](EndReport::hedge) when the response carried none.
 ///
 /// Clones share one report.
 #[derive(Clone, Debug, Default)]
-pub struct EndReport(Arc<OnceLock<EndReason>>);
+pub struct EndReport(Arc<Reported>);
+
+#[derive(Debug, Default)]
+struct Reported {
+    reason: OnceLock<EndReason>,
+    hedge: OnceLock<HedgeOutcome>,
+}
 
 impl EndReport {
     /// A fresh, empty report.
@@ -369,12 +380,23 @@ impl EndReport {
 
     /// Records `reason` if nothing was reported yet; returns whether this call set it.
     pub fn report(&self, reason: EndReason) -> bool {
-        self.0.set(reason).is_ok()
+        self.0.reason.set(reason).is_ok()
     }
 
     /// The reported reason, if any.
     pub fn get(&self) -> Option<EndReason> {
-        self.0.get().copied()
+        self.0.reason.get().copied()
+    }
+
+    /// Records what a hedge did with a request it never answered, if nothing was recorded yet;
+    /// returns whether this call set it.
+    pub fn report_hedge(&self, outcome: HedgeOutcome) -> bool {
+        self.0.hedge.set(outcome).is_ok()
+    }
+
+    /// What a hedge reported through [`report_hedge`](EndReport::report_hedge), if anything.
+    pub fn hedge(&self) -> Option<&HedgeOutcome> {
+        self.0.hedge.get()
     }
 
     /// Reports `reason` to the `EndReport` in `extensions`, if there is one.
@@ -409,6 +431,17 @@ mod tests {
         assert!(inner.report(EndReason::IdleTimeout));
         assert!(!inner.report(EndReason::Completed));
         assert_eq!(r.get(), Some(EndReason::IdleTimeout));
+    }
+
+    #[test]
+    fn a_hedge_outcome_is_kept_once_and_shared_by_clones() {
+        let r = EndReport::new();
+        let inner = r.clone();
+        assert!(r.hedge().is_none());
+        assert!(inner.report_hedge(HedgeOutcome::all_failed(2, None)));
+        assert!(!inner.report_hedge(HedgeOutcome::all_failed(3, None)));
+        assert_eq!(r.hedge().map(|h| (h.attempts, h.winner)), Some((2, None)));
+        assert_eq!(r.get(), None, "the reason is reported on its own");
     }
 
     #[test]

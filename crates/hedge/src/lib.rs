@@ -101,7 +101,10 @@
 //! cancelled (or failed), the request body bytes sent on the losing attempts, and the prompt
 //! tokens sent on them when the request's [`RequestFacts`](tailguard_core::RequestFacts) know
 //! its `prompt_tokens`: the prefill the hedge paid for. `LatencyPhaseRecorder` turns them into
-//! per-upstream counters and puts them on the request's log line.
+//! per-upstream counters and puts them on the request's log line. When a layer outside ends the
+//! request during the race (a first-token timeout, a deadline, the client going away), no
+//! response carries the outcome: the hedge reports it, every attempt a loser, to the request's
+//! [`EndReport`](tailguard_core::EndReport) as it is dropped.
 //!
 //! ## Composition
 //!

@@ -160,19 +160,6 @@ where
         req
     }
 
-    /// What the hedge did: `winner` is `None` when every attempt failed (then every attempt
-    /// is a loser).
-    fn outcome(&self, winner: Option<u8>) -> HedgeOutcome {
-        let outcome = match winner {
-            Some(w) => HedgeOutcome::new(self.sent, w, self.delay),
-            None => HedgeOutcome::all_failed(self.sent, self.delay),
-        }
-        .with_budget_exhausted(self.budget_exhausted)
-        .with_deadline_skipped(self.deadline_skipped);
-        let bytes = self.body.as_ref().and_then(ReplayBody::replay_len);
-        self.costs.outcome(outcome, winner, bytes)
-    }
-
     /// Sends attempt number `self.sent` on the (ready) service.
     fn send(&mut self, trigger: Trigger, now: Instant) {
         let Some(body) = self.body.as_ref().and_then(ReplayBody::try_clone) else {
@@ -496,14 +483,42 @@ where
     fn drop(&mut self) {
         // The client went away (or a layer outside timed the request out) during the race:
         // every attempt in flight is cancelled, dropped with this struct. Nobody won, so their
-        // waits are no TTFT samples (see `AdaptiveDelay`).
+        // waits are no TTFT samples (see `AdaptiveDelay`). No response will carry the outcome:
+        // it goes to the outer end report.
+        if !matches!(self.phase, Phase::Racing) {
+            return;
+        }
         let now = Instant::now();
-        for attempt in &self.attempts {
+        for attempt in std::mem::take(&mut self.attempts) {
             tracing::debug!(
                 attempt = attempt.index,
                 waited_ms = now.saturating_duration_since(attempt.sent_at).as_millis() as u64,
                 "tailguard-hedge: attempt cancelled, response dropped"
             );
+            self.costs.ended(attempt.index, attempt.sent_at, now);
         }
+        if let Some(outer) = &self.outer_report {
+            outer.report_hedge(self.outcome(None));
+        }
+    }
+}
+
+impl<S, B, RB> Race<S, B, RB>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
+    B: Body,
+    RB: Body,
+{
+    /// What the hedge did: `winner` is `None` when no attempt won (then every attempt is a
+    /// loser).
+    fn outcome(&self, winner: Option<u8>) -> HedgeOutcome {
+        let outcome = match winner {
+            Some(w) => HedgeOutcome::new(self.sent, w, self.delay),
+            None => HedgeOutcome::all_failed(self.sent, self.delay),
+        }
+        .with_budget_exhausted(self.budget_exhausted)
+        .with_deadline_skipped(self.deadline_skipped);
+        let bytes = self.body.as_ref().and_then(ReplayBody::replay_len);
+        self.costs.outcome(outcome, winner, bytes)
     }
 }

@@ -16,18 +16,20 @@ pin_project! {
     ///
     /// Records the time to headers and wraps the body. If it fails, the request is reported
     /// with an upstream transport error (unless an inner layer reported a reason); if it is
-    /// dropped before headers, as a client disconnect.
+    /// dropped before headers, as a client disconnect, after the inner future is dropped (so
+    /// that what the inner layers report as they are dropped is in the report).
     pub struct ResponseFuture<F> {
         #[pin]
-        inner: F,
+        inner: Option<F>,
         span: Span,
         rec: Option<Box<Recording>>,
     }
 
     impl<F> PinnedDrop for ResponseFuture<F> {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
+            let mut this = this.project();
             if let Some(rec) = this.rec.take() {
+                this.inner.set(None);
                 rec.finish(Observed::Dropped, this.span);
             }
         }
@@ -37,7 +39,7 @@ pin_project! {
 impl<F> ResponseFuture<F> {
     pub(crate) fn new(inner: F, span: Span, rec: Box<Recording>) -> Self {
         ResponseFuture {
-            inner,
+            inner: Some(inner),
             span,
             rec: Some(rec),
         }
@@ -60,11 +62,15 @@ where
     type Output = Result<Response<LatencyPhaseRecorderBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            panic!("ResponseFuture polled after completion");
+        };
         let res = {
             let _enter = this.span.enter();
-            ready!(this.inner.poll(cx))
+            ready!(inner.poll(cx))
         };
+        this.inner.set(None);
         match res {
             Ok(mut res) => {
                 let (rec, span) = match this.rec.take() {

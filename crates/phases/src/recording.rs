@@ -234,6 +234,11 @@ impl Recording {
             _ => None,
         };
         let usage = self.tracker.as_ref().and_then(StreamTracker::usage);
+        if self.hedge.is_none() {
+            // A layer outside the hedge answered before it did (a timeout, a deadline) or the
+            // client went away: the hedge reported what it did as it was dropped.
+            self.hedge = self.end_report.hedge().cloned();
+        }
         let this = *self;
         let priority = this.labels.priority.clone();
         let report = PhaseReport {

@@ -167,7 +167,9 @@ pub struct PhaseReport {
     /// What admission did (queue wait, rejection).
     pub admission: Option<AdmissionOutcome>,
     /// What the hedge did (attempts, winner) and what its losing attempts cost (how long each
-    /// ran, the prompt bytes and tokens sent on them).
+    /// ran, the prompt bytes and tokens sent on them). From the response extensions, or, when a
+    /// layer outside the hedge ended the request during its race (a timeout, the client gone),
+    /// from the request's [`EndReport`](tailguard_core::EndReport), with no winner.
     pub hedge: Option<HedgeOutcome>,
     /// The request's class, when one was assigned.
     pub priority: Option<Priority>,
