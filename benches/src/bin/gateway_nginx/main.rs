@@ -84,6 +84,11 @@ impl FrontResult {
     fn at(&self, rate: f64) -> Option<&Run> {
         self.runs.iter().find(|r| r.rate == rate)
     }
+
+    /// The runs at the fixed rates, then the bisection's.
+    fn all_runs(&self) -> impl Iterator<Item = &Run> {
+        self.runs.iter().chain(&self.probes)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
