@@ -265,26 +265,6 @@ where
         self.want(Trigger::Failure);
     }
 
-    /// Drops every attempt still in flight; `censor` when another attempt just produced the
-    /// first token, so that how long each had waited is a censored TTFT sample.
-    fn cancel_all(&mut self, now: Instant, censor: bool) {
-        for attempt in self.attempts.drain(..) {
-            self.costs.ended(attempt.index, attempt.sent_at, now);
-            let waited = now.saturating_duration_since(attempt.sent_at);
-            if let Some(e) = self.estimator.as_ref().filter(|_| censor) {
-                e.record(waited, true, now);
-            }
-            tracing::debug!(
-                attempt = attempt.index,
-                waited_ms = waited.as_millis() as u64,
-                "tailguard-hedge: attempt cancelled"
-            );
-        }
-        self.timer = None;
-        self.hedge_at = None;
-        self.pending_send = None;
-    }
-
     fn forward(&self, report: Option<EndReport>) -> Option<Forward> {
         Some(Forward {
             inner: report?,
@@ -488,15 +468,7 @@ where
         if !matches!(self.phase, Phase::Racing) {
             return;
         }
-        let now = Instant::now();
-        for attempt in std::mem::take(&mut self.attempts) {
-            tracing::debug!(
-                attempt = attempt.index,
-                waited_ms = now.saturating_duration_since(attempt.sent_at).as_millis() as u64,
-                "tailguard-hedge: attempt cancelled, response dropped"
-            );
-            self.costs.ended(attempt.index, attempt.sent_at, now);
-        }
+        self.cancel_all(Instant::now(), false);
         if let Some(outer) = &self.outer_report {
             outer.report_hedge(self.outcome(None));
         }
@@ -509,6 +481,26 @@ where
     B: Body,
     RB: Body,
 {
+    /// Drops every attempt still in flight; `censor` when another attempt just produced the
+    /// first token, so that how long each had waited is a censored TTFT sample.
+    fn cancel_all(&mut self, now: Instant, censor: bool) {
+        for attempt in self.attempts.drain(..) {
+            self.costs.ended(attempt.index, attempt.sent_at, now);
+            let waited = now.saturating_duration_since(attempt.sent_at);
+            if let Some(e) = self.estimator.as_ref().filter(|_| censor) {
+                e.record(waited, true, now);
+            }
+            tracing::debug!(
+                attempt = attempt.index,
+                waited_ms = waited.as_millis() as u64,
+                "tailguard-hedge: attempt cancelled"
+            );
+        }
+        self.timer = None;
+        self.hedge_at = None;
+        self.pending_send = None;
+    }
+
     /// What the hedge did: `winner` is `None` when no attempt won (then every attempt is a
     /// loser).
     fn outcome(&self, winner: Option<u8>) -> HedgeOutcome {

@@ -73,14 +73,11 @@ where
         this.inner.set(None);
         match res {
             Ok(mut res) => {
-                let (rec, span) = match this.rec.take() {
-                    Some(mut rec) => {
-                        rec.on_headers(&mut res);
-                        (Some(rec), std::mem::replace(this.span, Span::none()))
-                    }
-                    // Polled again after completion: pass through, record nothing.
-                    None => (None, Span::none()),
-                };
+                let rec = this.rec.take().map(|mut rec| {
+                    rec.on_headers(&mut res);
+                    rec
+                });
+                let span = std::mem::replace(this.span, Span::none());
                 let (parts, body) = res.into_parts();
                 let body = LatencyPhaseRecorderBody::new(body, rec, span);
                 Poll::Ready(Ok(Response::from_parts(parts, body)))
