@@ -36,6 +36,9 @@ struct Output<'a> {
     gateway_over_nginx: Option<Ratios>,
     /// The layer-less hyper proxy's sustained rate over nginx's.
     bare_proxy_over_nginx_sustained: Option<f64>,
+    /// The gateway's sustained rate over the layer-less hyper proxy's: what the layers cost,
+    /// with hyper and tokio on both sides.
+    gateway_over_bare_proxy_sustained: Option<f64>,
 }
 
 fn ratios(nginx: &FrontResult, gateway: &FrontResult) -> Ratios {
@@ -163,8 +166,14 @@ pub(crate) fn print_and_save(
         .map(|(n, b)| b.sustained / n.sustained);
     if let Some(r) = bare_over_nginx {
         println!(
-            "bare hyper proxy / nginx, sustained rate: {r:.2}x (the gateway's ceiling on this machine)"
+            "bare hyper proxy / nginx, sustained rate: {r:.2}x (hyper and tokio with no layer, same run)"
         );
+    }
+    let gateway_over_bare = get("bare proxy")
+        .zip(get("gateway"))
+        .map(|(b, g)| g.sustained / b.sustained);
+    if let Some(r) = gateway_over_bare {
+        println!("gateway / bare hyper proxy, sustained rate: {r:.2}x (what the layers cost)");
     }
     let out = Output {
         bench: "gateway_nginx",
@@ -181,6 +190,7 @@ pub(crate) fn print_and_save(
         fronts,
         gateway_over_nginx: ratios,
         bare_proxy_over_nginx_sustained: bare_over_nginx,
+        gateway_over_bare_proxy_sustained: gateway_over_bare,
     };
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
     std::fs::create_dir_all(&dir)?;
