@@ -161,17 +161,19 @@ pub(crate) fn print_and_save(
         Some(r) => print_ratios(r),
         None => println!("\nno nginx run: no ratios"),
     }
-    let bare_over_nginx = get("nginx")
-        .zip(get("bare proxy"))
-        .map(|(n, b)| b.sustained / n.sustained);
+    // `front`'s sustained rate over `base`'s, when both ran.
+    let sustained_over = |front: &str, base: &str| {
+        get(front)
+            .zip(get(base))
+            .map(|(f, b)| f.sustained / b.sustained)
+    };
+    let bare_over_nginx = sustained_over("bare proxy", "nginx");
     if let Some(r) = bare_over_nginx {
         println!(
             "bare hyper proxy / nginx, sustained rate: {r:.2}x (hyper and tokio with no layer, same run)"
         );
     }
-    let gateway_over_bare = get("bare proxy")
-        .zip(get("gateway"))
-        .map(|(b, g)| g.sustained / b.sustained);
+    let gateway_over_bare = sustained_over("gateway", "bare proxy");
     if let Some(r) = gateway_over_bare {
         println!("gateway / bare hyper proxy, sustained rate: {r:.2}x (what the layers cost)");
     }
