@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Client end-to-end tests of the example gateway: the official `openai` and `anthropic` Python
+# Client end-to-end tests of the gateway (tailguard-gateway): the official `openai` and `anthropic` Python
 # SDKs (tests/python/), a `curl -N` smoke test and `promtool check metrics` on /metrics, against
 # the gateway over embedded mock replicas, then a graceful shutdown. Bounded: every wait has a limit, and the
 # gateway is killed on exit whatever happens. Set TAILGUARD_SKIP_CLIENT_TESTS=1 to skip.
@@ -14,8 +14,8 @@ command -v curl >/dev/null || { echo "e2e: curl is required" >&2; exit 1; }
 
 export PYTHONDONTWRITEBYTECODE=1
 PY=$(./scripts/python-venv.sh)
-cargo build --quiet -p tailguard-examples --example gateway
-GATEWAY_BIN=${CARGO_TARGET_DIR:-target}/debug/examples/gateway
+cargo build --quiet -p tailguard-gateway --bin tailguard-gateway
+GATEWAY_BIN=${CARGO_TARGET_DIR:-target}/debug/tailguard-gateway
 
 WORK=$(mktemp -d)
 LOG=$WORK/gateway.log

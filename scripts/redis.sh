@@ -2,8 +2,8 @@
 # Starts a private redis-server for the Redis tests and exports its URL as TAILGUARD_REDIS_URL.
 # Source it (`. scripts/redis.sh`) from a script: the server runs on a free 127.0.0.1 port, in
 # its own directory, with persistence off, and is killed when the sourcing shell exits.
-# Installs Debian's redis-server when it is missing; if it cannot be had, says so and leaves
-# TAILGUARD_REDIS_URL unset (the Redis tests then skip with a message).
+# Installs Debian's redis-server when it is missing; if it cannot be had or does not start, it
+# fails (the sourcing script exits): the cluster tests never pass by not running.
 
 tailguard_redis_start() {
     if ! command -v redis-server >/dev/null 2>&1; then
@@ -14,8 +14,8 @@ tailguard_redis_start() {
         fi
     fi
     if ! command -v redis-server >/dev/null 2>&1; then
-        echo "redis.sh: redis-server cannot be installed here; the Redis tests will be skipped" >&2
-        return 0
+        echo "redis.sh: redis-server cannot be installed here; the Redis tests cannot run" >&2
+        return 1
     fi
     local dir port
     dir="$(mktemp -d -t tailguard-redis.XXXXXX)"
@@ -36,7 +36,8 @@ tailguard_redis_start() {
         fi
         sleep 0.05
     done
-    echo "redis.sh: redis-server did not start (see $dir/redis.log); the Redis tests will be skipped" >&2
+    echo "redis.sh: redis-server did not start (see $dir/redis.log); the Redis tests cannot run" >&2
+    return 1
 }
 
-tailguard_redis_start
+tailguard_redis_start || exit 1

@@ -1,4 +1,4 @@
-//! The example gateway (`tailguard_examples::gateway`) end to end, in-process over loopback:
+//! The gateway (`tailguard_gateway`) end to end, in-process over loopback:
 //! embedded mock replicas, the whole tailguard stack, the axum routes, configuration errors and
 //! graceful shutdown. Timing tests run on a paused clock (the mock and the gateway both use
 //! tokio's clock).
@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tailguard_examples::gateway::{Args, Config, Gateway, HedgeDelaySetting, MOCK_MODEL};
+use tailguard_gateway::{Args, Config, Gateway, HedgeDelaySetting, MOCK_MODEL};
 use tailguard_test_support::{client, ms};
 use tokio::time::Instant;
 

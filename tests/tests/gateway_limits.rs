@@ -1,4 +1,4 @@
-//! The example gateway's hardening, in-process over loopback on a paused clock: hop-by-hop
+//! The gateway's hardening, in-process over loopback on a paused clock: hop-by-hop
 //! headers dropped both ways, 415 for a non-JSON body, the header-read and keep-alive
 //! timeouts, the connection cap, and `TCP_NODELAY` towards the upstreams.
 
@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tailguard_examples::gateway::{Args, Config, Gateway, upstream_connector};
+use tailguard_gateway::{Args, Config, Gateway, upstream_connector};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, sleep};

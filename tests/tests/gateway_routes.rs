@@ -1,4 +1,4 @@
-//! The example gateway's routes beyond chat completions, in-process over loopback: Anthropic's
+//! The gateway's routes beyond chat completions, in-process over loopback: Anthropic's
 //! `/v1/messages` and OpenAI's `/v1/responses` hedged in their own dialects, and every other
 //! `/v1/*` request passed through un-hedged with the route label `other`.
 
@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tailguard_examples::gateway::{Args, Config, Gateway, HedgeDelaySetting};
+use tailguard_gateway::{Args, Config, Gateway, HedgeDelaySetting};
 use tailguard_test_support::{client, ms};
 use tokio::time::Instant;
 

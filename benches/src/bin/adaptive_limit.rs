@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Two `tailguard-mock` batching replicas (16 slots each, prefill by prompt size, decode gaps
-//! 25% slower at a full batch) behind the example gateway (hedging off, so only admission
+//! 25% slower at a full batch) behind the gateway (hedging off, so only admission
 //! differs; every other setting, the queue included, the gateway's default). The mock's
 //! open-loop Poisson load steps through 0.5x, 1x, 1.5x and 2x of the replicas' capacity, then
 //! goes back to 1x as one replica drops to 8 slots. Each limit gets fresh replicas and a fresh
@@ -27,7 +27,7 @@ use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
-use tailguard_examples::gateway::{Args, Config, Gateway, metrics_handle};
+use tailguard_gateway::{Args, Config, Gateway, metrics_handle};
 use tailguard_mock::load::{EndReason, LoadConfig, LoadReport};
 use tailguard_mock::{MockServer, Outcome, ReplicaOptions, Script};
 use tokio::time::{Instant, sleep, sleep_until};

@@ -13,7 +13,7 @@
 //!    the same gate in cluster mode (`RedisLeases` on loopback). Per-request time from call to
 //!    body end (HDR, µs); the difference is what the lease costs an admitted request (one Lua
 //!    script call before the request; the release is pipelined after the body, off the path).
-//! 2. **Three gateways at 1,000 requests/s**: three example gateways (`Gateway::start`, in this
+//! 2. **Three gateways at 1,000 requests/s**: three gateways (`Gateway::start`, in this
 //!    process, each with its own Redis connection) in front of one mock replica (streams of
 //!    ~110 ms, 3 events), each with a local capacity of 64, no hedging; `tailguard-mock`'s open-loop load
 //!    generator sends 333 requests/s (Poisson) to each for 10 s. Run once with local limits
@@ -37,7 +37,7 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use tailguard::admission::{BoundedAdmissionLayer, Cluster};
-use tailguard_examples::gateway::{Args, ClusterArgs, Config, Gateway};
+use tailguard_gateway::{Args, ClusterArgs, Config, Gateway};
 use tailguard_mock::MockServer;
 use tailguard_mock::load::{LoadConfig, run};
 use tailguard_redis::{Redis, RedisLeases};

@@ -1,4 +1,4 @@
-//! Gateway throughput: the example gateway's full tailguard stack vs. the same gateway with no
+//! Gateway throughput: the gateway's full tailguard stack vs. the same gateway with no
 //! layers vs. straight to the mock, with 1,000 concurrent streams.
 //!
 //! ```text
@@ -11,14 +11,14 @@
 //! the client in that process, on `127.0.0.1:0`:
 //!
 //! * `direct`: the client talks to the mock;
-//! * `gateway_bare`: the example gateway's request handler (`tailguard_examples::gateway`'s
+//! * `gateway_bare`: the gateway's request handler (`tailguard_gateway`'s
 //!   proxy: body read, JSON parsed into `RequestFacts`, hop-by-hop headers dropped) over a bare
-//!   `ReplicaSet` of the gateway's `Replica`s, served by axum (the example gateway has no
+//!   `ReplicaSet` of the gateway's `Replica`s, served by axum (the gateway has no
 //!   layer-less mode, so this handler is a copy of its `proxy` function);
 //! * `gateway_full`: the same handler over the gateway's own
-//!   `tailguard_examples::gateway::build_stack` (recorder → priority → admission → drain →
+//!   `tailguard_gateway::build_stack` (recorder → priority → admission → drain →
 //!   timeouts → FirstTokenHedge → ReplicaSet), with the gateway's Prometheus recorder installed;
-//! * `gateway_shipped`: the example gateway itself (`Gateway::start`) pointed at the mock.
+//! * `gateway_shipped`: the gateway itself (`Gateway::start`) pointed at the mock.
 //!
 //! Phases, all with 1,000 concurrent streams over HTTP/1.1 keep-alive connections:
 //!
@@ -56,7 +56,7 @@ use serde::{Deserialize, Serialize};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tailguard::core::{BoxError, ReplayBody, RequestFacts};
 use tailguard::hedge::ReplicaSet;
-use tailguard_examples::gateway::{
+use tailguard_gateway::{
     Args, Config, Gateway, HttpClient, Replica, build_stack, metrics_handle,
 };
 use tailguard_mock::sse::{EventKind, SseReader};
@@ -131,7 +131,7 @@ struct App {
     stack: Stack,
 }
 
-/// A copy of the example gateway's `proxy` handler (body read, JSON parsed into facts,
+/// A copy of the gateway's `proxy` handler (body read, JSON parsed into facts,
 /// hop-by-hop headers dropped, the stack called, errors as 502).
 async fn proxy(State(app): State<App>, req: Request<Body>) -> Response<Body> {
     // The stack's RequestFactsLayer reads the body (facts, 400 on malformed JSON).

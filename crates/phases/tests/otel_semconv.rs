@@ -384,7 +384,7 @@ async fn server_preset_matches_the_convention() {
     assert!(all.iter().any(|s| s.name == "tailguard.inter_token_gap"));
 }
 
-/// The Prometheus exporter configured from `histogram_buckets`, as the example gateway does,
+/// The Prometheus exporter configured from `histogram_buckets`, as the gateway does,
 /// renders the convention's boundaries for every conventional histogram.
 #[tokio::test(start_paused = true)]
 async fn prometheus_renders_the_convention_buckets() {

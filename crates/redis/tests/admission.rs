@@ -1,5 +1,5 @@
 //! Cluster-mode admission against a real redis-server (scripts/redis.sh starts one and sets
-//! TAILGUARD_REDIS_URL; without it these tests say so and skip).
+//! TAILGUARD_REDIS_URL; without it these tests fail under CI, and say so and skip elsewhere).
 
 mod common;
 

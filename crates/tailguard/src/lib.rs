@@ -78,7 +78,7 @@
 //! served in time, the timeouts fire at it, the hedge sends no backup that could not win, and
 //! every attempt carries the budget left upstream.
 //!
-//! The example gateway (`cargo run --release --example gateway`, `examples/src/gateway`) runs
+//! The gateway (`cargo run --release -p tailguard-gateway`, `crates/gateway`) runs
 //! exactly this stack over a pooled hyper client and embedded mock replicas;
 //! `examples/examples/axum_router.rs` puts it on an existing axum `Router`.
 //!

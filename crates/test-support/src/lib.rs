@@ -123,3 +123,23 @@ impl<T: Clone> Recorded<T> {
         all.into_iter().next().unwrap()
     }
 }
+
+/// Says that `test` cannot run, and why (a service it needs is missing). Under CI (`CI` set to
+/// anything but empty, `0` or `false`) it panics with the reason, so a CI run never goes green
+/// with the test untested; elsewhere it prints `SKIPPED test: why` to stderr and the caller
+/// returns early.
+///
+/// ```no_run
+/// let Some(url) = std::env::var_os("TAILGUARD_REDIS_URL") else {
+///     tailguard_test_support::cannot_run("my_test", "TAILGUARD_REDIS_URL is unset");
+///     return;
+/// };
+/// # let _ = url;
+/// ```
+pub fn cannot_run(test: &str, why: &str) {
+    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "0" | "false"));
+    if ci {
+        panic!("{test} cannot run under CI: {why}");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+}

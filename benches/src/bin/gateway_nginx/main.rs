@@ -1,4 +1,4 @@
-//! The example gateway against nginx, measured as a new user would.
+//! The gateway against nginx, measured as a new user would.
 //!
 //! ```text
 //! cargo run --release -p tailguard-benches --bin gateway_nginx            # ~7 minutes
@@ -14,7 +14,7 @@
 //! * `nginx`: Debian's nginx (installed by `scripts/install-nginx.sh` when missing; the column
 //!   is skipped, with the reason, where it cannot be had), 2 workers, `proxy_buffering off`,
 //!   a keep-alive upstream pool, access log on;
-//! * `gateway`: the example gateway's release binary (`--upstream` each replica), its full
+//! * `gateway`: the gateway's release binary (`--upstream` each replica), its full
 //!   stack with every default except admission, opened up so it admits everything
 //!   (`--admission-capacity 1000000 --admission-adaptive false`, and `--max-connections 1000000` where the gateway has a
 //!   client connection cap); logging at its default level (one line per request);
@@ -279,7 +279,7 @@ fn parse_opts() -> Result<Opts, BoxError> {
 
 /// What `--help` prints.
 const USAGE: &str = "\
-gateway_nginx: the example gateway against nginx over the same two mock replicas
+gateway_nginx: the gateway against nginx over the same two mock replicas
 
 usage: cargo run --release -p tailguard-benches --bin gateway_nginx -- [OPTIONS]
 

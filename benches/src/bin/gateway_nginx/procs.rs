@@ -1,4 +1,4 @@
-//! The processes the bench runs: the mock replicas, the example gateway and nginx, each in a
+//! The processes the bench runs: the mock replicas, the gateway and nginx, each in a
 //! process group of its own that is killed when its guard drops.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -149,7 +149,7 @@ pub(crate) fn start_mock(
     Ok((p, urls))
 }
 
-/// The example gateway over `upstreams`, admission (and the client connection cap, where the
+/// The gateway over `upstreams`, admission (and the client connection cap, where the
 /// gateway has one) opened up so that it admits everything, every other setting its default;
 /// returns it and its URL.
 pub(crate) fn start_gateway(
@@ -269,11 +269,11 @@ fn workspace() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
-/// Builds `tailguard-mock` and the example gateway (release), next to this program; returns
+/// Builds `tailguard-mock` and the gateway (release), next to this program; returns
 /// their paths.
 pub(crate) fn build_binaries() -> Result<(PathBuf, PathBuf), BoxError> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("building tailguard-mock and the example gateway (release)...");
+    eprintln!("building tailguard-mock and the gateway (release)...");
     let status = Command::new(cargo)
         .current_dir(workspace())
         .args([
@@ -284,7 +284,7 @@ pub(crate) fn build_binaries() -> Result<(PathBuf, PathBuf), BoxError> {
             "--bin",
             "tailguard-mock",
         ])
-        .args(["-p", "tailguard-examples", "--example", "gateway"])
+        .args(["-p", "tailguard-gateway", "--bin", "tailguard-gateway"])
         .status()?;
     if !status.success() {
         return Err("cargo build of tailguard-mock and the gateway failed".into());
@@ -294,7 +294,7 @@ pub(crate) fn build_binaries() -> Result<(PathBuf, PathBuf), BoxError> {
     let release = exe.parent().ok_or("no directory for this program")?;
     Ok((
         release.join("tailguard-mock"),
-        release.join("examples").join("gateway"),
+        release.join("tailguard-gateway"),
     ))
 }
 

@@ -12,17 +12,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame};
+use tailguard_test_support::cannot_run;
 use tokio::time::Sleep;
 
 /// The URL of the test Redis (`TAILGUARD_REDIS_URL`, set by scripts/redis.sh), or `None`
-/// after printing why the test is skipped.
+/// after saying why the test cannot run ([`cannot_run`]: a failure under CI).
 pub fn redis_url(test: &str) -> Option<String> {
     match std::env::var("TAILGUARD_REDIS_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            eprintln!(
-                "SKIPPED {test}: TAILGUARD_REDIS_URL is unset (run scripts/test.sh, which starts \
-                 a private redis-server)"
+            cannot_run(
+                test,
+                "TAILGUARD_REDIS_URL is unset (run scripts/test.sh, which starts a private \
+                 redis-server)",
             );
             None
         }
@@ -70,7 +72,10 @@ impl OwnRedis {
             .stdout(Stdio::null())
             .spawn();
         let Ok(child) = child else {
-            eprintln!("SKIPPED: redis-server is not installed (scripts/redis.sh installs it)");
+            cannot_run(
+                "own redis-server",
+                "redis-server is not installed (scripts/redis.sh installs it)",
+            );
             return None;
         };
         for _ in 0..200 {

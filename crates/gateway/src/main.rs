@@ -1,20 +1,20 @@
 //! An OpenAI-compatible LLM gateway guarded by every tailguard layer.
 //!
 //! ```text
-//! cargo run --release --example gateway                        # over embedded mock replicas
-//! cargo run --release --example gateway -- --upstream http://127.0.0.1:8000 --upstream http://127.0.0.1:8001
-//! cargo run --release --example gateway -- --config examples/gateway.toml
-//! cargo run --release --example gateway -- --help               # every flag and variable
+//! cargo run --release -p tailguard-gateway                        # over embedded mock replicas
+//! cargo run --release -p tailguard-gateway -- --upstream http://127.0.0.1:8000 --upstream http://127.0.0.1:8001
+//! cargo run --release -p tailguard-gateway -- --config crates/gateway/gateway.toml
+//! cargo run --release -p tailguard-gateway -- --help               # every flag and variable
 //! ```
 //!
-//! The gateway itself is `tailguard_examples::gateway` (in this package's library, so tests can
+//! The gateway itself is `tailguard_gateway` (in this package's library, so tests can
 //! start it in-process); this program reads the configuration, sets up logging, prints how to
 //! try it and waits for Ctrl-C.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use tailguard_examples::gateway::{Args, Config, Gateway};
+use tailguard_gateway::{Args, Config, Gateway};
 use tracing_subscriber::EnvFilter;
 
 #[global_allocator]

@@ -1,4 +1,4 @@
-//! Process-level helpers of the cluster tests: the example gateway binary and redis-server as
+//! Process-level helpers of the cluster tests: the gateway binary and redis-server as
 //! real child processes (killed on drop, so nothing outlives a test), a streaming HTTP client,
 //! and the mock replicas in-process (their counters are what the tests assert on).
 #![allow(dead_code, unreachable_pub)]
@@ -17,6 +17,7 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tailguard_mock::MockServer;
+use tailguard_test_support::cannot_run;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -24,46 +25,29 @@ use tokio::process::{Child, Command};
 pub const HANG: Duration = Duration::from_secs(60);
 
 /// The URL of the test Redis (`TAILGUARD_REDIS_URL`, set by scripts/redis.sh), or `None` after
-/// printing why the test is skipped.
+/// saying why the test cannot run ([`cannot_run`]: a failure under CI).
 pub fn redis_url(test: &str) -> Option<String> {
     match std::env::var("TAILGUARD_REDIS_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            eprintln!(
-                "SKIPPED {test}: TAILGUARD_REDIS_URL is unset (run scripts/test.sh, which starts \
-                 a private redis-server)"
+            cannot_run(
+                test,
+                "TAILGUARD_REDIS_URL is unset (run scripts/test.sh, which starts a private \
+                 redis-server)",
             );
             None
         }
     }
 }
 
-/// The example gateway built next to this test (`target/<profile>/examples/gateway`, which
-/// `cargo test -p tailguard-examples` builds), or `TAILGUARD_GATEWAY_BIN`; `None` after saying
-/// why the test is skipped.
-pub fn gateway_bin(test: &str) -> Option<PathBuf> {
-    let path = match std::env::var_os("TAILGUARD_GATEWAY_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let exe = std::env::current_exe().ok()?;
-            // target/<profile>/deps/<test> -> target/<profile>/examples/gateway
-            exe.parent()?.parent()?.join("examples").join("gateway")
-        }
-    };
-    if path.is_file() {
-        return Some(path);
-    }
-    eprintln!(
-        "SKIPPED {test}: no gateway binary at {} (run `cargo test -p tailguard-examples`, which \
-         builds the example, or set TAILGUARD_GATEWAY_BIN)",
-        path.display()
-    );
-    None
+/// The gateway binary that cargo builds for this package's integration tests.
+pub fn gateway_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tailguard-gateway"))
 }
 
-/// Both [`redis_url`] and [`gateway_bin`], or `None` (the test skips).
+/// Both [`redis_url`] and [`gateway_bin`], or `None` (the test cannot run).
 pub fn setup(test: &str) -> Option<(String, PathBuf)> {
-    Some((redis_url(test)?, gateway_bin(test)?))
+    Some((redis_url(test)?, gateway_bin()))
 }
 
 /// A cluster name unique to this test run, so that tests sharing one Redis never meet.
@@ -193,8 +177,9 @@ impl RedisProc {
             .kill_on_drop(true)
             .spawn();
         let Ok(child) = child else {
-            eprintln!(
-                "SKIPPED {test}: redis-server is not installed (scripts/redis.sh installs it)"
+            cannot_run(
+                test,
+                "redis-server is not installed (scripts/redis.sh installs it)",
             );
             return None;
         };

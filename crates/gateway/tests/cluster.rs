@@ -1,9 +1,8 @@
-//! Cluster mode across real processes: example gateway binaries sharing one real redis-server,
-//! in front of mock replicas (in this process) that count the streams they serve.
+//! Cluster mode across real processes: gateway binaries sharing one real redis-server, in
+//! front of mock replicas (in this process) that count the streams they serve.
 //!
-//! scripts/test.sh starts a private redis-server and sets TAILGUARD_REDIS_URL; without it, or
-//! without the gateway binary (`cargo test -p tailguard-examples` builds it), these tests say
-//! so and skip. Real processes run on the real clock, so the tests assert on counts and bounds
+//! scripts/test.sh starts a private redis-server and sets TAILGUARD_REDIS_URL; without it these
+//! tests fail under CI and say so and skip elsewhere. Real processes run on the real clock, so the tests assert on counts and bounds
 //! (the mocks' high-water mark, statuses, attempts), and time only bounds how long a wait may
 //! last before the test calls it hung.
 
@@ -204,9 +203,7 @@ async fn a_killed_gateway_s_capacity_is_back_within_the_lease_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_keeps_the_failure_modes_then_the_cluster_limit() {
     let test = "a_redis_restart_keeps_the_failure_modes_then_the_cluster_limit";
-    let Some(bin) = common::gateway_bin(test) else {
-        return;
-    };
+    let bin = common::gateway_bin();
     let port = free_port();
     let Some(server) = RedisProc::start(port, test).await else {
         return;

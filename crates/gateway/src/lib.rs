@@ -1,4 +1,45 @@
-//! An OpenAI-compatible LLM gateway guarded by every tailguard layer.
+//! An OpenAI-compatible LLM gateway guarded by every tailguard layer: the library behind the
+//! `tailguard-gateway` binary, so that tests and benches can start it in-process.
+//!
+//! ```text
+//! cargo run --release -p tailguard-gateway                  # over embedded mock replicas
+//! cargo install --path crates/gateway && tailguard-gateway --help
+//! ```
+//!
+//! [`build_stack`] is the recommended tailguard stack in one `ServiceBuilder`, over any set of
+//! replicas:
+//!
+//! ```
+//! use http::Request;
+//! use axum::body::Body;
+//! use http_body_util::BodyExt;
+//! use hyper_util::rt::TokioExecutor;
+//! use tailguard_gateway::{Args, Config, HttpClient, Replica, build_stack};
+//! use tailguard_mock::{MockServer, Script};
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let mock = MockServer::start(Script::new().tokens(3)).await?;
+//! let config = Config::resolve(Default::default(), &Args::default())?;
+//! let client: HttpClient =
+//!     hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
+//! let replicas = vec![Replica::new(client, &mock.url().parse()?, "replica-0")?];
+//! let (_drain, drain_signal) = tokio::sync::watch::channel(false);
+//! let stack = build_stack(&config, replicas, drain_signal);
+//!
+//! let body = r#"{"model":"mock-llm","stream":true,"messages":[]}"#;
+//! let req = Request::post("/v1/chat/completions").body(Body::from(body))?;
+//! let res = stack.oneshot(req).await?;
+//! assert!(res.headers().contains_key("x-request-id"));
+//! let text = res.into_body().collect().await?.to_bytes();
+//! assert!(text.ends_with(b"data: [DONE]\n\n"));
+//! # mock.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The stack:
 //!
 //! ```text
 //! client ─▶ axum router ─▶ RequestFacts ─▶ LatencyPhaseRecorder ─▶ PriorityClass

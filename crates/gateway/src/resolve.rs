@@ -354,7 +354,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::gateway::file::{Timer, parse_duration, parse_timer};
+    use crate::file::{Timer, parse_duration, parse_timer};
 
     #[test]
     fn durations() {

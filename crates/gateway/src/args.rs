@@ -23,7 +23,7 @@ use super::file::{
         default. With no --upstream, embedded mock replicas are started (one of them congested)."
 )]
 pub struct Args {
-    /// TOML configuration file (see examples/gateway.toml).
+    /// TOML configuration file (see crates/gateway/gateway.toml).
     #[arg(long, env = "TAILGUARD_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:8080; port 0 picks a free port].
