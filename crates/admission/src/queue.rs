@@ -76,6 +76,8 @@ pub(crate) struct Class {
     pub(crate) waiters: VecDeque<Waiter>,
     /// Units waiting in the class.
     pub(crate) queued_units: u64,
+    /// When the class's waiters last went from none to some (`None` while it has none).
+    nonempty_since: Option<Instant>,
     pub(crate) metrics: ClassMetrics,
 }
 
@@ -95,8 +97,6 @@ type OrderKey = (bool, u128, Reverse<u64>);
 pub(crate) struct Queue {
     pub(crate) classes: Vec<Class>,
     len: usize,
-    /// When the queue last went from empty to non-empty (`None` while empty).
-    nonempty_since: Option<Instant>,
     next_seq: u64,
 }
 
@@ -105,7 +105,6 @@ impl Queue {
         Queue {
             classes: Vec::new(),
             len: 0,
-            nonempty_since: None,
             next_seq: 0,
         }
     }
@@ -144,6 +143,7 @@ impl Queue {
                     share,
                     waiters: VecDeque::new(),
                     queued_units: 0,
+                    nonempty_since: None,
                     metrics: ClassMetrics::new(priority.name()),
                 });
                 self.classes.len() - 1
@@ -163,19 +163,28 @@ impl Queue {
         }
     }
 
-    /// CoDel: whether the queue has not been empty for the CoDel interval.
-    fn standing(&self, now: Instant, cfg: &Config) -> bool {
-        match (cfg.codel, self.nonempty_since) {
-            (Some(c), Some(since)) => now.saturating_duration_since(since) >= c.interval,
-            _ => false,
-        }
+    /// CoDel, as seen by a request of priority `level`: whether some class it does not
+    /// overtake (its own, or a higher one) has had waiters for the CoDel interval. A standing
+    /// queue of lower classes is not the arrival's: it goes ahead of them (issue 30: under a
+    /// standing `standard` queue, `interactive` arrivals were held to the 5 ms target and
+    /// refused).
+    fn standing(&self, level: u8, now: Instant, cfg: &Config) -> bool {
+        let Some(codel) = cfg.codel else {
+            return false;
+        };
+        self.classes.iter().any(|c| {
+            c.priority.level() >= level
+                && c.nonempty_since
+                    .is_some_and(|since| now.saturating_duration_since(since) >= codel.interval)
+        })
     }
 
-    /// The wait allowed to a request arriving now: the queue deadline, or the CoDel target
-    /// under a standing queue.
-    pub(crate) fn allowed_wait(&self, now: Instant, cfg: &Config) -> Duration {
+    /// The wait allowed to a request of `class` arriving now: the queue deadline, or the CoDel
+    /// target under a queue standing ahead of it.
+    pub(crate) fn allowed_wait(&self, class: usize, now: Instant, cfg: &Config) -> Duration {
+        let level = self.classes[class].priority.level();
         match cfg.codel {
-            Some(c) if self.standing(now, cfg) => c.target.min(cfg.queue_timeout),
+            Some(c) if self.standing(level, now, cfg) => c.target.min(cfg.queue_timeout),
             _ => cfg.queue_timeout,
         }
     }
@@ -188,14 +197,14 @@ impl Queue {
         units: u32,
         now: Instant,
     ) -> (u64, oneshot::Receiver<Grant>) {
-        if self.len == 0 {
-            self.nonempty_since = Some(now);
-        }
         let seq = self.next_seq;
         self.next_seq += 1;
         self.len += 1;
         let (tx, rx) = oneshot::channel();
         let c = &mut self.classes[class];
+        if c.waiters.is_empty() {
+            c.nonempty_since = Some(now);
+        }
         c.queued_units += u64::from(units);
         c.waiters.push_back(Waiter {
             seq,
@@ -210,27 +219,28 @@ impl Queue {
     /// Bookkeeping after a waiter of `class` left the queue.
     fn left(&mut self, class: usize, w: Waiter) -> Waiter {
         self.len -= 1;
-        if self.len == 0 {
-            self.nonempty_since = None;
-        }
         let c = &mut self.classes[class];
+        if c.waiters.is_empty() {
+            c.nonempty_since = None;
+        }
         c.queued_units -= u64::from(w.units);
         c.metrics.queued.decrement(1.0);
         w
     }
 
     /// The next waiter in order. Each class offers its oldest waiter (its newest under adaptive
-    /// LIFO while the queue is standing, unless the oldest has aged a full period); among those,
+    /// LIFO while the queue stands ahead of it, unless the oldest has aged a full period); among those,
     /// a class below its reserved share goes first, then the highest effective level, then the
     /// oldest arrival.
     pub(crate) fn next(&self, now: Instant, cfg: &Config) -> Option<Pick> {
-        let lifo = cfg.lifo && self.standing(now, cfg);
         let mut best: Option<(Pick, OrderKey)> = None;
         for (i, c) in self.classes.iter().enumerate() {
             let Some(oldest) = c.waiters.front() else {
                 continue;
             };
             let waited = |w: &Waiter| now.saturating_duration_since(w.enqueued);
+            let level = c.priority.level();
+            let lifo = cfg.lifo && self.standing(level, now, cfg);
             let newest = lifo && !cfg.aging.is_some_and(|a| a.aged(waited(oldest)));
             let w = if newest {
                 c.waiters.back()
@@ -238,7 +248,6 @@ impl Queue {
                 Some(oldest)
             }
             .expect("non-empty");
-            let level = c.priority.level();
             let effective = cfg
                 .aging
                 .map_or(u128::from(level), |a| a.effective(level, waited(w)));

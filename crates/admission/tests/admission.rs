@@ -512,14 +512,26 @@ async fn adaptive_lifo_serves_the_newest_while_standing() {
     assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
 }
 
+/// The response future is `Send`, admitted or queued (the readiness it forwards is pinned down
+/// by `tests/readiness.rs`).
 #[tokio::test(start_paused = true)]
-async fn queued_future_is_send_and_inner_readiness_is_forwarded() {
+async fn the_response_future_is_send_admitted_or_queued() {
     fn assert_send<T: Send>(_: &T) {}
-    let (up, _ctl) = upstream();
+    let (up, mut ctl) = upstream();
     let mut svc = BoundedAdmissionLayer::new(1).layer(up);
-    let fut = svc.ready().await.unwrap().call(request("a"));
-    assert_send(&fut);
-    drop(fut.await.unwrap());
+    let admitted = svc.ready().await.unwrap().call(request("a"));
+    assert_send(&admitted);
+    let a = admitted.await.unwrap();
+    assert_eq!(a.status(), StatusCode::OK);
+    let queued = svc.ready().await.unwrap().call(request("b"));
+    assert_send(&queued);
+    let queued = tokio::spawn(queued);
+    settle().await;
+    assert!(!queued.is_finished(), "b waits for a's permit");
+    drop(a);
+    assert_eq!(queued.await.unwrap().unwrap().status(), StatusCode::OK);
+    let names: Vec<_> = arrived(&mut ctl).into_iter().map(|x| x.0).collect();
+    assert_eq!(names, ["a", "b"]);
 }
 
 #[tokio::test(start_paused = true)]

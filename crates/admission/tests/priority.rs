@@ -275,3 +275,50 @@ async fn an_arrival_admitted_at_once_evicts_nobody() {
     assert!(!big.is_finished());
     assert_eq!(names(&mut ctl), ["a", "i"]);
 }
+
+/// Issue 30: capacity 4, queue 4, eight slow `standard` streams (four running, four queued for
+/// longer than the CoDel interval). An `interactive` arrival evicts the newest standard waiter,
+/// is not held to the CoDel target by the standard queue standing behind it, and is admitted
+/// first when a stream ends.
+#[tokio::test(start_paused = true)]
+async fn interactive_gets_through_a_standing_queue_of_standard() {
+    let (up, mut ctl) = upstream();
+    let layer = BoundedAdmissionLayer::new(4).with_queue_len(4);
+    let h = layer.handle();
+    let svc = layer.layer(up);
+    let mut running = Vec::new();
+    for i in 0..4 {
+        let req = request_of(&format!("s{i}"), Priority::standard());
+        running.push(svc.clone().oneshot(req).await.unwrap());
+    }
+    let queued: Vec<_> = (4..8)
+        .map(|i| spawn_call(&svc, request_of(&format!("s{i}"), Priority::standard())))
+        .collect();
+    settle().await;
+    assert_eq!(h.queued(), 4);
+    // The standard queue stands: longer than the CoDel interval (100 ms).
+    advance(Duration::from_millis(300)).await;
+    let probe = spawn_call(&svc, request_of("i0", Priority::interactive()));
+    settle().await;
+    // Far past the CoDel target (5 ms): still waiting, not refused.
+    advance(Duration::from_millis(500)).await;
+    settle().await;
+    assert!(!probe.is_finished(), "interactive was refused");
+    drop(running.pop());
+    let probe = probe.await.unwrap().unwrap();
+    assert_eq!(probe.status(), StatusCode::OK);
+    let got: Vec<_> = names(&mut ctl);
+    assert_eq!(got.last().map(String::as_str), Some("i0"));
+    // The newest standard waiter made room for it.
+    let mut evicted = 0;
+    for q in queued {
+        if q.is_finished() {
+            let res = q.await.unwrap().unwrap();
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+            let outcome = res.extensions().get::<AdmissionOutcome>().unwrap();
+            assert_eq!(outcome.rejected, Some(OverloadReason::Evicted));
+            evicted += 1;
+        }
+    }
+    assert_eq!(evicted, 1);
+}

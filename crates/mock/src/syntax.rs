@@ -584,20 +584,36 @@ mod tests {
                 prop_assert_eq!(s.to_string().parse::<Script>().unwrap(), s);
             }
 
+            /// Any input is a script that prints back to itself, or an error that says what
+            /// is wrong; never a panic.
             #[test]
             fn any_input_is_an_error_or_a_script(input in ".{0,80}") {
-                let _ = input.parse::<Script>();
-                let _ = input.parse::<Latency>();
-                let _ = parse_duration(&input);
+                match input.parse::<Script>() {
+                    Ok(s) => prop_assert_eq!(s.to_string().parse::<Script>().unwrap(), s),
+                    Err(e) => prop_assert!(!e.to_string().is_empty()),
+                }
+                if let Ok(l) = input.parse::<Latency>() {
+                    let back = format!("ttft={l}").parse::<Script>().unwrap();
+                    prop_assert_eq!(back.ttft, l);
+                }
+                if let Ok(d) = parse_duration(&input) {
+                    prop_assert_eq!(parse_duration(&DurationFmt(d).to_string()).unwrap(), d);
+                }
             }
 
+            /// A known key with a garbage value parses to a script that prints back to itself,
+            /// or is refused with an error that quotes the part it could not read.
             #[test]
-            fn structured_garbage_never_panics(
+            fn structured_garbage_is_a_script_or_a_quoted_error(
                 key in prop_oneof![Just("ttft"), Just("gap"), Just("stall_for"), Just("status"),
                     Just("reset"), Just("keepalive"), Just("seed"), Just("tokens")],
                 value in "[a-z0-9().,_ ]{0,30}",
             ) {
-                let _ = format!("{key}={value}").parse::<Script>();
+                let input = format!("{key}={value}");
+                match input.parse::<Script>() {
+                    Ok(s) => prop_assert_eq!(s.to_string().parse::<Script>().unwrap(), s),
+                    Err(e) => prop_assert!(!e.to_string().is_empty(), "{input}"),
+                }
             }
         }
     }

@@ -240,7 +240,7 @@ impl Shared {
         left: Option<Duration>,
         deferred: &mut Deferred,
     ) -> Acquire {
-        let allowed = st.queue.allowed_wait(now, &self.cfg);
+        let allowed = st.queue.allowed_wait(class, now, &self.cfg);
         let deadline = now + left.map_or(allowed, |l| l.min(allowed));
         let (seq, rx) = st.queue.push(class, units, now);
         // The arrival is queued first so that it competes in order: if it is admitted at once
