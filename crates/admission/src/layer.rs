@@ -120,7 +120,10 @@ impl BoundedAdmissionLayer<Respond> {
     ///
     /// Defaults: cost 1 unit per request ([`Cost::unit`]); a wait queue of `capacity` requests
     /// (a waiter then needs about one round of completions); queue deadline
-    /// [`DEFAULT_QUEUE_TIMEOUT`]; CoDel on with [`Codel::default`]; FIFO (adaptive LIFO off, since
+    /// [`DEFAULT_QUEUE_TIMEOUT`]; CoDel off (a permit is held for a whole stream, seconds, so a
+    /// queue that stands for CoDel's 100 ms is ordinary at moderate load, and its 5 ms target
+    /// would refuse requests that the next stream's end admits: turn it on with
+    /// [`with_codel`](Self::with_codel) where holds are short); FIFO (adaptive LIFO off, since
     /// it trades fairness for latency and should be a conscious choice); aging
     /// [`DEFAULT_AGING`]; one request holds at most [`DEFAULT_MAX_REQUEST_SHARE`] of the
     /// capacity; a full queue answers 429 (the client sent more than we take now); requests
@@ -133,7 +136,7 @@ impl BoundedAdmissionLayer<Respond> {
                 capacity,
                 queue_len: capacity as usize,
                 queue_timeout: DEFAULT_QUEUE_TIMEOUT,
-                codel: Some(Codel::default()),
+                codel: None,
                 lifo: false,
                 aging: Aging::new(DEFAULT_AGING),
                 max_request_share: DEFAULT_MAX_REQUEST_SHARE,

@@ -55,11 +55,14 @@
 //!   readiness). Each waiter has a deadline; at the deadline it is refused with **503**. A
 //!   waiter whose caller goes away (the future is dropped) leaves the queue at once and holds
 //!   nothing.
-//! * **CoDel.** When a request arrives at a queue that has not been empty for the CoDel
-//!   interval (100 ms), its allowed wait shrinks to the target (5 ms): under a standing queue
-//!   the gate fails fast instead of letting latency build. Once the queue drains, arrivals get
-//!   the full deadline again. Optional adaptive LIFO serves the newest waiter of a class first
-//!   while the queue is standing.
+//! * **CoDel (off by default).** With [`with_codel`](BoundedAdmissionLayer::with_codel), a
+//!   request that arrives while its own class or a higher one has had waiters for the CoDel
+//!   interval (100 ms) may wait only the target (5 ms): the gate fails fast instead of letting
+//!   latency build. Once those waiters drain, arrivals get the full deadline again. A standing
+//!   queue of lower classes does not shorten a higher class's wait (it goes ahead of them). Off
+//!   by default: a permit is held for a whole stream, so a queue standing for 100 ms is ordinary
+//!   at moderate load, and the target would refuse requests the next stream's end admits.
+//!   Optional adaptive LIFO serves the newest waiter of a class first while its queue stands.
 //! * **Refusals.** A full queue refuses at once with **429** (configurable to 503). Bodies are
 //!   OpenAI-style JSON (`{"error":{"message":..,"type":..,"param":null,"code":"queue_full"}}`);
 //!   every refusal (`queue_full`, `queue_timeout`, `evicted`) carries a `Retry-After` derived

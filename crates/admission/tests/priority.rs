@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
-use tailguard_admission::BoundedAdmissionLayer;
+use tailguard_admission::{BoundedAdmissionLayer, Codel};
 use tailguard_core::{AdmissionOutcome, ClassPolicy, OverloadReason, Priority};
 use tailguard_priority::PriorityClassLayer;
 use tokio::time::advance;
@@ -283,7 +283,9 @@ async fn an_arrival_admitted_at_once_evicts_nobody() {
 #[tokio::test(start_paused = true)]
 async fn interactive_gets_through_a_standing_queue_of_standard() {
     let (up, mut ctl) = upstream();
-    let layer = BoundedAdmissionLayer::new(4).with_queue_len(4);
+    let layer = BoundedAdmissionLayer::new(4)
+        .with_queue_len(4)
+        .with_codel(Some(Codel::default()));
     let h = layer.handle();
     let svc = layer.layer(up);
     let mut running = Vec::new();
