@@ -110,6 +110,14 @@
 //! reports nothing). A gRPC stream ends with its trailers, so it is `completed` when they are
 //! handed on with `grpc-status` 0.
 //!
+//! "Handed on" means given to the layer or server above, not read by the client: `completed`
+//! says the whole answer left the stack, into hyper's write buffer and the kernel's socket
+//! buffer. A client that stops reading once those buffers hold the rest of a long stream (a
+//! slow reader at 92k of 200k events) is still `completed` when the last frame is handed on;
+//! the bytes it never read are not measured (the socket's send queue is below the HTTP server,
+//! out of a body wrapper's sight). A client that closes the connection before the last frame
+//! is handed on is `client_disconnect`, as hyper then drops the body.
+//!
 //! ## Labels
 //!
 //! Metric labels are bounded: `route` (a [`Route`] request extension, a
