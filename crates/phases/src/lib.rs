@@ -134,6 +134,27 @@
 //! ([`with_provider`](LatencyPhaseRecorderLayer::with_provider)) and `error.type`;
 //! [`MetricNames::otel_genai_server`] to the model-server ones.
 //!
+//! ## Prometheus
+//!
+//! `metrics-exporter-prometheus` renders histograms as summaries unless it is given buckets, so
+//! a plain `install_recorder()` exports no `_bucket` series. Give it the recommended buckets of
+//! every histogram ([`MetricNames::histogram_buckets`]) in one loop:
+//!
+//! ```
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//! use tailguard_phases::MetricNames;
+//!
+//! let mut builder = PrometheusBuilder::new();
+//! for (name, buckets) in MetricNames::tailguard().histogram_buckets() {
+//!     builder = builder
+//!         .set_buckets_for_metric(Matcher::Full(name.into()), buckets)
+//!         .expect("the tables are not empty");
+//! }
+//! // In a program: `let handle = builder.install_recorder()?;` and serve `handle.render()`.
+//! let handle = builder.build_recorder().handle();
+//! # let _ = handle.render();
+//! ```
+//!
 //! ## Request ids
 //!
 //! `x-request-id` is taken from the request when it is short printable ASCII, else generated
