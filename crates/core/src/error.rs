@@ -65,6 +65,7 @@ pub struct TimeoutError {
     elapsed: Duration,
     events: u64,
     since_last_event: Option<Duration>,
+    measured: Option<Duration>,
 }
 
 impl TimeoutError {
@@ -76,6 +77,7 @@ impl TimeoutError {
             elapsed,
             events: 0,
             since_last_event: None,
+            measured: None,
         }
     }
 
@@ -89,6 +91,20 @@ impl TimeoutError {
     pub fn with_since_last_event(mut self, since: Duration) -> Self {
         self.since_last_event = Some(since);
         self
+    }
+
+    /// Sets the time the limit was measured against: from the start of the phase's clock (the
+    /// request, the response headers, the last event or the last bytes) to the moment the
+    /// timer fired. Without it the message reads the time since the last event (idle and
+    /// liveness) or since the request started (the other phases).
+    pub fn with_measured(mut self, measured: Duration) -> Self {
+        self.measured = Some(measured);
+        self
+    }
+
+    /// The time the limit was measured against, when the layer that fired it said.
+    pub fn measured(&self) -> Option<Duration> {
+        self.measured
     }
 
     /// The phase whose timer fired.
@@ -122,6 +138,21 @@ impl fmt::Display for TimeoutError {
         // Says which duration is which: the gap the idle limit measures, or the time since the
         // request started that every other limit measures.
         let (phase, limit, elapsed, events) = (self.phase, self.limit, self.elapsed, self.events);
+        if let Some(measured) = self.measured {
+            // The limit next to the time measured against it, named by what it waits for.
+            let what = match phase {
+                Phase::Head => "without response headers",
+                Phase::FirstToken => "without a first token",
+                Phase::Idle => "since the last event",
+                Phase::Liveness => "without a byte",
+                Phase::Total => "in all",
+            };
+            return write!(
+                f,
+                "{phase} timeout: {measured:?} {what} (limit {limit:?}); \
+                 {elapsed:?} into the request, {events} events seen"
+            );
+        }
         match self.since_last_event {
             Some(gap) => write!(
                 f,
@@ -351,6 +382,20 @@ mod tests {
         assert_eq!(
             first.to_string(),
             "first token timeout: 5s into the request (limit 5s); 0 events seen"
+        );
+        // The limit next to the time measured against it (issue 32: a first-token limit
+        // measured from headers read as if it fired early next to the time since an event).
+        let measured = TimeoutError::new(
+            Phase::FirstToken,
+            Duration::from_secs(5),
+            Duration::from_millis(5012),
+        )
+        .with_since_last_event(Duration::from_micros(4_999_500))
+        .with_measured(Duration::from_millis(5000));
+        assert_eq!(
+            measured.to_string(),
+            "first token timeout: 5s without a first token (limit 5s); 5.012s into the request, \
+             0 events seen"
         );
         let t = e.downcast_ref::<TimeoutError>().expect("downcast");
         assert_eq!(t.phase(), Phase::Idle);

@@ -329,11 +329,17 @@ fn finish<B: Body>(this: &mut BodyProj<'_, B>, end: End) {
 /// A timer expired: ends the stream with a [`TimeoutError`] carrying the phase, the events seen
 /// and the time since the last progress event.
 fn expire<B: Body>(this: &mut BodyProj<'_, B>, expired: Expired) {
-    let Expired { phase, limit } = expired;
+    let Expired {
+        phase,
+        limit,
+        since,
+    } = expired;
     let now = Instant::now();
     let events = this.tracker.as_ref().map_or(0, StreamTracker::events);
     let elapsed = now.saturating_duration_since(this.timers.start());
-    let mut err = TimeoutError::new(phase, limit, elapsed).with_events(events);
+    let mut err = TimeoutError::new(phase, limit, elapsed)
+        .with_events(events)
+        .with_measured(now.saturating_duration_since(since));
     if let Some(last) = this.timers.last_activity(phase) {
         err = err.with_since_last_event(now.saturating_duration_since(last));
     }

@@ -140,7 +140,9 @@ impl<F, M> ResponseFuture<F, M> {
         this.clock.stop();
         let phase = *this.phase;
         let now = Instant::now();
-        let err = TimeoutError::new(phase, limit, now.saturating_duration_since(*this.start));
+        let elapsed = now.saturating_duration_since(*this.start);
+        // Every limit before headers is measured from the request's start.
+        let err = TimeoutError::new(phase, limit, elapsed).with_measured(elapsed);
         if let Some(report) = this.report.take() {
             report.report(phase.end_reason());
         }

@@ -114,11 +114,13 @@ fn deadline(limit: Option<Duration>, from: Instant) -> Running {
     Some((from.checked_add(limit)?, limit))
 }
 
-/// A timer that ran out: its phase and its limit.
+/// A timer that ran out: its phase, its limit, and when its clock started (the deadline less
+/// the limit).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Expired {
     pub(crate) phase: Phase,
     pub(crate) limit: Duration,
+    pub(crate) since: Instant,
 }
 
 pin_project! {
@@ -237,7 +239,11 @@ impl Timers {
         }
         self.earliest()
             .filter(|(_, (at, _))| now >= *at)
-            .map(|(phase, (_, limit))| Expired { phase, limit })
+            .map(|(phase, (at, limit))| Expired {
+                phase,
+                limit,
+                since: at.checked_sub(limit).unwrap_or(at),
+            })
     }
 
     /// The running timer with the earliest deadline; on a tie the first of first token, idle,

@@ -83,6 +83,12 @@ async fn first_token_timeout_fires_behind_keepalives_at_its_setting() {
     let err = error_json(&events[events.len() - 2]);
     assert_eq!(err["error"]["code"], "first_token_timeout");
     assert_eq!(err["error"]["type"], "timeout_error");
+    // The limit next to the time measured against it, not the time since the role chunk.
+    assert_eq!(
+        err["error"]["message"],
+        "first token timeout: 5s without a first token (limit 5s); 5s into the request, \
+         6 events seen"
+    );
     assert_eq!(events.last().unwrap(), "data: [DONE]");
     assert!(probe.cancelled(), "upstream dropped at once");
     assert_eq!(report.get(), Some(EndReason::FirstTokenTimeout));
