@@ -19,11 +19,14 @@
 //! After the run, `benches/results/overhead.json` gets the per-request and per-frame costs over
 //! the bare service and the ratios of each layer to its tower analogue (read from criterion's
 //! estimates under `target/criterion`), and `benches/results/overhead.svg` draws them as bars.
+//! Only estimates written during this run are read (their file times against the run's start),
+//! and the JSON is written only when every stack was measured in the run; it records the run's
+//! start and the machine's load average (`run`).
 //!
 //! Run: `cargo bench -p tailguard-benches --bench overhead` (about two minutes).
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput};
@@ -34,6 +37,7 @@ use tailguard::hedge::FirstTokenHedgeLayer;
 use tailguard::phases::LatencyPhaseRecorderLayer;
 use tailguard::priority::PriorityClassLayer;
 use tailguard::timeout::SseIdleTimeoutLayer;
+use tailguard_benches::run::RunInfo;
 use tailguard_benches::{
     CONTENT_CHUNKS, drain, one, openai_stream, request, tower_hedge, upstream,
 };
@@ -141,19 +145,27 @@ fn bench(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         .service(tower_hedge(s)));
 }
 
-/// Criterion's point estimate (mean, ns per iteration) of one benchmark.
-fn estimate(dir: &std::path::Path, group: &str, name: &str) -> Option<f64> {
+/// Criterion's point estimate (mean, ns per iteration) of one benchmark, if this run wrote it
+/// (`since`: the run's start); an estimate left in `target/criterion` by an earlier run is
+/// not read.
+fn estimate(dir: &std::path::Path, group: &str, name: &str, since: SystemTime) -> Option<f64> {
     let path = dir
         .join(group)
         .join(name)
         .join("new")
         .join("estimates.json");
+    if std::fs::metadata(&path).ok()?.modified().ok()? < since {
+        return None;
+    }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
     json["mean"]["point_estimate"].as_f64()
 }
 
-/// Writes `benches/results/overhead.json` from criterion's estimates, and prints a summary.
-fn summarise() -> Result<(), Box<dyn std::error::Error>> {
+/// Writes `benches/results/overhead.json` from the criterion estimates of this run (`run`:
+/// when it started), and prints a summary. Writes nothing unless every stack was measured in
+/// this run, so the JSON never mixes runs.
+fn summarise(run: RunInfo) -> Result<(), Box<dyn std::error::Error>> {
+    let since = UNIX_EPOCH + Duration::from_secs(run.started_unix_s);
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -175,12 +187,19 @@ fn summarise() -> Result<(), Box<dyn std::error::Error>> {
         "tower_http_trace",
         "tower_analogue_stack",
     ];
-    let req = |n: &str| estimate(&dir, "overhead_per_request", n);
-    let frame = |n: &str| estimate(&dir, "overhead_per_frame", n).map(|v| v / frames);
+    let req = |n: &str| estimate(&dir, "overhead_per_request", n, since);
+    let frame = |n: &str| estimate(&dir, "overhead_per_frame", n, since).map(|v| v / frames);
     let (Some(bare_req), Some(bare_frame)) = (req("bare"), frame("bare")) else {
-        eprintln!("no criterion estimates found under {}", dir.display());
+        eprintln!(
+            "no criterion estimates of this run under {}: overhead.json not written",
+            dir.display()
+        );
         return Ok(());
     };
+    let measured = NAMES
+        .iter()
+        .filter(|&&n| req(n).is_some() && frame(n).is_some())
+        .count();
     let mut rows = serde_json::Map::new();
     println!(
         "\n{:<34} {:>12} {:>12} {:>12} {:>12}",
@@ -246,7 +265,7 @@ fn summarise() -> Result<(), Box<dyn std::error::Error>> {
         full_req.unwrap_or(f64::NAN),
         full_frame.unwrap_or(f64::NAN)
     );
-    let out = serde_json::json!({
+    let mut out = serde_json::json!({
         "bench": "overhead",
         "unit": "nanoseconds (criterion mean)",
         "short_stream_frames": 4,
@@ -256,6 +275,14 @@ fn summarise() -> Result<(), Box<dyn std::error::Error>> {
         "analogues": pairs,
         "full_stack_over_bare": { "ns_per_request": full_req, "ns_per_frame": full_frame },
     });
+    if measured < NAMES.len() {
+        println!(
+            "only {measured} of {} stacks measured in this run (a filtered run?): overhead.json not written",
+            NAMES.len()
+        );
+        return Ok(());
+    }
+    out["run"] = serde_json::to_value(run.finish())?;
     let results = manifest.join("results");
     std::fs::create_dir_all(&results)?;
     let path = results.join("overhead.json");
@@ -326,6 +353,11 @@ fn plot(
 }
 
 fn main() {
+    // Before anything runs: the load of the machine, and the time estimates must be newer than.
+    // (`started_unix_s` is truncated to the second: only an estimate written in the second
+    // before the start could pass for this run's.)
+    let run = RunInfo::start();
+    println!("{}", run.summary());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -339,7 +371,7 @@ fn main() {
     c.final_summary();
     // `cargo bench --no-run` and `--list` never get here with estimates; a filtered run
     // summarises what it measured.
-    if let Err(e) = summarise() {
+    if let Err(e) = summarise(run) {
         eprintln!("summary failed: {e}");
     }
 }

@@ -6,6 +6,12 @@
 //!
 //! The functions on the per-request and per-frame paths are generic or `#[inline]`, so they are
 //! compiled into each bench as if they were written there.
+//!
+//! Also: [`run`], the start time and load average every bench writes into its JSON, and
+//! [`tables`], the renderer of the READMEs' benchmark tables from that JSON.
+
+pub mod run;
+pub mod tables;
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -62,11 +68,10 @@ pub const VARIANTS: usize = 8;
 /// `chatcmpl-` is `a`, `b`, …; frames without an id are shared), same length each.
 ///
 /// Real completions each carry their own id, so no two requests' events are byte-identical.
-/// tailguard-core keeps a per-thread memo of its recent pre-token JSON decisions (so the layers
-/// of one stack parse each event once between them); a bench upstream that served the very same
-/// bytes to every request would let that memo hit across requests and flatter a single layer.
-/// Served in turn, the versions make every request's events new to the memo, as in real
-/// traffic, while the layers of one stack still share their decisions within a request.
+/// Served in turn, the versions keep every request's events new to anything that caches by
+/// content (branch predictors, caches of decoded events), as in real traffic. (tailguard-core
+/// once kept a per-thread memo of its pre-token decisions, keyed by content, that identical
+/// bytes would have let hit across requests; it was removed in commit a6b9e31.)
 pub fn variants(frames: &[Bytes]) -> Arc<[Arc<[Bytes]>]> {
     const ID: &[u8] = b"chatcmpl-";
     (0..VARIANTS)

@@ -331,19 +331,14 @@ struct Verdict {
     goodput_ratio: f64,
 }
 
-/// The best static limit at step `i` (see [`Verdict`]).
+/// The best static limit at step `i` (see [`Verdict`]), by the rule the READMEs' tables
+/// re-apply to the JSON ([`tailguard_benches::tables::best_static`]).
 fn best_static(statics: &[LimitResult], i: usize) -> Option<&LimitResult> {
-    let top = statics
+    let cands: Vec<(f64, Option<f64>)> = statics
         .iter()
-        .map(|r| r.steps[i].goodput)
-        .fold(0.0, f64::max);
-    statics
-        .iter()
-        .filter(|r| r.steps[i].goodput >= 0.95 * top)
-        .min_by(|a, b| {
-            let p = |r: &LimitResult| r.steps[i].p99_ttft_ms.unwrap_or(f64::INFINITY);
-            p(a).total_cmp(&p(b))
-        })
+        .map(|r| (r.steps[i].goodput, r.steps[i].p99_ttft_ms))
+        .collect();
+    tailguard_benches::tables::best_static(&cands).map(|k| &statics[k])
 }
 
 fn verdicts(results: &[LimitResult]) -> (Vec<Verdict>, Option<f64>) {
@@ -501,11 +496,15 @@ struct Output<'a> {
     results: &'a [LimitResult],
     verdicts: Vec<Verdict>,
     recovery_seconds: Option<f64>,
+    /// When the run started and the machine's load.
+    run: tailguard_benches::run::RunInfo,
 }
 
 fn main() -> Result<(), BoxError> {
     let quick = std::env::args().any(|a| a == "--quick");
     let scale = if quick { 4 } else { 1 };
+    let run = tailguard_benches::run::RunInfo::start();
+    println!("{}", run.summary());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -542,6 +541,7 @@ fn main() -> Result<(), BoxError> {
         results: &results,
         verdicts,
         recovery_seconds,
+        run: run.finish(),
     };
     std::fs::write(
         dir.join("adaptive_limit.json"),

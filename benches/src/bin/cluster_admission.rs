@@ -37,7 +37,9 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use tailguard::admission::{BoundedAdmissionLayer, Cluster};
-use tailguard_gateway::{Args, ClusterArgs, Config, Gateway};
+use tailguard_gateway::{
+    AdmissionArgs, Args, ClusterArgs, Config, Dur, Gateway, HedgeArgs, PriorityArgs,
+};
 use tailguard_mock::MockServer;
 use tailguard_mock::load::{LoadConfig, run};
 use tailguard_redis::{Redis, RedisLeases};
@@ -82,6 +84,8 @@ struct ClusterRun {
 struct Results {
     latency: Vec<Latency>,
     three_gateways: Vec<ClusterRun>,
+    /// When the run started and the machine's load.
+    run: tailguard_benches::run::RunInfo,
 }
 
 #[tokio::main]
@@ -90,6 +94,8 @@ async fn main() {
         println!("cluster_admission: see the top of benches/src/bin/cluster_admission.rs");
         return;
     }
+    let run_info = tailguard_benches::run::RunInfo::start();
+    println!("{}", run_info.summary());
     let (url, server) = redis();
     let redis = Redis::new(&url, Duration::from_millis(500)).expect("redis url");
     let mut info = redis::Client::open(url.as_str())
@@ -119,6 +125,7 @@ async fn main() {
     let results = Results {
         latency,
         three_gateways,
+        run: run_info.finish(),
     };
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -268,22 +275,31 @@ async fn three_gateways_run(
         .expect("mock replica");
     let cluster = ClusterArgs {
         redis: (mode == "cluster").then(|| url.to_owned()),
-        cluster_capacity: Some(CAPACITY),
-        cluster_name: Some(format!("bench-{mode}-{}", std::process::id())),
+        capacity: Some(CAPACITY),
+        name: Some(format!("bench-{mode}-{}", std::process::id())),
         ..ClusterArgs::default()
     };
     let args = Args {
         listen: Some(([127, 0, 0, 1], 0).into()),
-        upstreams: vec![replica.url()],
-        models: vec!["mock-llm".to_owned()],
-        admission_capacity: Some(CAPACITY),
-        // The shared capacity is what is measured: a fixed local limit, not an adaptive one.
-        admission_adaptive: Some(false),
-        admission_queue_len: Some(256),
-        admission_queue_timeout: Some(Duration::from_secs(2)),
-        hedge_max_attempts: Some(1),
-        failover_budget_ratio: Some(0.0),
-        priority_interactive_share: Some(0.0),
+        upstreams: Some(vec![replica.url()]),
+        models: Some(vec!["mock-llm".to_owned()]),
+        admission: AdmissionArgs {
+            capacity: Some(CAPACITY),
+            // The shared capacity is what is measured: a fixed local limit, not an adaptive one.
+            adaptive: Some(false),
+            queue_len: Some(256),
+            queue_timeout: Some(Dur(Duration::from_secs(2))),
+            ..AdmissionArgs::default()
+        },
+        hedge: HedgeArgs {
+            max_attempts: Some(1),
+            failover_budget_ratio: Some(0.0),
+            ..HedgeArgs::default()
+        },
+        priority: PriorityArgs {
+            interactive_share: Some(0.0),
+            ..PriorityArgs::default()
+        },
         cluster,
         ..Args::default()
     };

@@ -55,10 +55,8 @@ use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tailguard::core::{BoxError, ReplayBody, RequestFacts};
-use tailguard::hedge::ReplicaSet;
-use tailguard_gateway::{
-    Args, Config, Gateway, HttpClient, Replica, build_stack, metrics_handle,
-};
+use tailguard::route::ReplicaSet;
+use tailguard_gateway::{Args, Config, Gateway, HttpClient, Replica, build_stack, metrics_handle};
 use tailguard_mock::sse::{EventKind, SseReader};
 use tailguard_mock::{MockServer, SCRIPT_HEADER, Script};
 use tokio::net::TcpListener;
@@ -213,7 +211,7 @@ async fn front(
         "gateway_bare" => {
             let bare = ServiceBuilder::new()
                 .map_response(
-                    |res: Response<tailguard::hedge::ReplicaBody<hyper::body::Incoming>>| {
+                    |res: Response<tailguard::route::ReplicaBody<hyper::body::Incoming>>| {
                         res.map(Body::new)
                     },
                 )
@@ -665,6 +663,8 @@ struct Output<'a> {
     /// The stack's own heap per open stream after the first token, from an in-process run over
     /// an in-memory upstream (bytes, counting allocator; the bare service's subtracted).
     stack_heap_bytes_per_open_stream_exact: f64,
+    /// When the run started and the machine's load.
+    run: tailguard_benches::run::RunInfo,
 }
 
 fn main() -> Result<(), BoxError> {
@@ -681,6 +681,8 @@ fn main() -> Result<(), BoxError> {
         rt.shutdown_timeout(Duration::from_millis(100));
         return Ok(());
     }
+    let run = tailguard_benches::run::RunInfo::start();
+    println!("{}", run.summary());
     let mut results = Vec::new();
     for mode in MODES {
         eprintln!("running {mode}...");
@@ -761,6 +763,7 @@ fn main() -> Result<(), BoxError> {
         full_added_gap_p99_us: added_gap,
         stack_kib_per_open_stream: stack_mem,
         stack_heap_kib_per_open_stream: stack_heap,
+        run: run.finish(),
     };
     let path = dir.join("gateway_throughput.json");
     std::fs::write(&path, serde_json::to_string_pretty(&out)?)?;

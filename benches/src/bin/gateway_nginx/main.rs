@@ -306,6 +306,8 @@ fn main() -> Result<(), BoxError> {
     let dir = std::env::temp_dir().join(format!("gateway_nginx.{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let run = tailguard_benches::run::RunInfo::start();
+    println!("{}", run.summary());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -319,5 +321,5 @@ fn main() -> Result<(), BoxError> {
     rt.shutdown_timeout(Duration::from_millis(100));
     let results = results.inspect_err(|_| eprintln!("logs of the processes: {}", dir.display()))?;
     let _ = std::fs::remove_dir_all(&dir);
-    report::print_and_save(&results, opts, load_before.trim())
+    report::print_and_save(&results, opts, load_before.trim(), run.finish())
 }

@@ -32,6 +32,8 @@ struct Output<'a> {
     slo: String,
     targets: &'static str,
     loadavg_before: &'a str,
+    /// When the run started and the machine's load (`loadavg_before` is its raw line).
+    run: tailguard_benches::run::RunInfo,
     fronts: &'a [FrontResult],
     gateway_over_nginx: Option<Ratios>,
     /// The layer-less hyper proxy's sustained rate over nginx's.
@@ -148,6 +150,7 @@ pub(crate) fn print_and_save(
     fronts: &[FrontResult],
     opts: Opts,
     loadavg_before: &str,
+    run: tailguard_benches::run::RunInfo,
 ) -> Result<(), BoxError> {
     let direct = fronts
         .iter()
@@ -189,6 +192,7 @@ pub(crate) fn print_and_save(
         ),
         targets: TARGETS,
         loadavg_before,
+        run,
         fronts,
         gateway_over_nginx: ratios,
         bare_proxy_over_nginx_sustained: bare_over_nginx,

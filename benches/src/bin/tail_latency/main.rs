@@ -358,12 +358,16 @@ struct Output<'a> {
     quick: bool,
     targets: &'static str,
     scenarios: &'a [ScenarioResult],
+    /// When the run started and the machine's load.
+    run: tailguard_benches::run::RunInfo,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let run = tailguard_benches::run::RunInfo::start();
+    println!("{}", run.summary());
     let only = args
         .iter()
         .position(|a| a == "--scenario")
@@ -416,6 +420,7 @@ async fn main() -> Result<(), BoxError> {
         quick,
         targets: report::TARGETS,
         scenarios: &results,
+        run: run.finish(),
     };
     let json_path = dir.join("tail_latency.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&out)?)?;

@@ -9,11 +9,11 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tailguard::admission::BoundedAdmissionLayer;
-use tailguard::hedge::{
-    AdaptiveDelay, Attempt, Ejection, FirstTokenHedgeLayer, HedgeBudget, ReplicaSet,
-};
+use tailguard::core::attempt::Attempt;
+use tailguard::hedge::{AdaptiveDelay, FirstTokenHedgeLayer, HedgeBudget};
 use tailguard::phases::LatencyPhaseRecorderLayer;
 use tailguard::priority::PriorityClassLayer;
+use tailguard::route::{Ejection, ReplicaSet};
 use tailguard::timeout::SseIdleTimeoutLayer;
 use tower::ServiceBuilder;
 use tower::buffer::Buffer;
@@ -40,7 +40,7 @@ pub(crate) enum Strategy {
     /// load-aware routing.
     RoundRobinHedge,
     /// `FirstTokenHedge` with the defaults (adaptive delay, p90 of recent TTFTs) over the
-    /// default `ReplicaSet` (load-aware, with ejection), as `layer_replicas` builds it.
+    /// default `ReplicaSet` (load-aware, with ejection), as `ReplicaSet::new` builds it.
     Adaptive,
     /// `Adaptive` with every time constant of the defaults scaled by 0.1, as the D scenarios'
     /// time scale is: what the defaults do on issue 14's own time scale.

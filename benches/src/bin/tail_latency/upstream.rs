@@ -19,7 +19,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tailguard::hedge::Attempt;
+use tailguard::core::attempt::Attempt;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 use tower::ServiceExt;

@@ -1,0 +1,254 @@
+//! The root README's table: each bench's headline figures, from the same JSON as
+//! `benches/README.md`'s tables.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use super::render::{StepVerdict, adaptive_verdicts};
+use super::{Doc, Error, load_note, met, num, thousands};
+
+/// The JSON of every bench the summary reads.
+pub(super) struct Runs<'a> {
+    pub(super) tail: &'a Value,
+    pub(super) overhead: &'a Value,
+    pub(super) throughput: &'a Value,
+    pub(super) cluster: &'a Value,
+    pub(super) nginx: &'a Value,
+    pub(super) adaptive: &'a Value,
+}
+
+/// A strategy of a `tail_latency` scenario.
+fn strategy<'a>(tail: &'a Value, scenario: &str, key: &str) -> Result<&'a Value, Error> {
+    tail["scenarios"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["key"] == scenario))
+        .and_then(|s| s["strategies"].as_array())
+        .and_then(|s| s.iter().find(|s| s["key"] == key))
+        .ok_or_else(|| format!("tail_latency.json: no {key} in scenario {scenario}").into())
+}
+
+fn x(v: f64) -> String {
+    format!("{v:.2}x")
+}
+
+/// The table: benchmark, figure, target and verdict, run (JSON file and load).
+pub(super) fn summary(r: &Runs<'_>, doc: Doc) -> Result<String, Error> {
+    let link = |file: &str| format!("[`{file}`]({}{file})", doc.results_link());
+    let run = |v: &Value, file: &str| format!("{}; {}", link(file), load_note(v, true));
+    let mut t =
+        String::from("| benchmark | figure (this run) | target | run |\n|---|---|---|---|\n");
+    let mut row = |bench: &str, figure: String, target: String, run: &str| {
+        writeln!(t, "| {bench} | {figure} | {target} | {run} |")
+    };
+
+    // Tail latency, the adaptive default against the baselines.
+    let tail = run(r.tail, "tail_latency.json");
+    let ad = |sc: &str| strategy(r.tail, sc, "first_token_hedge_adaptive");
+    let verdict = |s: &Value| met(s["target_met"].as_bool() == Some(true));
+    let a = ad("a")?;
+    row(
+        "tail latency A, congested replica (`--bin tail_latency`): the default's p99 TTFT vs no hedge; vs the floor; extra upstream requests",
+        format!(
+            "{}; {}; {:.1}%",
+            x(num(a, &["p99_vs_no_hedge"])?),
+            x(num(a, &["p99_over_floor"])?),
+            num(a, &["extra_upstream_pct"])?
+        ),
+        format!("≤ 0.25x, ≤ 1.3x, ≤ 10%: {}", verdict(a)),
+        &tail,
+    )?;
+    let b = ad("b")?;
+    row(
+        "B, head-of-line blocking: the same",
+        format!(
+            "{}; {}; {:.1}%",
+            x(num(b, &["p99_vs_no_hedge"])?),
+            x(num(b, &["p99_over_floor"])?),
+            num(b, &["extra_upstream_pct"])?
+        ),
+        format!("≤ 0.25x, ≤ 1.3x, ≤ 10%: {}", verdict(b)),
+        &tail,
+    )?;
+    let c = ad("c")?;
+    row(
+        "C, flaky replica: client errors, no hedge → the default",
+        format!(
+            "{:.1}% → {:.1}%",
+            num(strategy(r.tail, "c", "no_hedge")?, &["error_pct"])?,
+            num(c, &["error_pct"])?
+        ),
+        format!("≤ 0.5%: {}", verdict(c)),
+        &tail,
+    )?;
+    for (sc, name) in [
+        ("d", "D, hidden congestion"),
+        ("d_slots", "D-slots, 1 slot per replica, FIFO"),
+        ("d_interrupt", "D-slots, interrupting"),
+    ] {
+        let d = ad(sc)?;
+        row(
+            &format!(
+                "{name}: the default's p99 TTFT vs round robin; vs tower p2c; extra upstream; client errors"
+            ),
+            format!(
+                "{}; {}; {:.1}%; {:.1}%",
+                x(num(d, &["p99_vs_no_hedge"])?),
+                x(num(d, &["p99_vs_p2c"])?),
+                num(d, &["extra_upstream_pct"])?,
+                num(d, &["error_pct"])?
+            ),
+            format!("≤ 0.25x, ≤ 0.7x, ≤ 10%, 0: {}", verdict(d)),
+            &tail,
+        )?;
+    }
+
+    // Overhead in process.
+    let o = r.overhead;
+    let req = num(o, &["full_stack_over_bare", "ns_per_request"])?;
+    let frame = num(o, &["full_stack_over_bare", "ns_per_frame"])?;
+    let stack = o["analogues"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["layer"] == "tailguard_full_stack"))
+        .ok_or("overhead.json: no full-stack ratio")?;
+    let (sf, sr) = (
+        num(stack, &["per_frame_ratio"])?,
+        num(stack, &["per_request_ratio"])?,
+    );
+    row(
+        "the full stack's cost over the bare service, per request; per frame (`--bench overhead`)",
+        format!("**{} ns**; **{frame:.1} ns**", thousands(req)),
+        format!(
+            "≤ 3,000 ns: {}; ≤ 150 ns: {}",
+            met(req <= 3_000.0),
+            met(frame <= 150.0)
+        ),
+        &run(o, "overhead.json"),
+    )?;
+    row(
+        "the whole stack vs the tower/tower-http analogue stack, per frame (per request)",
+        format!("**{}** ({})", x(sf), x(sr)),
+        format!("≤ 1x per frame: {}", met(sf <= 1.0)),
+        &run(o, "overhead.json"),
+    )?;
+
+    // Gateway throughput.
+    let g = r.throughput;
+    let full = num(g, &["full_over_bare_throughput"])?;
+    let heap = num(g, &["stack_heap_bytes_per_open_stream_exact"])?;
+    let (ttft, gap) = (
+        num(g, &["full_added_ttft_p99_us"])? / 1e3,
+        num(g, &["full_added_gap_p99_us"])? / 1e3,
+    );
+    row(
+        "gateway, 1,000 concurrent streams (`--bin gateway_throughput`): full stack vs no-layer gateway, events/s; added p99 TTFT, gap vs direct; the stack's heap per open stream",
+        format!(
+            "**{}**; {ttft:+.2} ms, {gap:+.2} ms; **{} B**",
+            x(full),
+            thousands(heap)
+        ),
+        format!(
+            "≥ 0.9x: {}; ≤ 1 ms: {}; ≤ 4 KiB: {}",
+            met(full >= 0.9),
+            met(ttft <= 1.0 && gap <= 1.0),
+            met(heap <= 4096.0)
+        ),
+        &run(g, "gateway_throughput.json"),
+    )?;
+
+    // Cluster admission.
+    let cl = r.cluster;
+    let gate = |name: &str| {
+        cl["latency"]
+            .as_array()
+            .and_then(|l| l.iter().find(|g| g["gate"] == name))
+            .ok_or_else(|| format!("cluster_admission.json: no {name} gate"))
+    };
+    let mode = |name: &str| {
+        cl["three_gateways"]
+            .as_array()
+            .and_then(|l| l.iter().find(|g| g["mode"] == name))
+            .ok_or_else(|| format!("cluster_admission.json: no {name} mode"))
+    };
+    let (local, cluster) = (gate("local")?, gate("cluster")?);
+    let shared = mode("cluster")?;
+    let peak = num(shared, &["peak_concurrent_at_replica"])?;
+    row(
+        "cluster mode on Redis (`--bin cluster_admission`): added latency per admitted request (p50, p99); three gateways sharing 64 at 1,000 requests/s: peak streams at the replica (local limits), Redis round trips per admitted request",
+        format!(
+            "+{:.0} µs, +{:.0} µs; **{peak:.0}** ({:.0}), {:.2}",
+            num(cluster, &["p50_us"])? - num(local, &["p50_us"])?,
+            num(cluster, &["p99_us"])? - num(local, &["p99_us"])?,
+            num(mode("local")?, &["peak_concurrent_at_replica"])?,
+            num(shared, &["redis_round_trips_per_admitted"])?,
+        ),
+        format!("limit held: {}", met(peak <= 64.0)),
+        &run(cl, "cluster_admission.json"),
+    )?;
+
+    // The gateway against nginx.
+    let n = &r.nginx["gateway_over_nginx"];
+    let pairs = |k: &str| -> Result<String, Error> {
+        let items = n[k].as_array().ok_or_else(|| format!("no {k}"))?;
+        let mut cells = Vec::new();
+        for p in items {
+            let v = |i: usize| p[i].as_f64().ok_or("short pair");
+            cells.push(match k {
+                "per_rate" => format!("{:.0}/s {}", v(0)?, x(v(2)?)),
+                _ => format!("{:.0}/s {}", v(0)?, x(v(1)?)),
+            });
+        }
+        Ok(cells.join(", "))
+    };
+    let flag = |k: &str| met(n[k].as_bool() == Some(true));
+    row(
+        "the gateway vs nginx over the same mocks (`--bin gateway_nginx`): gap p99 per rate; TTFT p99 up to nginx's sustained rate; highest rate sustained",
+        format!(
+            "{}; {}; **{}**",
+            pairs("per_rate")?,
+            pairs("ttft_checked")?,
+            x(num(n, &["sustained"])?)
+        ),
+        format!(
+            "≤ 1.1x at 100, 400/s: {}; ≤ 1.2x: {}; ≥ 0.8x: {}",
+            flag("gap_target_met"),
+            flag("ttft_target_met"),
+            flag("sustained_target_met")
+        ),
+        &run(r.nginx, "gateway_nginx.json"),
+    )?;
+
+    // Scenario E, every step by the bench's own rule.
+    let verdicts = adaptive_verdicts(r.adaptive)?;
+    let cells =
+        |f: &dyn Fn(&StepVerdict) -> String| verdicts.iter().map(f).collect::<Vec<_>>().join("; ");
+    let ad_run = run(r.adaptive, "adaptive_limit.json");
+    row(
+        "scenario E (`--bin adaptive_limit`): adaptive limit vs the best static (8, 32, 128) of each load step, by the bench's rule, p99 TTFT",
+        cells(&|v| {
+            format!(
+                "{} {} (vs {})",
+                v.step,
+                v.p99_ratio.map_or("-".to_owned(), x),
+                v.best_static
+            )
+        }),
+        format!(
+            "≤ 1.2x: {}",
+            met(verdicts
+                .iter()
+                .all(|v| v.p99_ratio.is_none_or(|p| p <= 1.2)))
+        ),
+        &ad_run,
+    )?;
+    row(
+        "the same, goodput (completed streams/s)",
+        cells(&|v| format!("{} {}", v.step, x(v.goodput_ratio))),
+        format!(
+            "≥ 0.95x: {}",
+            met(verdicts.iter().all(|v| v.goodput_ratio >= 0.95))
+        ),
+        &ad_run,
+    )?;
+    Ok(t.trim_end().to_owned())
+}
