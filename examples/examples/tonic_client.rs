@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use http::Request;
 use tailguard::core::{BoxError, ReplayBody};
-use tailguard::hedge::{FirstTokenHedgeLayer, ReplicaSet};
+use tailguard::hedge::FirstTokenHedgeLayer;
 use tailguard::phases::{LatencyPhaseRecorderLayer, PhaseReport};
+use tailguard::route::ReplicaSet;
 use tailguard::timeout::SseIdleTimeoutLayer;
 use tailguard_mock::grpc::{GENERATE_PATH, GenerateClient, GenerateRequest};
 use tailguard_mock::{MockServer, Script};

@@ -185,3 +185,36 @@ async fn the_llm_routes_answer_malformed_json_with_a_400_before_any_upstream() {
     );
     gw.shutdown().await.unwrap();
 }
+
+/// Issue 30: dot segments (plain and percent-encoded) and doubled slashes are resolved before
+/// routing, so a path that climbs out of `/v1/*` is routed as what it resolves to (a 404 here)
+/// and never reaches an upstream; one that resolves to an LLM route is served as that route.
+#[tokio::test(start_paused = true)]
+async fn dot_segments_are_resolved_before_routing() {
+    let gw = Gateway::start(test_config()).await.unwrap();
+    let json = [("content-type", "application/json")];
+    for path in [
+        "/v1/models/../../admin",
+        "/v1/models/%2e%2e/%2E%2E/admin",
+        "/v1/chat/completions/../../..//admin",
+    ] {
+        let res = client()
+            .request(request(&gw, "POST", path, "{}", &json))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{path}");
+    }
+    assert_eq!(
+        gw.mocks().iter().map(|m| m.stats().requests).sum::<u64>(),
+        0,
+        "nothing reached an upstream"
+    );
+    let body = r#"{"model":"mock-llm","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let res = client()
+        .request(request(&gw, "POST", "/v1/./chat//completions", body, &json))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(text(res).await.ends_with("data: [DONE]\n\n"));
+    gw.shutdown().await.unwrap();
+}

@@ -1,4 +1,5 @@
-//! Load-aware routing, the failover budget, outlier ejection and slots, over loopback
+//! `FirstTokenHedge` over `tailguard-route`'s `ReplicaSet` (moved from `crates/hedge/tests`):
+//! load-aware routing, the failover budget, outlier ejection and slots, over loopback
 //! `tailguard-mock` replicas on a paused clock.
 
 use std::time::Duration;
@@ -10,8 +11,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tailguard_core::{HedgeOutcome, ReplayBody};
-use tailguard_hedge::{Ejection, FirstTokenHedgeLayer, HedgeBudget, ReplicaSet};
+use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
 use tailguard_mock::{MockServer, Outcome, Script};
+use tailguard_route::{Ejection, ReplicaSet};
 use tower::{Layer, Service, ServiceExt};
 
 type HedgeClient = Client<HttpConnector, ReplayBody<Full<Bytes>>>;
@@ -82,7 +84,7 @@ where
     S: Service<
             Request<Full<Bytes>>,
             Response = Response<
-                tailguard_hedge::HedgeBody<tailguard_hedge::ReplicaBody<hyper::body::Incoming>>,
+                tailguard_hedge::HedgeBody<tailguard_route::ReplicaBody<hyper::body::Incoming>>,
             >,
         > + Clone,
     S::Error: std::fmt::Debug,

@@ -1,42 +1,116 @@
-//! What each attempt of a hedged request tells the services below it.
+//! The attempt protocol: what a layer that sends several attempts of one request (the hedge)
+//! tells whatever places each attempt on a replica (a balancer, `tailguard-route`'s
+//! `ReplicaSet`, a user's own placer), and how each attempt ended before its first token.
+//!
+//! The sender inserts an [`Attempt`] into every attempt's request extensions (and sets
+//! [`ATTEMPT_HEADER`]). A placer below reads it to avoid the replicas earlier attempts of the
+//! same request went to, [`record`](Attempt::record)s the replica it picked, and may
+//! [`bind`](Attempt::bind) an [`AttemptClaim`] of its own to the attempt. The sender, which
+//! reads each attempt's response up to its first token, [`settle`](Attempt::settle)s the
+//! attempt once it knows how it went ([`Settle`]): its first token arrived, it failed before
+//! one, or it was answered without one. The claim hears of it, and so the placer learns each
+//! replica's time to first token, which a placer sees nothing of on its own (a streaming
+//! server sends its response head at once).
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use tailguard_core::attempt::{Attempt, AttemptClaim, ReplicaId, Settle};
+//!
+//! /// A placer's claim: here it only keeps what it was told.
+//! #[derive(Debug, Default)]
+//! struct Heard(Mutex<Vec<Settle>>);
+//!
+//! impl AttemptClaim for Heard {
+//!     fn settle(&self, how: Settle) {
+//!         self.0.lock().unwrap().push(how);
+//!     }
+//! }
+//!
+//! // The sender: the primary attempt of a new request.
+//! let primary = Attempt::primary();
+//! // The placer: the attempt goes to replica 3, and it listens for how it ends.
+//! let heard = Arc::new(Heard::default());
+//! primary.record(ReplicaId(3));
+//! primary.bind(heard.clone());
+//! // The sender: a backup of the same request shares the record of replicas tried.
+//! let backup = primary.next(1);
+//! assert!(backup.was_tried(ReplicaId(3)));
+//! // The sender: the primary's first token arrived.
+//! primary.settle(Settle::Token);
+//! assert_eq!(*heard.0.lock().unwrap(), [Settle::Token]);
+//! ```
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::score::{Settle, Ticket};
-
-/// The header `FirstTokenHedge` sets on every attempt it sends: the attempt index, `0` for the
-/// primary, `1` for the first backup, and so on.
+/// The header the hedge sets on every attempt it sends: the attempt index, `0` for the primary,
+/// `1` for the first backup, and so on.
 pub const ATTEMPT_HEADER: &str = "x-tailguard-attempt";
 
 /// Identifies one replica (an upstream endpoint) for the purpose of "not tried yet".
 ///
-/// A routing layer chooses what the number means: an index into its endpoint list, a hash of
-/// the endpoint address, a key from service discovery.
+/// A placer chooses what the number means: an index into its endpoint list, a hash of the
+/// endpoint address, a key from service discovery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReplicaId(pub u64);
 
-/// Which attempt of a hedged request this is, and which replicas earlier attempts went to.
+/// How an attempt ended, as far as the replica it was placed on is concerned.
+///
+/// The sender settles an attempt with [`Token`](Settle::Token), [`Failed`](Settle::Failed) or
+/// [`Answered`](Settle::Answered); a placer settles its own claims with
+/// [`Failed`](Settle::Failed) (the replica's service returned an error),
+/// [`Cancelled`](Settle::Cancelled) (the attempt was dropped while it still waited) and
+/// [`Ended`](Settle::Ended) (nobody settled it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Settle {
+    /// Its first token arrived: a time-to-first-token sample.
+    Token,
+    /// It failed before its first token (transport error, retryable status, in-band error, a
+    /// stream that ended without a token).
+    Failed,
+    /// The sender committed to it without a token (an answer about the request itself, such as
+    /// a `400`): no sample.
+    Answered,
+    /// Dropped while it still waited for its first token (a losing attempt, or the client went
+    /// away): a censored sample, the token takes at least that long.
+    Cancelled,
+    /// Its stream ended with nobody settling it (the request went around the sender): no
+    /// sample.
+    Ended,
+}
+
+/// A placer's claim on one attempt: told how the attempt ended before (or at) its first token.
+///
+/// A placer binds a claim to an attempt with [`Attempt::bind`]; the sender settles it with
+/// [`Attempt::settle`]. A claim may be told more than once (by the sender, and by the placer
+/// itself when the attempt's body is dropped): the first word is the one that counts, and a
+/// claim should ignore the others.
+pub trait AttemptClaim: Send + Sync {
+    /// Tells the claim how the attempt ended.
+    fn settle(&self, how: Settle);
+}
+
+/// Which attempt of a request this is, and which replicas earlier attempts went to.
 ///
 /// `FirstTokenHedge` inserts an `Attempt` into the request extensions of every attempt it sends
-/// (the primary included). A routing layer below it (a balancer, [`ReplicaSet`]) reads it to
-/// send a backup to a replica that has not been tried, and [`record`](Attempt::record)s the
-/// replica it picked so that later attempts of the same request can avoid it. All attempts of
-/// one request share the record.
-///
-/// [`ReplicaSet`]: crate::ReplicaSet
+/// (the primary included). A placer below it (a balancer, `tailguard-route`'s `ReplicaSet`)
+/// reads it to send a backup to a replica that has not been tried, and
+/// [`record`](Attempt::record)s the replica it picked so that later attempts of the same
+/// request can avoid it. All attempts of one request share the record. See the
+/// [module docs](self) for the whole protocol.
 #[derive(Clone)]
 pub struct Attempt {
     number: u8,
-    tried: Arc<Mutex<Record>>,
+    shared: Arc<Mutex<Record>>,
 }
 
 /// What the attempts of one request share.
 #[derive(Default)]
 struct Record {
     tried: Vec<ReplicaId>,
-    /// A [`ReplicaSet`](crate::ReplicaSet)'s claim per attempt number, settled by the hedge.
-    tickets: Vec<(u8, Arc<Ticket>)>,
+    /// The claims bound to each attempt number, settled by the sender.
+    claims: Vec<(u8, Arc<dyn AttemptClaim>)>,
 }
 
 impl Attempt {
@@ -44,15 +118,16 @@ impl Attempt {
     pub fn primary() -> Self {
         Attempt {
             number: 0,
-            tried: Arc::default(),
+            shared: Arc::default(),
         }
     }
 
-    /// The next attempt of the same request, sharing the record of replicas tried.
-    pub(crate) fn with_number(&self, number: u8) -> Self {
+    /// Attempt `number` of the same request, sharing the record of replicas tried and the
+    /// claims bound so far.
+    pub fn next(&self, number: u8) -> Self {
         Attempt {
             number,
-            tried: self.tried.clone(),
+            shared: self.shared.clone(),
         }
     }
 
@@ -67,7 +142,7 @@ impl Attempt {
     }
 
     fn lock(&self) -> MutexGuard<'_, Record> {
-        self.tried.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Records that this attempt went to `replica`.
@@ -88,20 +163,26 @@ impl Attempt {
         self.lock().tried.clone()
     }
 
-    /// Binds this attempt to a replica set's claim, for [`settle`](Self::settle).
-    pub(crate) fn bind(&self, ticket: Arc<Ticket>) {
-        self.lock().tickets.push((self.number, ticket));
+    /// Binds a placer's `claim` to this attempt, to be told how it ends (see
+    /// [`settle`](Self::settle)).
+    pub fn bind(&self, claim: Arc<dyn AttemptClaim>) {
+        self.lock().claims.push((self.number, claim));
     }
 
-    /// Tells the replica set how attempt `number` ended before (or at) its first token.
-    pub(crate) fn settle(&self, number: u8, how: Settle) {
-        let ticket = {
+    /// Tells the claim bound to this attempt how it ended (the earliest bound, when several
+    /// were); nothing when none is bound, or it was settled already.
+    ///
+    /// Called by the sender, once it knows: at the first token, at a failure before it, or
+    /// when it commits to the attempt without one.
+    pub fn settle(&self, how: Settle) {
+        let claim = {
             let mut r = self.lock();
-            let pos = r.tickets.iter().position(|(n, _)| *n == number);
-            pos.map(|p| r.tickets.swap_remove(p).1)
+            let pos = r.claims.iter().position(|(n, _)| *n == self.number);
+            pos.map(|p| r.claims.swap_remove(p).1)
         };
-        if let Some(t) = ticket {
-            t.settle(how);
+        // Told outside the lock: a claim may take locks of its own.
+        if let Some(c) = claim {
+            c.settle(how);
         }
     }
 }
@@ -124,7 +205,7 @@ mod tests {
         let primary = Attempt::primary();
         assert!(!primary.is_backup());
         primary.record(ReplicaId(3));
-        let backup = primary.with_number(1);
+        let backup = primary.next(1);
         assert!(backup.is_backup());
         assert!(backup.was_tried(ReplicaId(3)));
         backup.record(ReplicaId(1));

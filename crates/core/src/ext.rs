@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-pub use crate::deadline::Deadlines;
-pub use crate::outcome::{AdmissionOutcome, HedgeOutcome, LoserRun};
+use crate::outcome::HedgeOutcome;
 
 /// The class a request belongs to: an ordered level and a name.
 ///

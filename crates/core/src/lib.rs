@@ -10,12 +10,17 @@
 //! * [`classify`]: classification of each event into token / meta / keepalive / done / error,
 //!   with presets for OpenAI, Anthropic, gRPC and NDJSON, and [`StreamTracker`] that drives both
 //!   per response;
-//! * [`ext`]: the extension types layers exchange ([`Priority`], [`ClassPolicy`],
-//!   [`RequestFacts`], [`AdmissionOutcome`], [`HedgeOutcome`], [`EndReason`], [`EndReport`]);
+//! * the extension types layers exchange ([`Priority`], [`ClassPolicy`], [`RequestFacts`],
+//!   [`AdmissionOutcome`], [`HedgeOutcome`], [`EndReason`], [`EndReport`]), each at the crate
+//!   root;
 //! * [`deadline`]: the time left of a request ([`Deadlines`]), the client's own deadline
 //!   ([`ClientDeadline`]: `grpc-timeout` or an HTTP header) and the budget sent on upstream;
-//! * [`outcome`]: what admission and the hedge did ([`AdmissionOutcome`], [`HedgeOutcome`]
-//!   with the cost of its losing attempts);
+//! * what admission and the hedge did ([`AdmissionOutcome`], [`HedgeOutcome`] with the cost of
+//!   its losing attempts);
+//! * [`attempt`]: the attempt protocol, by which a layer that sends several attempts of a
+//!   request (the hedge) tells whatever placed each attempt (a balancer, `tailguard-route`'s
+//!   `ReplicaSet`) of its first token, failure or cancellation ([`attempt::Attempt`],
+//!   [`attempt::AttemptClaim`], [`attempt::Settle`]);
 //! * [`error`]: concrete, downcastable error types;
 //! * [`render`]: one place that turns an error into an HTTP response, an in-band event or gRPC
 //!   trailers;
@@ -46,31 +51,30 @@
 //! assert!(tracker.observe(&Bytes::from_static(b"data: [DONE]\n\n")).done);
 //! ```
 
+pub mod attempt;
 pub mod classify;
 pub mod deadline;
 pub mod error;
-pub mod ext;
+mod ext;
 pub mod facts;
 pub mod headers;
 mod macros;
 mod mode;
-pub mod outcome;
+mod outcome;
 pub mod render;
 pub mod replay;
 pub mod scan;
 pub mod tracker;
 
 pub use classify::{Class, Classify, Dialect, Framing, Wire};
-pub use deadline::ClientDeadline;
+pub use deadline::{ClientDeadline, Deadlines};
 pub use error::{
     BoxError, OverloadReason, Overloaded, Phase, ScanError, TimeoutError, UpstreamError,
 };
-pub use ext::{
-    AdmissionOutcome, ClassPolicy, Deadlines, EndReason, EndReport, HedgeOutcome, LoserRun,
-    Priority, RequestFacts, UpstreamFailure,
-};
+pub use ext::{ClassPolicy, EndReason, EndReport, Priority, RequestFacts, UpstreamFailure};
 pub use facts::{FactsError, RequestFactsLayer, RequestFactsService};
 pub use mode::{Fail, Mode, Respond};
+pub use outcome::{AdmissionOutcome, HedgeOutcome, LoserRun};
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
 pub use tracker::{Observation, StreamTracker, Usage};

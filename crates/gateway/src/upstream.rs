@@ -12,8 +12,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tailguard::core::{BoxError, ReplayBody};
-use tailguard::hedge::{BaseUri, InvalidBaseUri};
 use tailguard::phases::Upstream as UpstreamLabel;
+use tailguard::route::{BaseUri, InvalidBaseUri};
 use tower::Service;
 
 /// The request body the replicas take: the hedge's replayable body over the one that core's
@@ -83,7 +83,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// A replica: the shared client aimed at `base` by the hedge's [`BaseUri`] (scheme, authority
+/// A replica: the shared client aimed at `base` by the route crate's [`BaseUri`] (scheme, authority
 /// and path prefix), labelling the response with its name for the recorder's bounded
 /// `upstream` label. The request goes out as HTTP/1.1 (an HTTP/2 client's too); hop-by-hop
 /// headers are dropped from it before it leaves and from the response as it comes back.

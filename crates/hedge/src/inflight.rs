@@ -11,7 +11,7 @@ use tailguard_core::{EndReport, StreamTracker};
 use tokio::time::Instant;
 
 use crate::body::{Live, LiveProj};
-use crate::layer::Config;
+use crate::config::Config;
 use crate::verdict::{self, Fault, Verdict};
 
 /// An attempt whose response head arrived: the head, the frames it sent so far (all before

@@ -5,46 +5,15 @@ use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 
 use http::request::Parts;
-use http::{HeaderName, Method, StatusCode};
-use tailguard_core::{
-    DEFAULT_REPLAY_CAP, Dialect, Fail, GrpcCode, Priority, RequestFacts, Respond,
-};
+use http::{HeaderName, StatusCode};
+use tailguard_core::{Dialect, Fail, GrpcCode, Priority, Respond};
 use tower_layer::Layer;
 
-use crate::attempt::ATTEMPT_HEADER;
 use crate::budget::HedgeBudget;
+use crate::config::{Config, MAX_ATTEMPTS};
 use crate::delay::HedgeDelay;
-use crate::replicas::ReplicaSet;
-use crate::service::{FirstTokenHedge, Shared};
-
-/// The header a client sets (to any value) to opt its request out of hedging.
-pub const OPT_OUT_HEADER: &str = "x-tailguard-no-hedge";
-
-/// The most attempts one request may use.
-pub const MAX_ATTEMPTS: u8 = 5;
-
-type Predicate = dyn Fn(&Parts) -> bool + Send + Sync;
-
-/// The configuration of a hedge.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) max_attempts: u8,
-    pub(crate) delay: HedgeDelay,
-    pub(crate) budget: HedgeBudget,
-    pub(crate) failover_budget: HedgeBudget,
-    pub(crate) retryable: Arc<[StatusCode]>,
-    pub(crate) retryable_grpc: Arc<[GrpcCode]>,
-    pub(crate) replay_cap: usize,
-    pub(crate) pre_token_cap: usize,
-    pub(crate) dialect: Dialect,
-    pub(crate) predicate: Option<Arc<Predicate>>,
-    pub(crate) opt_out: Option<HeaderName>,
-    pub(crate) attempt_header: Option<HeaderName>,
-    pub(crate) priorities: Option<Arc<[Priority]>>,
-    pub(crate) rollout: f64,
-    /// Error mode: every attempt failing is an `Err` (set with the `Fail` type).
-    pub(crate) as_errors: bool,
-}
+use crate::service::FirstTokenHedge;
+use crate::state::HedgeState;
 
 /// Hedges LLM streaming calls on the first token: see [`FirstTokenHedge`].
 ///
@@ -68,7 +37,7 @@ pub(crate) struct Config {
 /// [`BoxError`](crate::error::BoxError) and every such end is an `Err`.
 pub struct FirstTokenHedgeLayer<M = Respond> {
     pub(crate) config: Config,
-    shared: Arc<OnceLock<Arc<Shared>>>,
+    shared: Arc<OnceLock<Arc<HedgeState>>>,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -103,16 +72,18 @@ impl FirstTokenHedgeLayer<Respond> {
     /// * retryable gRPC codes **8, 13, 14** (`RESOURCE_EXHAUSTED`, `INTERNAL`, `UNAVAILABLE`),
     ///   the gRPC counterparts of those statuses, found in trailers-only responses and in
     ///   trailers that end a stream before its first message;
-    /// * replay cap [`DEFAULT_REPLAY_CAP`] (4 MiB): larger request bodies are sent once, unhedged;
+    /// * replay cap [`DEFAULT_REPLAY_CAP`](tailguard_core::DEFAULT_REPLAY_CAP) (4 MiB): larger
+    ///   request bodies are sent once, unhedged;
     /// * pre-token cap **256 KiB**: frames an attempt sends before its first token are held for
     ///   replay up to this size; an attempt that sends more without a token is committed as the
     ///   winner (the race fails open rather than buffer without bound);
     /// * dialect [`Dialect::Auto`] (OpenAI / Anthropic SSE, gRPC, NDJSON by `content-type`);
     /// * eligibility: `POST` requests whose response is expected to stream, i.e. every `POST`
-    ///   except one whose [`RequestFacts::stream`] says `false` (see
-    ///   [`with_predicate`](Self::with_predicate)); not opted out with [`OPT_OUT_HEADER`];
-    ///   every priority (see [`with_priorities`](Self::with_priorities)); rollout 100%;
-    /// * attempt header [`ATTEMPT_HEADER`](crate::ATTEMPT_HEADER) set on every attempt;
+    ///   except one whose [`RequestFacts::stream`](tailguard_core::RequestFacts::stream) says
+    ///   `false` (see [`with_predicate`](Self::with_predicate)); not opted out with
+    ///   [`OPT_OUT_HEADER`](crate::OPT_OUT_HEADER); every priority (see [`with_priorities`](Self::with_priorities)); rollout 100%;
+    /// * attempt header [`ATTEMPT_HEADER`](tailguard_core::attempt::ATTEMPT_HEADER) set on every
+    ///   attempt;
     /// * when every attempt fails, the most informative failure is answered as it is (an
     ///   upstream's error status or in-band error, replayed; the inner error, returned), and a
     ///   `2xx` stream that failed before its first token with a rendered `502`, see
@@ -120,33 +91,7 @@ impl FirstTokenHedgeLayer<Respond> {
     ///   and a client never gets a `200` that carries no answer (see
     ///   [`with_error_mode`](Self::with_error_mode)).
     pub fn new() -> Self {
-        let config = Config {
-            max_attempts: 2,
-            delay: HedgeDelay::default(),
-            budget: HedgeBudget::default(),
-            failover_budget: HedgeBudget::failover(),
-            retryable: Arc::new([
-                StatusCode::TOO_MANY_REQUESTS,
-                StatusCode::INTERNAL_SERVER_ERROR,
-                StatusCode::BAD_GATEWAY,
-                StatusCode::SERVICE_UNAVAILABLE,
-                StatusCode::GATEWAY_TIMEOUT,
-            ]),
-            retryable_grpc: Arc::new([
-                GrpcCode::ResourceExhausted,
-                GrpcCode::Internal,
-                GrpcCode::Unavailable,
-            ]),
-            replay_cap: DEFAULT_REPLAY_CAP,
-            pre_token_cap: 256 << 10,
-            dialect: Dialect::Auto,
-            predicate: None,
-            opt_out: Some(HeaderName::from_static(OPT_OUT_HEADER)),
-            attempt_header: Some(HeaderName::from_static(ATTEMPT_HEADER)),
-            priorities: None,
-            rollout: 1.0,
-            as_errors: false,
-        };
+        let config = Config::default();
         FirstTokenHedgeLayer {
             config,
             shared: Arc::default(),
@@ -178,9 +123,9 @@ impl<M> FirstTokenHedgeLayer<M> {
     }
 
     /// The state every service of this layer value shares, made on first use.
-    pub(crate) fn shared(&self) -> Arc<Shared> {
+    pub(crate) fn shared(&self) -> Arc<HedgeState> {
         self.shared
-            .get_or_init(|| Arc::new(Shared::new(self.config.clone())))
+            .get_or_init(|| Arc::new(HedgeState::new(self.config.clone())))
             .clone()
     }
 
@@ -252,8 +197,8 @@ impl<M> FirstTokenHedgeLayer<M> {
     }
 
     /// Replaces the default eligibility predicate (`POST`, and not
-    /// [`RequestFacts::stream`]` == Some(false)`). The opt-out header, the priority switch
-    /// and the rollout still apply.
+    /// [`RequestFacts::stream`](tailguard_core::RequestFacts::stream)` == Some(false)`). The
+    /// opt-out header, the priority switch and the rollout still apply.
     pub fn with_predicate<F>(self, f: F) -> Self
     where
         F: Fn(&Parts) -> bool + Send + Sync + 'static,
@@ -271,7 +216,7 @@ impl<M> FirstTokenHedgeLayer<M> {
     }
 
     /// Sets the header that carries the attempt index (`None`: no header; the
-    /// [`Attempt`](crate::Attempt) extension is always set).
+    /// [`Attempt`](tailguard_core::attempt::Attempt) extension is always set).
     pub fn with_attempt_header(self, header: Option<HeaderName>) -> Self {
         self.with(|c| {
             c.attempt_header = header;
@@ -299,28 +244,6 @@ impl<M> FirstTokenHedgeLayer<M> {
             };
         })
     }
-
-    /// Builds the hedge over an explicit set of replicas with [`ReplicaSet::new`]'s defaults
-    /// (load-aware primaries, backups to the best untried replica, outlier ejection). For
-    /// other settings build the set yourself and [`layer`](Layer::layer) it, e.g.
-    /// `layer.layer(ReplicaSet::round_robin(replicas))`.
-    pub fn layer_replicas<S>(
-        &self,
-        replicas: impl IntoIterator<Item = S>,
-    ) -> FirstTokenHedge<ReplicaSet<S>, M> {
-        self.layer(ReplicaSet::new(replicas))
-    }
-}
-
-impl Config {
-    /// Whether the default predicate accepts the request.
-    pub(crate) fn default_predicate(parts: &Parts) -> bool {
-        parts.method == Method::POST
-            && parts
-                .extensions
-                .get::<RequestFacts>()
-                .is_none_or(|f| f.stream != Some(false))
-    }
 }
 
 impl<M> fmt::Debug for FirstTokenHedgeLayer<M> {
@@ -332,25 +255,11 @@ impl<M> fmt::Debug for FirstTokenHedgeLayer<M> {
     }
 }
 
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("max_attempts", &self.max_attempts)
-            .field("delay", &self.delay)
-            .field("budget", &self.budget)
-            .field("failover_budget", &self.failover_budget)
-            .field("retryable", &self.retryable)
-            .field("retryable_grpc", &self.retryable_grpc)
-            .field("replay_cap", &self.replay_cap)
-            .field("pre_token_cap", &self.pre_token_cap)
-            .field("dialect", &self.dialect)
-            .field("predicate", &self.predicate.as_ref().map(|_| ".."))
-            .field("opt_out", &self.opt_out)
-            .field("attempt_header", &self.attempt_header)
-            .field("priorities", &self.priorities)
-            .field("rollout", &self.rollout)
-            .field("as_errors", &self.as_errors)
-            .finish()
+impl<S, M> FirstTokenHedge<S, M> {
+    /// Wraps `inner` with the configuration of `layer`, sharing its state (the same as
+    /// `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &FirstTokenHedgeLayer<M>) -> Self {
+        layer.layer(inner)
     }
 }
 

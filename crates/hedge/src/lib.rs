@@ -70,10 +70,10 @@
 //!    other non-`2xx` statuses are returned as they are) and its body read through a
 //!    [`StreamTracker`](tailguard_core::StreamTracker), holding the frames.
 //! 4. No token within the delay: a backup is sent (if the [`HedgeBudget`] allows), with an
-//!    [`Attempt`] in its extensions and the [`ATTEMPT_HEADER`], so a router (or a
-//!    [`ReplicaSet`]) sends it to another replica. An attempt that fails before its first
-//!    token (transport error, reset, retryable status, in-band error, end with no token) makes
-//!    the next go out at once.
+//!    [`Attempt`] in its extensions and the [`ATTEMPT_HEADER`], so a router (or
+//!    `tailguard-route`'s `ReplicaSet`) sends it to another replica. An attempt that fails
+//!    before its first token (transport error, reset, retryable status, in-band error, end with
+//!    no token) makes the next go out at once.
 //! 5. The first attempt to produce a token wins: the response future resolves with its head,
 //!    a [`HedgeBody`] that replays what it sent so far and then continues live, and a
 //!    [`HedgeOutcome`](tailguard_core::HedgeOutcome) in the response extensions. The others
@@ -111,8 +111,14 @@
 //! Put the hedge outside what should run once per attempt (a per-attempt first-token timeout,
 //! a balancer, the client) and inside what should run once per request (admission, the
 //! recorder). Layers below it see each attempt as a request of its own, with an [`Attempt`] in
-//! its extensions. Each raced attempt gets an [`EndReport`](tailguard_core::EndReport) of its
-//! own when the request carries one, so a loser's end (it is dropped) never reaches the outer
+//! its extensions. The hedge settles each attempt's [`Attempt`] at its first token, at a failure
+//! before it, or when it commits to it without one ([`Settle`](tailguard_core::attempt::Settle)),
+//! so whatever placed the attempt learns how its replica did: `tailguard-route`'s
+//! `ReplicaSet` (`FirstTokenHedgeLayer::new().layer(ReplicaSet::new(replicas))`), or a balancer
+//! of your own that binds an [`AttemptClaim`](tailguard_core::attempt::AttemptClaim) (core's
+//! [attempt protocol](tailguard_core::attempt)). The two crates do not depend on each other.
+//! Each raced attempt gets an [`EndReport`](tailguard_core::EndReport) of its own when the
+//! request carries one, so a loser's end (it is dropped) never reaches the outer
 //! report; the winner's reason is forwarded to it before the client sees the end of the body.
 //!
 //! ## tonic
@@ -146,52 +152,47 @@
 //! * `tailguard_hedge_budget_withdrawn_total{budget="hedge"|"failover"}` and
 //!   `tailguard_hedge_budget_exhausted_total{budget}`: extra attempts each budget allowed and
 //!   refused;
-//! * `tailguard_hedge_ejections_total{replica, reason="failures"|"slow"}`: [`ReplicaSet`]
-//!   outlier ejections;
 //! * `tailguard_hedge_all_failed_total`: requests whose every attempt failed;
 //! * `tailguard_hedge_delay_seconds{key}` (gauge): the adaptive delay in force, per estimate
 //!   key (bounded by [`AdaptiveDelay::with_max_keys`]), or `key="fixed"`;
 //! * `tailguard_hedge_delay_used_seconds` (histogram): the delay when a hedge fired.
 //!
 //! `tracing` debug events mark each attempt sent, failed, cancelled and committed.
+//!
+//! [`Attempt`]: tailguard_core::attempt::Attempt
+//! [`ATTEMPT_HEADER`]: tailguard_core::attempt::ATTEMPT_HEADER
 
-// Where things are: `layer` (the configuration), `service` (eligibility, and `call` starting a
-// race), `future` (the response future), `race` (one request's race: sending attempts, the
-// hedge timer, commit, every attempt failed), `inflight` (one attempt read up to its first
+// Where things are: `config` (the configuration), `layer` (building it), `state` (what the
+// services of one layer value share, and eligibility), `service` (`call` starting a race),
+// `future` (the response future), `race` (one request's race: sending attempts, the hedge
+// timer, commit, every attempt failed), `inflight` (one attempt read up to its first
 // token), `verdict` (what a head, a frame, trailers or the end say; which failure ranks
 // highest), `answer` (the rendered error, or the error, when every attempt failed), `template`
 // (the request head each attempt is copied from), `body` (the client's body: replay, then
-// live, or a rendered error), `delay`, `budget`, `attempt` and `replicas`.
+// live, or a rendered error), `delay`, `budget` and `shared_budget`. The attempt protocol is
+// core's (`tailguard_core::attempt`); `ReplicaSet` is in `tailguard-route`.
 mod answer;
-mod attempt;
-mod base_uri;
 mod body;
 mod budget;
+mod config;
 mod cost;
 mod delay;
-mod eject;
 pub mod error;
 pub mod future;
 mod inflight;
 mod layer;
 mod metrics;
 mod race;
-mod replicas;
-mod score;
 mod service;
 mod shared_budget;
-mod slots;
+mod state;
 mod template;
 mod verdict;
 
-pub use attempt::{ATTEMPT_HEADER, Attempt, ReplicaId};
-pub use base_uri::{BaseUri, InvalidBaseUri};
 pub use body::HedgeBody;
 pub use budget::HedgeBudget;
+pub use config::{MAX_ATTEMPTS, OPT_OUT_HEADER};
 pub use delay::{AdaptiveDelay, DelayKey, HedgeDelay};
-pub use eject::Ejection;
-pub use layer::{FirstTokenHedgeLayer, MAX_ATTEMPTS, OPT_OUT_HEADER};
-pub use replicas::{ReplicaSet, Routing};
+pub use layer::FirstTokenHedgeLayer;
 pub use service::FirstTokenHedge;
 pub use shared_budget::{BudgetBackend, Exchange, ExchangeFuture, SharedBudget};
-pub use slots::ReplicaBody;

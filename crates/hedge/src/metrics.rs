@@ -30,10 +30,6 @@ pub(crate) fn describe() {
             "tailguard_hedge_budget_backend_errors_total",
             "Errors of the shared budget's backend",
         ),
-        (
-            "tailguard_hedge_ejections_total",
-            "Replicas ejected from primary routing, by replica and reason",
-        ),
     ] {
         describe_counter!(name, Unit::Count, help);
     }

@@ -12,20 +12,19 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
+use tailguard_core::attempt::{Attempt, Settle};
 use tailguard_core::replay::Buffering;
 use tailguard_core::{BoxError, Deadlines, EndReport, HedgeOutcome, ReplayBody, deadline};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::answer::{self, Escape};
-use crate::attempt::Attempt;
 use crate::body::{Forward, HedgeBody};
 use crate::cost::Costs;
 use crate::delay::{self, Estimator};
 use crate::error::RequestBodyError;
 use crate::inflight::{Failure, InFlight, Step, Streaming, Trigger};
-use crate::score::Settle;
-use crate::service::Shared;
+use crate::state::HedgeState;
 use crate::template::Template;
 
 /// A deadline that does not come (about 30 years).
@@ -53,7 +52,7 @@ where
     B: Body,
     RB: Body,
 {
-    shared: Arc<Shared>,
+    shared: Arc<HedgeState>,
     service: S,
     /// Whether `service` is ready for a call (it is for the first: `call` took the ready one).
     ready: bool,
@@ -108,7 +107,7 @@ where
     RB::Data: From<Bytes>,
     RB::Error: Into<BoxError>,
 {
-    pub(crate) fn new(shared: Arc<Shared>, service: S, parts: Parts, body: B) -> Self {
+    pub(crate) fn new(shared: Arc<HedgeState>, service: S, parts: Parts, body: B) -> Self {
         shared.budget.deposit();
         let estimator = shared.delay.estimator(&parts);
         let cap = shared.config.replay_cap;
@@ -153,7 +152,7 @@ where
             req.headers_mut()
                 .insert(h.clone(), HeaderValue::from(u16::from(index)));
         }
-        req.extensions_mut().insert(self.record.with_number(index));
+        req.extensions_mut().insert(self.record.next(index));
         if let Some(r) = report {
             req.extensions_mut().insert(r.clone());
         }
@@ -248,7 +247,7 @@ where
     /// Keeps `failure` of attempt `index` if it is the most informative so far, and calls for
     /// the next attempt.
     fn fail(&mut self, index: u8, failure: Failure<RB, S::Error>, report: Option<EndReport>) {
-        self.record.settle(index, Settle::Failed);
+        self.record.next(index).settle(Settle::Failed);
         let fault = failure.fault();
         tracing::debug!(
             attempt = index,
@@ -279,13 +278,13 @@ where
         token: bool,
     ) -> Response<HedgeBody<RB>> {
         let (index, sent_at) = (attempt.index, attempt.sent_at);
-        // Tells a `ReplicaSet` below how the attempt went (its score).
+        // Tells whatever placed the attempt below (a `ReplicaSet`) how it went (its score).
         let how = if token {
             Settle::Token
         } else {
             Settle::Answered
         };
-        self.record.settle(index, how);
+        self.record.next(index).settle(how);
         let now = Instant::now();
         self.cancel_all(now, token);
         self.phase = Phase::Done;

@@ -3,110 +3,24 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use tailguard_core::{BoxError, ClassPolicy, Mode, Priority, ReplayBody, Respond};
+use tailguard_core::{BoxError, Mode, ReplayBody, Respond};
 use tower_service::Service;
 
 use crate::body::HedgeBody;
-use crate::budget::Budgets;
-use crate::delay::DelaySource;
 use crate::future::ResponseFuture;
-use crate::layer::{Config, FirstTokenHedgeLayer};
 use crate::race::Race;
-
-/// State shared by the clones of one `FirstTokenHedge`.
-pub(crate) struct Shared {
-    pub(crate) config: Config,
-    pub(crate) delay: DelaySource,
-    pub(crate) budget: Budgets,
-    rollout_seq: AtomicU64,
-    rollout_threshold: u64,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("config", &self.config)
-            .field("delay", &self.delay)
-            .field("budget", &self.budget)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    pub(crate) fn new(config: Config) -> Self {
-        crate::metrics::describe();
-        let rollout_threshold = if config.rollout >= 1.0 {
-            u64::MAX
-        } else {
-            (config.rollout * u64::MAX as f64) as u64
-        };
-        Shared {
-            delay: DelaySource::new(&config.delay),
-            budget: Budgets::new(&config.budget, &config.failover_budget),
-            rollout_seq: AtomicU64::new(0),
-            rollout_threshold,
-            config,
-        }
-    }
-
-    /// The one eligibility check: every condition a request must meet to be raced.
-    fn eligible<B: Body>(&self, parts: &Parts, body: &B) -> bool {
-        let c = &self.config;
-        if c.max_attempts < 2 {
-            return false;
-        }
-        let accepted = match &c.predicate {
-            Some(p) => p(parts),
-            None => Config::default_predicate(parts),
-        };
-        if !accepted {
-            return false;
-        }
-        if let Some(h) = &c.opt_out
-            && parts.headers.contains_key(h)
-        {
-            return false;
-        }
-        match parts.extensions.get::<ClassPolicy>().and_then(|p| p.hedge) {
-            Some(false) => return false,
-            Some(true) => {}
-            None => {
-                if let Some(allowed) = &c.priorities {
-                    let Some(p) = parts.extensions.get::<Priority>() else {
-                        return false;
-                    };
-                    if !allowed.contains(p) {
-                        return false;
-                    }
-                }
-            }
-        }
-        if body.size_hint().lower() > c.replay_cap as u64 {
-            return false;
-        }
-        if self.rollout_threshold != u64::MAX {
-            // A Weyl sequence: the fraction of values under the threshold converges to the
-            // rollout fraction quickly and evenly, with no random number generator.
-            let n = self.rollout_seq.fetch_add(1, Ordering::Relaxed);
-            if n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >= self.rollout_threshold {
-                return false;
-            }
-        }
-        true
-    }
-}
+use crate::state::HedgeState;
 
 /// Hedges LLM streaming calls on the first *token*, not on response headers.
 ///
-/// For an eligible request (see [`FirstTokenHedgeLayer::new`]) the service buffers the request
-/// body (up to the replay cap), sends the primary attempt and reads its response body through
+/// For an eligible request (see
+/// [`FirstTokenHedgeLayer::new`](crate::FirstTokenHedgeLayer::new)) the service buffers the
+/// request body (up to the replay cap), sends the primary attempt and reads its response body through
 /// a [`StreamTracker`](tailguard_core::StreamTracker). If no token arrives within the hedge
 /// delay it sends a backup attempt and keeps both; the first attempt to produce a token wins,
 /// the frames it sent before that token are replayed to the client byte for byte and its body
@@ -151,7 +65,7 @@ impl Shared {
 ///    response future's error, exactly as an unhedged request returns it: the stack's error
 ///    handler renders it as it renders any other (a gateway's `502`).
 ///
-/// In error mode ([`with_error_mode`](FirstTokenHedgeLayer::with_error_mode)) the
+/// In error mode ([`with_error_mode`](crate::FirstTokenHedgeLayer::with_error_mode)) the
 /// future resolves to an [`UpstreamError`](tailguard_core::UpstreamError) of that failure's kind
 /// instead, whichever it is.
 ///
@@ -178,19 +92,12 @@ impl Shared {
 /// [`RequestBodyError`](crate::error::RequestBodyError).
 pub struct FirstTokenHedge<S, M = Respond> {
     inner: S,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<HedgeState>,
     _mode: PhantomData<fn() -> M>,
 }
 
 impl<S, M> FirstTokenHedge<S, M> {
-    /// Wraps `inner` with the configuration of `layer`, sharing its state (the same as
-    /// `layer.layer(inner)`).
-    pub fn new(inner: S, layer: &FirstTokenHedgeLayer<M>) -> Self {
-        use tower_layer::Layer;
-        layer.layer(inner)
-    }
-
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
+    pub(crate) fn from_shared(inner: S, shared: Arc<HedgeState>) -> Self {
         FirstTokenHedge {
             inner,
             shared,

@@ -5,7 +5,7 @@ use http::{HeaderMap, StatusCode};
 use tailguard_core::headers::grpc_status;
 use tailguard_core::{GrpcCode, Observation, UpstreamFailure};
 
-use crate::layer::Config;
+use crate::config::Config;
 
 /// How informative a failed attempt is. When every attempt fails, the client gets the highest
 /// ranked failure (see [`Fault::replaces`]).
@@ -154,7 +154,7 @@ fn of_grpc_error(cfg: &Config, code: u16) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FirstTokenHedgeLayer;
+    use std::sync::Arc;
 
     fn grpc(code: &'static str) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn heads() {
-        let cfg = FirstTokenHedgeLayer::new().config;
+        let cfg = Config::default();
         let none = HeaderMap::new();
         assert_eq!(of_head(&cfg, StatusCode::OK, &none), Verdict::ReadOn);
         for s in [429, 500, 502, 503, 504] {
@@ -203,10 +203,11 @@ mod tests {
             Verdict::Fail(Fault::status(unavailable))
         );
         // The configured lists, not the defaults.
-        let cfg = FirstTokenHedgeLayer::new()
-            .with_retryable_statuses([StatusCode::NOT_FOUND])
-            .with_retryable_grpc_codes([GrpcCode::InvalidArgument])
-            .config;
+        let cfg = Config {
+            retryable: Arc::new([StatusCode::NOT_FOUND]),
+            retryable_grpc: Arc::new([GrpcCode::InvalidArgument]),
+            ..Config::default()
+        };
         let not_found = StatusCode::NOT_FOUND;
         assert_eq!(
             of_head(&cfg, not_found, &none),
@@ -219,7 +220,10 @@ mod tests {
 
     #[test]
     fn data_frames() {
-        let cfg = FirstTokenHedgeLayer::new().with_pre_token_cap(100).config;
+        let cfg = Config {
+            pre_token_cap: 100,
+            ..Config::default()
+        };
         assert_eq!(of_data(&cfg, &obs(false, false), 100), Verdict::ReadOn);
         assert_eq!(of_data(&cfg, &obs(true, false), 10), TOKEN);
         // A token in the frame wins over an error event after it, and over the cap.
@@ -242,7 +246,7 @@ mod tests {
 
     #[test]
     fn trailers() {
-        let cfg = FirstTokenHedgeLayer::new().config;
+        let cfg = Config::default();
         let none = HeaderMap::new();
         assert_eq!(of_trailers(&cfg, &obs(true, false), &grpc("14")), TOKEN);
         assert_eq!(

@@ -881,27 +881,6 @@ async fn grpc_trailers_only_unavailable_fails_over_and_messages_are_tokens() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn replica_set_sends_each_attempt_to_a_replica_not_yet_tried() {
-    let slow = Upstream::new(vec![Plan::sse(ms(10_000))]);
-    let fast1 = Upstream::new(vec![Plan::sse(ms(10))]);
-    let fast2 = Upstream::new(vec![Plan::sse(ms(10))]);
-    let svc = layer().layer_replicas([slow.clone(), fast1.clone(), fast2.clone()]);
-    // Round robin starts at replica 0 (the slow one): the backup must go elsewhere.
-    let res = svc.clone().oneshot(chat_request()).await.unwrap();
-    assert_eq!(outcome(&res), Some(HedgeOutcome::new(2, 1, Some(ms(500)))));
-    assert_eq!(slow.seen().len(), 1);
-    assert!(slow.seen()[0].cancelled);
-    let backup = fast1.seen();
-    assert_eq!(backup.len(), 1);
-    assert_eq!(backup[0].attempt, Some(1));
-    assert_eq!(
-        backup[0].tried, 2,
-        "the primary's replica and its own are recorded"
-    );
-    assert!(fast2.seen().is_empty());
-}
-
-#[tokio::test(start_paused = true)]
 async fn request_body_error_is_reported_and_nothing_is_sent() {
     let up = Upstream::new(vec![Plan::sse(ms(10))]);
     let failing = || {

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use common::*;
 use http::{Request, Response};
 use http_body_util::Full;
+use tailguard_core::attempt::Attempt;
 use tailguard_core::{EndReason, EndReport, HedgeOutcome, ReplayBody, UpstreamFailure};
-use tailguard_hedge::Attempt;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_test::mock::{self, Handle, Mock, SendResponse};
@@ -140,44 +140,4 @@ async fn the_outer_poll_ready_is_the_inner_one() {
     handle.send_error(TransportError);
     let err = svc.ready().await.unwrap_err();
     assert!(err.downcast_ref::<TransportError>().is_some(), "{err}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_backup_to_a_replica_that_is_not_ready_waits_in_its_attempt() {
-    let (a, mut ha) = pair();
-    let (b, mut hb) = pair();
-    hb.allow(0);
-    let start = Instant::now();
-    let race = tokio::spawn(layer().layer_replicas([a, b]).oneshot(chat_request()));
-    let (_, send) = ha.next_request().await.unwrap();
-    let _primary = answer(send, Plan::sse(ms(800)));
-    let res = race.await.unwrap().unwrap();
-    assert_eq!(start.elapsed(), ms(800));
-    assert_eq!(
-        outcome(&res),
-        HedgeOutcome::new(2, 0, Some(ms(500))),
-        "the backup went to its replica, which never became ready"
-    );
-    assert!(none_sent(&mut hb), "replica b was never called");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_replica_whose_poll_ready_errors_fails_over_at_once() {
-    let (a, mut ha) = pair();
-    let (b, mut hb) = pair();
-    let (c, mut hc) = pair();
-    hb.send_error(TransportError);
-    let svc = layer().with_max_attempts(3).layer_replicas([a, b, c]);
-    let start = Instant::now();
-    let race = tokio::spawn(svc.oneshot(chat_request()));
-    let (_, send) = ha.next_request().await.unwrap();
-    let primary = answer(send, Plan::sse(ms(10_000)));
-    let (third, send) = hc.next_request().await.unwrap();
-    assert_eq!(start.elapsed(), ms(500), "sent with the failed backup");
-    assert_eq!(attempt(&third), 2);
-    let _third = answer(send, Plan::sse(ms(30)));
-    let res = race.await.unwrap().unwrap();
-    assert_eq!(outcome(&res), HedgeOutcome::new(3, 2, Some(ms(500))));
-    assert!(primary.cancelled());
-    assert!(none_sent(&mut hb), "replica b was never called");
 }

@@ -10,7 +10,7 @@ use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{Request, header};
 use tower_service::Service;
 
-use crate::replicas::ReplicaSet;
+use crate::set::ReplicaSet;
 
 /// A base URI without a scheme or an authority: there is nowhere to send requests to.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::score::{Health, Replica};
-
 /// When a [`ReplicaSet`](crate::ReplicaSet) ejects a replica from primary selection, and for
 /// how long (Envoy's outlier detection semantics).
 ///
@@ -101,7 +99,7 @@ impl Ejection {
 /// One replica's ejection state.
 #[derive(Debug, Default)]
 pub(crate) struct Ejector {
-    consecutive: u32,
+    pub(crate) consecutive: u32,
     /// Ejections that still lengthen the next one.
     times: u32,
     until: Option<Instant>,
@@ -133,7 +131,7 @@ impl Ejector {
         }
     }
 
-    fn eject(&mut self, cfg: &Ejection, now: Instant) -> Duration {
+    pub(crate) fn eject(&mut self, cfg: &Ejection, now: Instant) -> Duration {
         if let Some(since) = self.since {
             let healthy = now.saturating_duration_since(since).as_secs_f64();
             let periods = (healthy / cfg.base.as_secs_f64().max(1e-9)) as u32;
@@ -145,57 +143,6 @@ impl Ejector {
         self.consecutive = 0;
         period
     }
-}
-
-/// Decides, after news about replica `i`, whether it is ejected now.
-pub(crate) fn review(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) {
-    let cfg = &health.ejection;
-    if !cfg.enabled || replicas[i].eject.is_ejected(now) {
-        return;
-    }
-    let others_in = (0..replicas.len())
-        .filter(|&j| j != i && !replicas[j].eject.is_ejected(now))
-        .count();
-    if others_in == 0 {
-        return;
-    }
-    let reason = if cfg.consecutive_failures > 0
-        && replicas[i].eject.consecutive >= cfg.consecutive_failures
-    {
-        "failures"
-    } else if is_slow(replicas, i, health, now) {
-        "slow"
-    } else {
-        return;
-    };
-    let period = replicas[i].eject.eject(cfg, now);
-    metrics::counter!("tailguard_hedge_ejections_total",
-        "replica" => i.to_string(), "reason" => reason)
-    .increment(1);
-    tracing::warn!(
-        replica = i,
-        reason,
-        period_s = period.as_secs_f64(),
-        "tailguard-hedge: replica ejected from primary selection"
-    );
-}
-
-fn is_slow(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) -> bool {
-    let mine = replicas[i].estimate(now, health.decay);
-    if mine < health.ejection.slow_min.as_secs_f64() {
-        return false;
-    }
-    let mut others = Vec::with_capacity(replicas.len());
-    for (j, r) in replicas.iter_mut().enumerate() {
-        if j != i && !r.eject.is_ejected(now) {
-            others.push(r.estimate(now, health.decay));
-        }
-    }
-    others.sort_by(f64::total_cmp);
-    let Some(median) = others.get(others.len() / 2) else {
-        return false;
-    };
-    mine > health.ejection.slow_factor * median
 }
 
 #[cfg(test)]

@@ -1,45 +1,20 @@
-//! The response future and body of a [`ReplicaSet`](crate::ReplicaSet): an attempt waits in
-//! the gateway for a free slot, then holds its slot until its body ends or is dropped.
+//! The response future of a [`ReplicaSet`](crate::ReplicaSet): an attempt waits in the
+//! gateway for a free slot, then calls its replica.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tailguard_core::attempt::{AttemptClaim, Settle};
 use tower::ServiceExt;
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use crate::replicas::ReplicaSet;
-use crate::score::{Settle, Ticket};
-
-/// An attempt's slot on its replica, released when dropped. Dropped before its body ended, the
-/// attempt was cancelled (a loser, or the client went away): a censored sample if it still
-/// waited for its first token. An attempt whose body ended is settled by the hedge, which reads
-/// that end (or, sent around the hedge, by the ticket's own drop).
-struct Guard {
-    ticket: Arc<Ticket>,
-    ended: bool,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if !self.ended {
-            self.ticket.settle(Settle::Cancelled);
-        }
-        self.ticket.release();
-    }
-}
-
-impl fmt::Debug for Guard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Guard").field("ended", &self.ended).finish()
-    }
-}
+use crate::body::{Guard, ReplicaBody};
+use crate::place::Placer;
 
 pin_project! {
     #[project = StateProj]
@@ -58,7 +33,7 @@ pin_project! {
     where
         S: Service<Request<B>>,
     {
-        set: ReplicaSet<S>,
+        set: Placer<S>,
         guard: Option<Guard>,
         #[pin]
         state: State<S, B>,
@@ -80,7 +55,7 @@ impl<S, B, RB> ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
 {
-    pub(crate) fn new(set: ReplicaSet<S>, req: Request<B>) -> Self {
+    pub(crate) fn new(set: Placer<S>, req: Request<B>) -> Self {
         let mut fut = ResponseFuture {
             set,
             guard: None,
@@ -88,10 +63,7 @@ where
         };
         match fut.set.place(&req, None) {
             Some((i, ticket)) => {
-                fut.guard = Some(Guard {
-                    ticket,
-                    ended: false,
-                });
+                fut.guard = Some(Guard::new(ticket));
                 let svc = fut.set.replica(i);
                 fut.state = State::Calling {
                     fut: svc.oneshot(req),
@@ -124,10 +96,7 @@ where
                     let Some(r) = req.take() else {
                         return Poll::Pending;
                     };
-                    *this.guard = Some(Guard {
-                        ticket,
-                        ended: false,
-                    });
+                    *this.guard = Some(Guard::new(ticket));
                     let fut = this.set.replica(i).oneshot(r);
                     this.state.set(State::Calling { fut });
                 }
@@ -135,7 +104,7 @@ where
                     let res = ready!(fut.poll(cx));
                     let guard = this.guard.take();
                     return Poll::Ready(match res {
-                        Ok(res) => Ok(res.map(|inner| ReplicaBody { inner, guard })),
+                        Ok(res) => Ok(res.map(|inner| ReplicaBody::new(inner, guard))),
                         Err(e) => {
                             if let Some(g) = &guard {
                                 g.ticket.settle(Settle::Failed);
@@ -146,58 +115,5 @@ where
                 }
             }
         }
-    }
-}
-
-pin_project! {
-    /// The response body of a [`ReplicaSet`](crate::ReplicaSet): the replica's body, holding
-    /// the attempt's slot until it ends or is dropped.
-    pub struct ReplicaBody<B> {
-        #[pin]
-        inner: B,
-        guard: Option<Guard>,
-    }
-}
-
-impl<B> ReplicaBody<B> {
-    /// The replica's body.
-    pub fn get_ref(&self) -> &B {
-        &self.inner
-    }
-}
-
-impl<B: fmt::Debug> fmt::Debug for ReplicaBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReplicaBody")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<B: Body> Body for ReplicaBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        if frame.is_none() || this.inner.is_end_stream() {
-            // Ended: the slot frees now, not when the body is dropped.
-            if let Some(mut g) = this.guard.take() {
-                g.ended = true;
-            }
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

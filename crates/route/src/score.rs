@@ -1,18 +1,17 @@
 //! What a [`ReplicaSet`](crate::ReplicaSet) knows about each replica: attempts waiting for a
-//! first token, a peak-EWMA of recent times to first token, slots held, and ejection state.
+//! first token, a peak-EWMA of recent times to first token, slots held, and ejection state;
+//! and its score, the expected wait of one more attempt.
 //!
 //! Why not tower's `load::PeakEwma`: it measures a request until its response future resolves
 //! (the response head), which a streaming LLM server sends at once; the time that matters is
 //! the time to the first token, which only the hedge sees. The decay rule is tower's (an
 //! estimate decays towards zero with time, a sample above it replaces it).
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::Waker;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::eject::{Ejection, Ejector};
+use crate::eject::Ejector;
 
 /// Added to every estimate, so that with no samples yet the number of waiting attempts
 /// decides (as tower's default RTT does).
@@ -22,7 +21,7 @@ const PRIOR_SECS: f64 = 0.001;
 #[derive(Debug)]
 pub(crate) struct Replica {
     /// Attempts sent and not yet settled (token, failure, cancellation): id and send time.
-    waiting: Vec<(u64, Instant)>,
+    pub(crate) waiting: Vec<(u64, Instant)>,
     /// The peak-EWMA estimate of the time to first token, in seconds, as of `at`.
     estimate: f64,
     at: Instant,
@@ -32,7 +31,7 @@ pub(crate) struct Replica {
 }
 
 impl Replica {
-    fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Replica {
             waiting: Vec::new(),
             estimate: 0.0,
@@ -62,7 +61,7 @@ impl Replica {
     }
 
     /// A time to first token (or, `censored`, a wait of at least that long).
-    fn sample(&mut self, secs: f64, censored: bool, now: Instant, decay: Duration) {
+    pub(crate) fn sample(&mut self, secs: f64, censored: bool, now: Instant, decay: Duration) {
         let current = self.estimate(now, decay);
         let next = if secs >= current {
             // Peak: a slower sample (or a longer censored wait) replaces the estimate.
@@ -77,148 +76,6 @@ impl Replica {
         };
         self.estimate = next;
         self.at = now;
-    }
-}
-
-/// How an attempt ended, as far as its replica's score is concerned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Settle {
-    /// Its first token arrived: a sample.
-    Token,
-    /// It failed before its first token.
-    Failed,
-    /// The hedge committed to it without a token (an answer about the request): no sample.
-    Answered,
-    /// Dropped while still waiting (a loser, or the client went away): a censored sample.
-    Cancelled,
-    /// Its stream ended with nobody settling it (sent around the hedge): no sample.
-    Ended,
-}
-
-/// The state of a whole set, under one lock (picks compare every replica anyway).
-#[derive(Debug)]
-pub(crate) struct Board {
-    pub(crate) replicas: Vec<Replica>,
-    next_id: u64,
-    /// Calls waiting for a free slot.
-    waiters: Vec<Waker>,
-}
-
-/// The shared state of a [`ReplicaSet`](crate::ReplicaSet).
-#[derive(Debug)]
-pub(crate) struct Health {
-    board: Mutex<Board>,
-    pub(crate) decay: Duration,
-    pub(crate) ejection: Ejection,
-}
-
-impl Health {
-    pub(crate) fn new(n: usize, decay: Duration, ejection: Ejection) -> Self {
-        let now = Instant::now();
-        Health {
-            board: Mutex::new(Board {
-                replicas: (0..n).map(|_| Replica::new(now)).collect(),
-                next_id: 0,
-                waiters: Vec::new(),
-            }),
-            decay,
-            ejection,
-        }
-    }
-
-    pub(crate) fn board(&self) -> MutexGuard<'_, Board> {
-        self.board.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Takes a slot on `replica`; `waiting`: the attempt waits for a first token the hedge
-    /// will report.
-    pub(crate) fn start(
-        self: &Arc<Self>,
-        board: &mut Board,
-        replica: usize,
-        waiting: bool,
-    ) -> Ticket {
-        let id = board.next_id;
-        board.next_id += 1;
-        let now = Instant::now();
-        let r = &mut board.replicas[replica];
-        r.active += 1;
-        if waiting {
-            r.waiting.push((id, now));
-        }
-        Ticket {
-            health: self.clone(),
-            replica,
-            id,
-            sent_at: now,
-        }
-    }
-
-    /// Parks `waker` until a slot is released.
-    pub(crate) fn park(board: &mut Board, waker: &Waker) {
-        if !board.waiters.iter().any(|w| w.will_wake(waker)) {
-            board.waiters.push(waker.clone());
-        }
-    }
-}
-
-/// One attempt's claim on a replica: settled once by the hedge (or by the set itself), its
-/// slot released once when the last handle of the attempt goes.
-#[derive(Debug)]
-pub(crate) struct Ticket {
-    health: Arc<Health>,
-    replica: usize,
-    id: u64,
-    sent_at: Instant,
-}
-
-impl Ticket {
-    /// Settles the attempt, if it still waits: feeds the score and the ejection state.
-    pub(crate) fn settle(&self, how: Settle) {
-        let now = Instant::now();
-        let h = &self.health;
-        let mut board = h.board();
-        let r = &mut board.replicas[self.replica];
-        let Some(pos) = r.waiting.iter().position(|(id, _)| *id == self.id) else {
-            return;
-        };
-        r.waiting.swap_remove(pos);
-        let waited = now.saturating_duration_since(self.sent_at).as_secs_f64();
-        match how {
-            Settle::Token => {
-                r.sample(waited, false, now, h.decay);
-                r.eject.succeeded();
-            }
-            Settle::Cancelled => r.sample(waited, true, now, h.decay),
-            Settle::Failed => r.eject.failed(),
-            Settle::Answered | Settle::Ended => {}
-        }
-        if matches!(how, Settle::Token | Settle::Cancelled | Settle::Failed) {
-            crate::eject::review(&mut board.replicas, self.replica, h, now);
-        }
-    }
-
-    /// Releases the slot (the attempt's body ended or was dropped).
-    ///
-    /// Called once, by the attempt's guard.
-    pub(crate) fn release(&self) {
-        let waiters = {
-            let mut board = self.health.board();
-            let r = &mut board.replicas[self.replica];
-            r.active = r.active.saturating_sub(1);
-            std::mem::take(&mut board.waiters)
-        };
-        for w in waiters {
-            w.wake();
-        }
-    }
-}
-
-impl Drop for Ticket {
-    /// Nobody settled the attempt (its request went around the hedge, or over its replay cap):
-    /// no sample.
-    fn drop(&mut self) {
-        self.settle(Settle::Ended);
     }
 }
 

@@ -11,13 +11,14 @@
         feature = "priority",
         feature = "admission",
         feature = "timeout",
-        feature = "hedge"
+        feature = "hedge",
+        feature = "route"
     ),
     doc = include_str!("stack.md")
 )]
 //!
-//! This facade re-exports [`tailguard_core`] as [`core`], and each layer crate behind a feature
-//! of the same name (`full` enables all five):
+//! This facade re-exports [`tailguard_core`] as [`core`], and each layer crate (and the
+//! balancer, `route`) behind a feature of the same name (`full` enables all six):
 //!
 //! | feature | module | layer |
 //! |---|---|---|
@@ -26,6 +27,7 @@
 //! | `admission` | `admission` | `BoundedAdmissionLayer`: bounded in-flight streams and queue, fast 429/503 with `Retry-After` |
 //! | `timeout` | `timeout` | `SseIdleTimeoutLayer`: head, first-token, idle and total timeouts keepalives cannot fool |
 //! | `hedge` | `hedge` | `FirstTokenHedgeLayer`: a backup attempt when the first token is late; first token wins |
+//! | `route` | `route` | `ReplicaSet`: places each attempt by the replicas' first tokens, with slots, ejection and base URIs |
 //!
 //! ```
 //! use tailguard::core::{EndReason, Priority};
@@ -62,8 +64,9 @@
 //!   race, which is the latency the caller sees, and a timed-out stream is ended once, in the
 //!   client's dialect, with every attempt cancelled.
 //! * **`FirstTokenHedge` innermost**, right on the upstream client: it buffers the request body
-//!   for replay and sends each attempt to another replica (with a `ReplicaSet`, or any router
-//!   that reads the `Attempt` extension).
+//!   for replay and sends each attempt to another replica (with `route::ReplicaSet` under it, or
+//!   any router that reads the `Attempt` extension: core's attempt protocol, `core::attempt`,
+//!   through which the hedge tells the set of each attempt's first token or failure).
 //!
 //! Any subset of the layers composes in the same relative order, with no glue between them:
 //! every layer keeps its body's data type (`B::Data: From<Bytes>`, which every hyper, axum and
@@ -128,6 +131,10 @@ pub use tailguard_core as core;
 #[cfg(feature = "hedge")]
 pub use tailguard_hedge as hedge;
 
+/// `ReplicaSet`: placement by first-token signals, slots, ejection, base URIs (feature `route`).
+#[cfg(feature = "route")]
+pub use tailguard_route as route;
+
 /// `SseIdleTimeout`: first-token, idle and total timeouts (feature `timeout`).
 #[cfg(feature = "timeout")]
 pub use tailguard_timeout as timeout;
@@ -157,6 +164,8 @@ mod readme {
     mod admission {}
     #[doc = include_str!("../../hedge/README.md")]
     mod hedge {}
+    #[doc = include_str!("../../route/README.md")]
+    mod route {}
     #[doc = include_str!("../../phases/README.md")]
     mod phases {}
     #[doc = include_str!("../../priority/README.md")]

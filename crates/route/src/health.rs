@@ -1,0 +1,194 @@
+//! The shared state of a [`ReplicaSet`](crate::ReplicaSet) under one lock, and each attempt's
+//! claim on its replica ([`Ticket`]), which the attempt protocol of `tailguard-core` settles:
+//! a first token is a sample of the replica's score, a failure counts towards its ejection.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
+use std::time::Duration;
+
+use tailguard_core::attempt::{AttemptClaim, Settle};
+use tokio::time::Instant;
+
+use crate::eject::Ejection;
+use crate::score::Replica;
+
+/// The state of a whole set, under one lock (picks compare every replica anyway).
+#[derive(Debug)]
+pub(crate) struct Board {
+    pub(crate) replicas: Vec<Replica>,
+    next_id: u64,
+    /// Calls waiting for a free slot.
+    waiters: Vec<Waker>,
+}
+
+/// The shared state of a [`ReplicaSet`](crate::ReplicaSet).
+#[derive(Debug)]
+pub(crate) struct Health {
+    board: Mutex<Board>,
+    pub(crate) decay: Duration,
+    pub(crate) ejection: Ejection,
+}
+
+impl Health {
+    pub(crate) fn new(n: usize, decay: Duration, ejection: Ejection) -> Self {
+        let now = Instant::now();
+        Health {
+            board: Mutex::new(Board {
+                replicas: (0..n).map(|_| Replica::new(now)).collect(),
+                next_id: 0,
+                waiters: Vec::new(),
+            }),
+            decay,
+            ejection,
+        }
+    }
+
+    pub(crate) fn board(&self) -> MutexGuard<'_, Board> {
+        self.board.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes a slot on `replica`; `waiting`: the attempt waits for a first token the hedge
+    /// will report.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        board: &mut Board,
+        replica: usize,
+        waiting: bool,
+    ) -> Ticket {
+        let id = board.next_id;
+        board.next_id += 1;
+        let now = Instant::now();
+        let r = &mut board.replicas[replica];
+        r.active += 1;
+        if waiting {
+            r.waiting.push((id, now));
+        }
+        Ticket {
+            health: self.clone(),
+            replica,
+            id,
+            sent_at: now,
+        }
+    }
+
+    /// Parks `waker` until a slot is released.
+    pub(crate) fn park(board: &mut Board, waker: &Waker) {
+        if !board.waiters.iter().any(|w| w.will_wake(waker)) {
+            board.waiters.push(waker.clone());
+        }
+    }
+}
+
+/// One attempt's claim on a replica: settled once by the hedge through the attempt protocol
+/// (or by the set itself), its slot released once when the last handle of the attempt goes.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    health: Arc<Health>,
+    replica: usize,
+    id: u64,
+    sent_at: Instant,
+}
+
+impl AttemptClaim for Ticket {
+    /// Settles the attempt, if it still waits: feeds the score and the ejection state.
+    fn settle(&self, how: Settle) {
+        let now = Instant::now();
+        let h = &self.health;
+        let mut board = h.board();
+        let r = &mut board.replicas[self.replica];
+        let Some(pos) = r.waiting.iter().position(|(id, _)| *id == self.id) else {
+            return;
+        };
+        r.waiting.swap_remove(pos);
+        let waited = now.saturating_duration_since(self.sent_at).as_secs_f64();
+        match how {
+            Settle::Token => {
+                r.sample(waited, false, now, h.decay);
+                r.eject.succeeded();
+            }
+            Settle::Cancelled => r.sample(waited, true, now, h.decay),
+            Settle::Failed => r.eject.failed(),
+            // `Answered`, `Ended`, and any kind a later core adds: no sample.
+            _ => {}
+        }
+        if matches!(how, Settle::Token | Settle::Cancelled | Settle::Failed) {
+            review(&mut board.replicas, self.replica, h, now);
+        }
+    }
+}
+
+impl Ticket {
+    /// Releases the slot (the attempt's body ended or was dropped).
+    ///
+    /// Called once, by the attempt's guard.
+    pub(crate) fn release(&self) {
+        let waiters = {
+            let mut board = self.health.board();
+            let r = &mut board.replicas[self.replica];
+            r.active = r.active.saturating_sub(1);
+            std::mem::take(&mut board.waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
+    }
+}
+
+impl Drop for Ticket {
+    /// Nobody settled the attempt (its request went around the hedge, or over its replay cap):
+    /// no sample.
+    fn drop(&mut self) {
+        self.settle(Settle::Ended);
+    }
+}
+
+/// Decides, after news about replica `i`, whether it is ejected now.
+fn review(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) {
+    let cfg = &health.ejection;
+    if !cfg.enabled || replicas[i].eject.is_ejected(now) {
+        return;
+    }
+    let others_in = (0..replicas.len())
+        .filter(|&j| j != i && !replicas[j].eject.is_ejected(now))
+        .count();
+    if others_in == 0 {
+        return;
+    }
+    let reason = if cfg.consecutive_failures > 0
+        && replicas[i].eject.consecutive >= cfg.consecutive_failures
+    {
+        "failures"
+    } else if is_slow(replicas, i, health, now) {
+        "slow"
+    } else {
+        return;
+    };
+    let period = replicas[i].eject.eject(cfg, now);
+    metrics::counter!("tailguard_hedge_ejections_total",
+        "replica" => i.to_string(), "reason" => reason)
+    .increment(1);
+    tracing::warn!(
+        replica = i,
+        reason,
+        period_s = period.as_secs_f64(),
+        "tailguard-hedge: replica ejected from primary selection"
+    );
+}
+
+fn is_slow(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) -> bool {
+    let mine = replicas[i].estimate(now, health.decay);
+    if mine < health.ejection.slow_min.as_secs_f64() {
+        return false;
+    }
+    let mut others = Vec::with_capacity(replicas.len());
+    for (j, r) in replicas.iter_mut().enumerate() {
+        if j != i && !r.eject.is_ejected(now) {
+            others.push(r.estimate(now, health.decay));
+        }
+    }
+    others.sort_by(f64::total_cmp);
+    let Some(median) = others.get(others.len() / 2) else {
+        return false;
+    };
+    mine > health.ejection.slow_factor * median
+}

@@ -1,0 +1,102 @@
+//! # tailguard-route
+//!
+//! [`ReplicaSet`]: a tower balancer for LLM streaming calls that places each attempt by what
+//! it learns of each replica's *first tokens*, not of its response heads (a streaming server
+//! sends `200 OK` at once). It places every attempt of a hedged request on a replica no earlier
+//! attempt of the same request went to, holds per-replica slots, ejects outliers, and aims one
+//! pooled client at many base URIs ([`BaseUri`]).
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tailguard_core::attempt::{Attempt, Settle};
+//! use tailguard_route::ReplicaSet;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tailguard_core::BoxError> {
+//! // Two replicas (in a gateway: one pooled hyper client aimed at each base URI, see
+//! // `ReplicaSet::from_base_uris`).
+//! let replica = |name: &'static str| {
+//!     service_fn(move |_req: Request<Full<Bytes>>| async move {
+//!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(name))))
+//!     })
+//! };
+//! let client = ServiceBuilder::new()
+//!     // Here goes what sends the attempts of a request (tailguard-hedge's
+//!     // `FirstTokenHedgeLayer`), and what runs once per attempt.
+//!     .service(ReplicaSet::new([replica("a"), replica("b")]).with_slots(Some(4)));
+//!
+//! // The primary attempt of a request, as the hedge sends it.
+//! let primary = Attempt::primary();
+//! let mut req = Request::new(Full::new(Bytes::from("{}")));
+//! req.extensions_mut().insert(primary.clone());
+//! let res = client.clone().oneshot(req).await?;
+//! // The hedge tells the set how the attempt went: its first token arrived (a sample of that
+//! // replica's time to first token).
+//! primary.settle(Settle::Token);
+//! let first = res.into_body().collect().await?.to_bytes();
+//!
+//! // A backup of the same request goes to the replica the primary did not.
+//! let mut req = Request::new(Full::new(Bytes::from("{}")));
+//! req.extensions_mut().insert(primary.next(1));
+//! let second = client.oneshot(req).await?.into_body().collect().await?.to_bytes();
+//! assert_ne!(first, second);
+//! assert_eq!(primary.tried().len(), 2);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## With the hedge
+//!
+//! Put the set under `tailguard-hedge`'s `FirstTokenHedge`:
+//! `FirstTokenHedgeLayer::new().layer(ReplicaSet::new(replicas))`. The two crates do not
+//! depend on each other: the hedge sends each attempt with core's
+//! [`Attempt`](tailguard_core::attempt::Attempt) in its extensions and settles it at its first
+//! token, failure or commit ([`Settle`](tailguard_core::attempt::Settle)); the set binds an
+//! [`AttemptClaim`](tailguard_core::attempt::AttemptClaim) of its own to each attempt it
+//! places, and hears of it. A balancer of your own can listen to the same signals (see
+//! [`tailguard_core::attempt`]).
+//!
+//! ## How an attempt is placed
+//!
+//! * **Primary**: by default ([`Routing::LeastWait`]) power of two choices over each replica's
+//!   expected wait for a first token: the attempts on it still waiting for one, times a
+//!   peak-EWMA of its recent times to first token (10 s decay) in which an attempt still
+//!   waiting, or cancelled before its token, counts at least as long as it waited. With
+//!   [`Routing::RoundRobin`], the next replica in turn.
+//! * **Backup**: the best-scored replica the request's `Attempt` has not recorded.
+//! * **Ejection** ([`Ejection`]): consecutive failures before a first token, or a first-token
+//!   estimate far over the others', take a replica out of primary selection for a while; never
+//!   the last one.
+//! * **Slots** ([`ReplicaSet::with_slots`]): an attempt is placed only on a replica with a free
+//!   slot and holds it until its body ([`ReplicaBody`]) ends or is dropped; otherwise it waits
+//!   in the set.
+//!
+//! ## Metrics
+//!
+//! * `tailguard_hedge_ejections_total{replica, reason="failures"|"slow"}`: outlier ejections
+//!   (the name it had when the set was part of `tailguard-hedge`).
+
+// Where things are: `set` (the service and its settings), `config` (routing and slots),
+// `place` (picking the replica of one attempt), `health` (the shared state and each attempt's
+// claim, settled through core's attempt protocol), `score` (one replica's expected wait),
+// `eject` (outlier ejection), `future` and `body` (an attempt waiting for its slot, then
+// holding it), `base_uri`.
+mod base_uri;
+mod body;
+mod config;
+mod eject;
+pub mod future;
+mod health;
+mod metrics;
+mod place;
+mod score;
+mod set;
+
+pub use base_uri::{BaseUri, InvalidBaseUri};
+pub use body::ReplicaBody;
+pub use config::Routing;
+pub use eject::Ejection;
+pub use set::ReplicaSet;
