@@ -1,5 +1,6 @@
-//! Outlier ejection: a replica that keeps failing before its first token, or whose first tokens
-//! take far longer than the others', is left out of primary selection for a while.
+//! Outlier ejection: a replica that keeps failing before its first token is left out of primary
+//! selection for a while. Slowness steers placement through the score; it ejects only when
+//! asked to ([`Ejection::with_slow_factor`]).
 
 use std::time::Duration;
 
@@ -9,13 +10,20 @@ use tokio::time::Instant;
 /// how long (Envoy's outlier detection semantics).
 ///
 /// A replica is ejected after [`consecutive_failures`](Ejection::with_consecutive_failures)
-/// failures before a first token in a row, or when its first-token estimate exceeds
-/// [`slow_factor`](Ejection::with_slow_factor) times the median of the other replicas' and
-/// is at least [`slow_min`](Ejection::with_slow_min). The `n`-th ejection lasts `n × base`
-/// (at most `max`); every `base` period a replica goes without an ejection takes one off `n`.
-/// After the period the replica is back in selection (probed by the next primaries that pick
-/// it). The last replica not ejected is never ejected. Backups may still go to an ejected
-/// replica when it is the only one not yet tried.
+/// failures before a first token in a row. Slowness alone does not eject by default: a replica
+/// that still answers gets fewer primaries through its first-token score, and ejecting it for
+/// being slow sends every primary to the others, which then queue (issue 29: a single-slot
+/// replica busy with traffic the gateway cannot see was ejected, and the one left queued runs
+/// of 20 requests). Opt in with [`with_slow_factor`](Ejection::with_slow_factor): then a
+/// replica whose first-token estimate exceeds that many times the median of the others' and is
+/// at least [`slow_min`](Ejection::with_slow_min) is ejected too. The `n`-th ejection lasts
+/// `n × base` (at most `max`); every `base` period a replica goes without an ejection takes one
+/// off `n`. After the period the replica is back in selection (probed by the next primaries
+/// that pick it).
+///
+/// Ejection never leaves fewer than half of the replicas in selection (Envoy's panic
+/// threshold, at 50%): with two replicas one may be ejected, with three one, with four two.
+/// Backups may still go to an ejected replica when it is the only one not yet tried.
 ///
 /// Each ejection increments `tailguard_hedge_ejections_total{replica, reason}` and logs a
 /// `tracing` warning.
@@ -40,16 +48,16 @@ impl Ejection {
     ///
     /// * **5** consecutive failures (Envoy's `consecutive_5xx`): fewer would eject a replica
     ///   for a short burst that failover already hides;
-    /// * slow factor **5** and slow minimum **1 s**: a replica whose first tokens take five
-    ///   times the others' is queueing, not merely busy; the minimum keeps replicas that are
-    ///   all fast from being ejected for a few milliseconds of difference;
+    /// * slow factor **off** (infinite): slowness steers through the score and never ejects a
+    ///   replica that answers; slow minimum **1 s** for those who turn it on, so that replicas
+    ///   that are all fast are not ejected for a few milliseconds of difference;
     /// * base **30 s**, max **300 s** (Envoy's `base_ejection_time` and `max_ejection_time`):
     ///   long enough for a restart or a queue to drain, and growing for a replica that keeps
     ///   relapsing.
     pub fn new() -> Self {
         Ejection {
             consecutive_failures: 5,
-            slow_factor: 5.0,
+            slow_factor: f64::INFINITY,
             slow_min: Duration::from_secs(1),
             base: Duration::from_secs(30),
             max: Duration::from_secs(300),
@@ -72,7 +80,8 @@ impl Ejection {
     }
 
     /// Sets how many times the others' median first-token estimate ejects a replica
-    /// (`f64::INFINITY` or NaN: slowness never ejects).
+    /// (`f64::INFINITY`, the default, or NaN: slowness never ejects). Five is a reasonable
+    /// value where replicas are interchangeable and a slow one is broken rather than busy.
     pub fn with_slow_factor(mut self, factor: f64) -> Self {
         self.slow_factor = if factor.is_nan() {
             f64::INFINITY

@@ -151,7 +151,8 @@ fn review(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) {
     let others_in = (0..replicas.len())
         .filter(|&j| j != i && !replicas[j].eject.is_ejected(now))
         .count();
-    if others_in == 0 {
+    // The panic threshold: at least half of the set stays in selection after this ejection.
+    if others_in == 0 || others_in * 2 < replicas.len() {
         return;
     }
     let reason = if cfg.consecutive_failures > 0
@@ -176,6 +177,9 @@ fn review(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) {
 }
 
 fn is_slow(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) -> bool {
+    if !health.ejection.slow_factor.is_finite() {
+        return false;
+    }
     let mine = replicas[i].estimate(now, health.decay);
     if mine < health.ejection.slow_min.as_secs_f64() {
         return false;
@@ -191,4 +195,57 @@ fn is_slow(replicas: &mut [Replica], i: usize, health: &Health, now: Instant) ->
         return false;
     };
     mine > health.ejection.slow_factor * median
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replicas whose first tokens took `secs` (one sample each), `failing` of them with five
+    /// failures in a row, reviewed in order; which ended up ejected.
+    fn ejected_after(secs: &[f64], failing: usize, ejection: Ejection) -> Vec<bool> {
+        let now = Instant::now();
+        let decay = Duration::from_secs(10);
+        let health = Health::new(secs.len(), decay, ejection);
+        let mut board = health.board();
+        for (r, s) in board.replicas.iter_mut().zip(secs) {
+            r.sample(*s, false, now, decay);
+        }
+        for i in 0..failing {
+            for _ in 0..5 {
+                board.replicas[i].eject.failed();
+            }
+        }
+        for i in 0..secs.len() {
+            review(&mut board.replicas, i, &health, now);
+        }
+        board.replicas.iter_mut().map(|r| r.eject.is_ejected(now)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slowness_alone_never_ejects_by_default() {
+        let got = ejected_after(&[0.1, 0.1, 30.0], 0, Ejection::new());
+        assert_eq!(got, [false, false, false]);
+        // Opted in: the slow one goes.
+        let opted = Ejection::new().with_slow_factor(5.0);
+        assert_eq!(ejected_after(&[0.1, 0.1, 30.0], 0, opted), [false, false, true]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ejection_keeps_at_least_half_of_the_set_in_selection() {
+        let secs = [0.1; 4];
+        // Four failing: two are ejected, two stay.
+        assert_eq!(
+            ejected_after(&secs, 4, Ejection::new()),
+            [true, true, false, false]
+        );
+        // Three replicas, all failing: one.
+        assert_eq!(
+            ejected_after(&secs[..3], 3, Ejection::new()),
+            [true, false, false]
+        );
+        // Two: one; one: never.
+        assert_eq!(ejected_after(&secs[..2], 2, Ejection::new()), [true, false]);
+        assert_eq!(ejected_after(&secs[..1], 1, Ejection::new()), [false]);
+    }
 }
