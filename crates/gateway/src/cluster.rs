@@ -4,44 +4,11 @@
 //! `tailguard-redis`).
 
 use std::sync::Arc;
-use std::time::Duration;
-
 use tailguard::admission::{BoundedAdmissionLayer, Cluster, FailMode};
 use tailguard::hedge::{HedgeBudget, SharedBudget};
 use tailguard_redis::{Redis, RedisBudget, RedisLeases};
 
-/// Resolved cluster settings.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ClusterConfig {
-    /// The Redis URL; `None`: cluster mode off.
-    pub redis: Option<String>,
-    /// Cluster-wide capacity (`None`: the admission capacity).
-    pub capacity: Option<u32>,
-    /// Pool and budget name.
-    pub name: String,
-    /// Failure mode.
-    pub fail: FailMode,
-    /// Timeout of each Redis call.
-    pub timeout: Duration,
-    /// Lifetime of an unrenewed admission lease.
-    pub lease_ttl: Duration,
-}
-
-impl Default for ClusterConfig {
-    /// Off; name `gateway`, fail open (local limits while Redis is unreachable), a 50 ms
-    /// timeout per Redis call (a same-datacenter round trip is well under a millisecond),
-    /// 10 s leases.
-    fn default() -> Self {
-        ClusterConfig {
-            redis: None,
-            capacity: None,
-            name: "gateway".to_owned(),
-            fail: FailMode::Open,
-            timeout: Duration::from_millis(50),
-            lease_ttl: tailguard::admission::DEFAULT_LEASE_TTL,
-        }
-    }
-}
+use crate::config::ClusterConfig;
 
 /// The layers and budgets cluster mode changes.
 #[derive(Debug)]

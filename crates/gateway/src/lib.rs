@@ -67,29 +67,25 @@
 //! prompt bytes, which the recorder labels by, the hedge reads (a non-streamed request is not
 //! hedged) and admission may cost by; the hedge replays that one buffer.
 
-mod args;
 mod cluster;
 mod config;
-mod file;
 mod metrics;
-mod resolve;
+mod path;
 mod routes;
 mod serve;
-mod timeout_config;
 mod upstream;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{HeaderName, Request, Response};
+use http::{Request, Response};
 use tailguard::admission::{AdaptiveLimit, BoundedAdmissionLayer};
 use tailguard::core::{BoxError, ClassPolicy, Priority, RequestFacts, RequestFactsLayer};
-use tailguard::hedge::{
-    Ejection, FirstTokenHedgeLayer, HedgeBudget, HedgeDelay, ReplicaSet, Routing,
-};
+use tailguard::hedge::{FirstTokenHedgeLayer, HedgeBudget, HedgeDelay};
 use tailguard::phases::LatencyPhaseRecorderLayer;
 use tailguard::priority::PriorityClassLayer;
+use tailguard::route::{Ejection, ReplicaSet, Routing};
 use tailguard::timeout::SseIdleTimeoutLayer;
 use tailguard_mock::{MockServer, Script};
 use tokio::net::TcpListener;
@@ -98,13 +94,13 @@ use tokio::task::JoinHandle;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
 
-pub use args::{Args, ClusterArgs};
-pub use cluster::{ClusterConfig, Shared};
+pub use cluster::Shared;
 pub use config::{
-    AdmissionConfig, Config, ConfigError, DEFAULT_CONGESTED_SCRIPT, DEFAULT_MOCK_SCRIPT,
-    HedgeConfig, MOCK_MODEL, MockConfig, PriorityConfig, TimeoutConfig, parse_priority,
+    AdmissionArgs, AdmissionConfig, Args, ClusterArgs, ClusterConfig, Config, ConfigError, Dur,
+    FileConfig, HedgeArgs, HedgeConfig, HedgeDelaySetting, MOCK_MODEL, MockArgs, MockConfig, OnOff,
+    PriorityArgs, PriorityConfig, Setting, TimeoutArgs, TimeoutConfig, Timer, parse_duration,
+    parse_priority,
 };
-pub use file::{ClusterFile, FileConfig, HedgeDelaySetting, parse_duration};
 pub use metrics::{metrics_handle, prometheus_recorder};
 pub use serve::{Limits, serve};
 pub use upstream::{
@@ -147,12 +143,7 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
 
     let p = &config.priority;
     let mut priority = PriorityClassLayer::new()
-        // Validated when the configuration was loaded; a hand-built invalid name means no header.
-        .with_header(
-            p.header
-                .as_deref()
-                .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
-        )
+        .with_header(p.header.clone())
         .with_default(p.default.clone());
     if p.interactive_share > 0.0 {
         priority = priority.with_policy(
@@ -211,18 +202,13 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         .with_predicate(hedged);
     // Each attempt of a request goes to a replica no earlier attempt went to; primaries to the
     // replica with the shortest expected wait for a first token.
-    let routing = if h.least_wait {
-        Routing::LeastWait
-    } else {
-        Routing::RoundRobin
-    };
     let ejection = if h.outlier_ejection {
         Ejection::new()
     } else {
         Ejection::disabled()
     };
     let set = ReplicaSet::new(replicas)
-        .with_routing(routing)
+        .with_routing(h.routing)
         .with_ejection(ejection)
         .with_slots(h.replica_slots);
     let hedged = tower::Layer::layer(&hedge, set);

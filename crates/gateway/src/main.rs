@@ -13,7 +13,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use tailguard_gateway::{Args, Config, Gateway};
 use tracing_subscriber::EnvFilter;
 
@@ -22,7 +21,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::from_command_line();
     let config = match Config::load(&args) {
         Ok(c) => c,
         Err(e) => {

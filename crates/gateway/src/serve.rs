@@ -144,7 +144,8 @@ async fn connection(
         let busy = svc_state.begin(req.version());
         let router = router.clone();
         async move {
-            let res = router.oneshot(req).await;
+            // Dot segments and doubled slashes are resolved before routing (issue 30).
+            let res = router.oneshot(crate::path::normalized(req)).await;
             // The connection is busy until hyper drops the response body.
             res.map(|res| res.map(|body| Held { body, _busy: busy }))
         }
