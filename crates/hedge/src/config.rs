@@ -24,6 +24,8 @@ type Predicate = dyn Fn(&Parts) -> bool + Send + Sync;
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) max_attempts: u8,
+    /// Attempts beyond `max_attempts` that streams ending without a token may send.
+    pub(crate) empty_retries: u8,
     pub(crate) delay: HedgeDelay,
     pub(crate) budget: HedgeBudget,
     pub(crate) failover_budget: HedgeBudget,
@@ -47,6 +49,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             max_attempts: 2,
+            empty_retries: 1,
             delay: HedgeDelay::default(),
             budget: HedgeBudget::default(),
             failover_budget: HedgeBudget::failover(),
@@ -90,6 +93,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("max_attempts", &self.max_attempts)
+            .field("empty_retries", &self.empty_retries)
             .field("delay", &self.delay)
             .field("budget", &self.budget)
             .field("failover_budget", &self.failover_budget)

@@ -62,6 +62,11 @@ impl FirstTokenHedgeLayer<Respond> {
     ///
     /// * **2 attempts** (one backup): a second replica removes most of the tail; each further
     ///   attempt adds load for a smaller gain;
+    /// * **1 further attempt** after a stream that ended without a token (see
+    ///   [`with_empty_stream_retries`](Self::with_empty_stream_retries)): a single-slot server
+    ///   that interrupts its running stream for a newer request ends it with a bare `[DONE]`,
+    ///   and two interrupted attempts would leave the client with a 502 that a third replica
+    ///   or a freed slot answers;
     /// * delay [`HedgeDelay::adaptive`] (p90 of recent TTFTs), see [`AdaptiveDelay`](crate::AdaptiveDelay);
     /// * budget [`HedgeBudget::new`] (10% of requests, no floor) for delay-triggered hedges,
     ///   and a separate failover budget [`HedgeBudget::failover`] (20% of requests, floor
@@ -134,6 +139,17 @@ impl<M> FirstTokenHedgeLayer<M> {
     pub fn with_max_attempts(self, n: u8) -> Self {
         self.with(|c| {
             c.max_attempts = n.clamp(1, MAX_ATTEMPTS);
+        })
+    }
+
+    /// Sets how many attempts beyond [`with_max_attempts`](Self::with_max_attempts) a stream
+    /// that ended without a token (its terminal event or `grpc-status` 0, and no output: what an
+    /// interrupting server sends) may send, each at once and from the failover budget, up to
+    /// [`MAX_ATTEMPTS`] in all. Other failures (statuses, transport errors, in-band errors)
+    /// stay within `max_attempts`. `0`: none.
+    pub fn with_empty_stream_retries(self, n: u8) -> Self {
+        self.with(|c| {
+            c.empty_retries = n;
         })
     }
 

@@ -20,12 +20,14 @@ use tower_service::Service;
 
 use crate::answer::{self, Escape};
 use crate::body::{Forward, HedgeBody};
+use crate::config::MAX_ATTEMPTS;
 use crate::cost::Costs;
 use crate::delay::{self, Estimator};
 use crate::error::RequestBodyError;
 use crate::inflight::{Failure, InFlight, Step, Streaming, Trigger};
 use crate::state::HedgeState;
 use crate::template::Template;
+use crate::verdict::Fault;
 
 /// A deadline that does not come (about 30 years).
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -210,10 +212,10 @@ where
         fired
     }
 
-    /// Decides to send another attempt, if none is waiting to go out, attempts remain and the
-    /// budget allows.
-    fn want(&mut self, trigger: Trigger) {
-        if self.pending_send.is_some() || self.sent >= self.shared.config.max_attempts {
+    /// Decides to send another attempt, if none is waiting to go out, fewer than `cap` were
+    /// sent and the budget allows.
+    fn want(&mut self, trigger: Trigger, cap: u8) {
+        if self.pending_send.is_some() || self.sent >= cap {
             return;
         }
         let now = Instant::now();
@@ -261,7 +263,17 @@ where
         {
             self.best = Some((index, failure, report));
         }
-        self.want(Trigger::Failure);
+        // A stream that ended without a token (an interrupting server's bare `[DONE]`) may take
+        // further attempts; every other failure stays within the attempts configured.
+        let c = &self.shared.config;
+        let cap = if fault == Fault::NO_TOKEN {
+            c.max_attempts
+                .saturating_add(c.empty_retries)
+                .min(MAX_ATTEMPTS)
+        } else {
+            c.max_attempts
+        };
+        self.want(Trigger::Failure, cap);
     }
 
     fn forward(&self, report: Option<EndReport>) -> Option<Forward> {
@@ -416,7 +428,7 @@ where
                 }
             }
             if self.poll_timer(cx) {
-                self.want(Trigger::Delay);
+                self.want(Trigger::Delay, self.shared.config.max_attempts);
                 progressed = true;
             }
             if self.attempts.is_empty() && self.pending_send.is_none() {

@@ -447,12 +447,19 @@ async fn every_attempt_ending_before_a_token_with_junk_gets_a_502_not_a_200() {
     ]);
     let mut garbage_done = garbage.clone();
     garbage_done.items.push(data(DONE));
+    // A stream that ended without a token also takes the one further attempt such streams get
+    // (an interrupting server's bare `[DONE]`).
     let cases = [
-        (half, UpstreamFailure::Truncated, "upstream_truncated"),
-        (garbage, UpstreamFailure::Truncated, "upstream_truncated"),
-        (garbage_done, UpstreamFailure::Protocol, "upstream_no_token"),
+        (half, UpstreamFailure::Truncated, "upstream_truncated", 2),
+        (garbage, UpstreamFailure::Truncated, "upstream_truncated", 2),
+        (
+            garbage_done,
+            UpstreamFailure::Protocol,
+            "upstream_no_token",
+            3,
+        ),
     ];
-    for (plan, kind, code) in cases {
+    for (plan, kind, code, attempts) in cases {
         let up = Upstream::new(vec![plan]);
         let report = EndReport::new();
         let res = layer()
@@ -468,7 +475,7 @@ async fn every_attempt_ending_before_a_token_with_junk_gets_a_502_not_a_200() {
         assert_eq!(report.get(), Some(EndReason::UpstreamError(kind)));
         assert_eq!(
             up.seen().len(),
-            2,
+            attempts,
             "the junk failed the primary over at once"
         );
     }
@@ -906,4 +913,41 @@ async fn request_body_error_is_reported_and_nothing_is_sent() {
             .is_some()
     );
     assert!(up.seen().is_empty());
+}
+
+/// Issue 29: an interrupting single-slot server ends the running stream with a bare `[DONE]`
+/// when a newer request arrives. Two attempts interrupted before a token take one further
+/// attempt at once, from the failover budget, and the client gets content, not a 502.
+#[tokio::test(start_paused = true)]
+async fn streams_interrupted_before_a_token_take_one_further_attempt() {
+    let interrupted = Plan::items(vec![data(ROLE), Step::Wait(ms(40)), data(DONE)]);
+    let up = Upstream::new(vec![interrupted.clone(), interrupted, Plan::sse(ms(30))]);
+    let start = Instant::now();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 3);
+    assert_eq!((seen[1].at - start, seen[2].at - start), (ms(40), ms(80)));
+    assert_eq!(
+        outcome(&res).map(|o| (o.attempts, o.winner)),
+        Some((3, Some(2)))
+    );
+    let (got, _, err) = frames(res.into_body()).await;
+    assert!(!err);
+    assert_eq!(concat(&got), Plan::sse(ms(30)).bytes());
+
+    // Off: the second interruption is the answer, a 502.
+    let up = Upstream::new(vec![Plan::items(vec![data(ROLE), data(DONE)])]);
+    let res = layer()
+        .with_empty_stream_retries(0)
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(up.seen().len(), 2);
 }

@@ -219,7 +219,11 @@ mod tests {
         for i in 0..secs.len() {
             review(&mut board.replicas, i, &health, now);
         }
-        board.replicas.iter_mut().map(|r| r.eject.is_ejected(now)).collect()
+        board
+            .replicas
+            .iter_mut()
+            .map(|r| r.eject.is_ejected(now))
+            .collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -228,7 +232,10 @@ mod tests {
         assert_eq!(got, [false, false, false]);
         // Opted in: the slow one goes.
         let opted = Ejection::new().with_slow_factor(5.0);
-        assert_eq!(ejected_after(&[0.1, 0.1, 30.0], 0, opted), [false, false, true]);
+        assert_eq!(
+            ejected_after(&[0.1, 0.1, 30.0], 0, opted),
+            [false, false, true]
+        );
     }
 
     #[tokio::test(start_paused = true)]
