@@ -137,23 +137,27 @@ settings! {
     #[derive(clap::Args)]
     pub struct AdmissionArgs => AdmissionConfig, keys "admission." {
         /// Concurrent generations (held until each stream ends); the ceiling of the adaptive
-        /// limit. A typical vLLM replica runs tens of sequences.
+        /// limit. With `--replica-slots` it defaults to the slots' sum (what the replicas take);
+        /// otherwise to the connection cap's default: the gateway knows no replica's capacity,
+        /// and a ceiling of its own would refuse what a plain proxy serves (do no harm).
         #[arg(long = "admission-capacity", env = "TAILGUARD_ADMISSION_CAPACITY", value_name = "N")]
-        capacity: u32 = "64", check at_least_1;
+        capacity: u32 = "4096", check at_least_1;
         /// Adapt the limit to the upstreams' time to first token, under the capacity: `true` or
-        /// `false`. On: nobody knows an upstream's knee in advance.
+        /// `false`. Off: first tokens also slow for load the gateway cannot see (other clients
+        /// of a replica), and the limit then refused what the replicas served.
         #[arg(long = "admission-adaptive", env = "TAILGUARD_ADMISSION_ADAPTIVE", value_name = "BOOL",
             value_parser = clap::builder::BoolishValueParser::new())]
-        adaptive: bool = "true";
+        adaptive: bool = "false";
         /// Lowest adaptive limit; baseline probes run at it (the layer's own default).
         #[arg(long = "admission-min-limit", env = "TAILGUARD_ADMISSION_MIN_LIMIT", value_name = "N")]
         min_limit: u32 = "4", check at_least_1;
         /// Requests that may wait for capacity; 0 refuses at once when full.
         #[arg(long = "admission-queue-len", env = "TAILGUARD_ADMISSION_QUEUE_LEN", value_name = "N")]
         queue_len: usize = "128";
-        /// Longest wait in the queue before a 503: past it a client is better off elsewhere.
+        /// Longest wait in the queue before a 503: the first-token limit's default, so a
+        /// request the replicas would start within that limit is never refused for waiting.
         #[arg(long = "admission-queue-timeout", env = "TAILGUARD_ADMISSION_QUEUE_TIMEOUT", value_name = "DURATION")]
-        queue_timeout: Dur => Duration = "2s";
+        queue_timeout: Dur => Duration = "30s";
     }
 }
 

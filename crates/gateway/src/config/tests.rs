@@ -59,15 +59,15 @@ fn errors_name_the_dotted_key() {
 }
 
 #[test]
-fn adaptive_admission_is_on_by_default_and_set_by_file_or_flag() {
+fn adaptive_admission_is_off_by_default_and_set_by_file_or_flag() {
     let resolve = |text: &str, args: &Args| Config::resolve(Config::parse_file(text)?, args);
-    assert!(resolve("", &Args::default()).unwrap().admission.adaptive);
-    let text = "[admission]\nadaptive = false\nmin_limit = 2\n";
+    assert!(!resolve("", &Args::default()).unwrap().admission.adaptive);
+    let text = "[admission]\nadaptive = true\nmin_limit = 2\n";
     let c = resolve(text, &Args::default()).unwrap();
-    assert_eq!((c.admission.adaptive, c.admission.min_limit), (false, 2));
+    assert_eq!((c.admission.adaptive, c.admission.min_limit), (true, 2));
     let mut args = Args::default();
-    args.admission.adaptive = Some(true);
-    assert!(resolve(text, &args).unwrap().admission.adaptive);
+    args.admission.adaptive = Some(false);
+    assert!(!resolve(text, &args).unwrap().admission.adaptive);
     let e = resolve("[admission]\nmin_limit = 0\n", &Args::default()).unwrap_err();
     assert!(e.to_string().contains("admission.min_limit"), "{e}");
 }
@@ -146,7 +146,7 @@ fn replica_slots_set_the_admission_capacity_unless_it_is_given() {
 #[test]
 fn the_help_shows_each_default() {
     let help = Args::command_with_defaults().render_long_help().to_string();
-    assert!(help.contains("[default: 2s]"), "{help}");
+    assert!(help.contains("[default: 30s]"), "{help}");
     assert!(help.contains("[default: least-wait]"), "{help}");
     assert!(help.contains("TAILGUARD_ADMISSION_QUEUE_TIMEOUT"), "{help}");
 }
@@ -229,4 +229,15 @@ fn the_readme_table_matches_the_settings() {
         assert!(flags.contains(&arg.get_id().as_str()), "{arg:?}");
         assert_eq!(arg.get_long(), Some(arg.get_id().as_str()));
     }
+}
+
+/// Issue 29, do no harm: with no replica capacity known, the defaults put no ceiling of the
+/// gateway's own below its connection cap, and do not shrink it for slower first tokens; the
+/// queue waits as long as the first-token limit allows.
+#[test]
+fn the_default_admission_refuses_nothing_a_plain_proxy_serves() {
+    let c = Config::default();
+    assert_eq!(c.admission.capacity as usize, c.max_connections);
+    assert!(!c.admission.adaptive);
+    assert_eq!(Some(c.admission.queue_timeout), c.timeout.first_token);
 }
