@@ -166,8 +166,8 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     let shared = config.cluster.apply(
         Shared {
             admission,
-            hedge: HedgeBudget::new().with_ratio(h.budget_ratio),
-            failover: HedgeBudget::failover().with_ratio(h.failover_budget_ratio),
+            hedge: budget(HedgeBudget::new(), h.budget_ratio),
+            failover: budget(HedgeBudget::failover(), h.failover_budget_ratio),
         },
         a.capacity,
     );
@@ -224,6 +224,16 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         .layer(timeout)
         .service(hedged);
     BoxCloneSyncService::new(stack)
+}
+
+/// `defaults` with `ratio`, or, for a ratio of 0, no budget at all: `0` turns that kind of
+/// extra attempt off (no floor, no initial balance), as the configuration documents.
+fn budget(defaults: HedgeBudget, ratio: f64) -> HedgeBudget {
+    if ratio == 0.0 {
+        HedgeBudget::none()
+    } else {
+        defaults.with_ratio(ratio)
+    }
 }
 
 /// A running gateway.
@@ -378,4 +388,19 @@ async fn upstream_bases(
         mocks.push(server);
     }
     Ok((bases, mocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 35: a budget ratio of 0 is off (no floor, no initial balance), as documented.
+    #[test]
+    fn a_zero_budget_ratio_is_no_budget() {
+        assert_eq!(budget(HedgeBudget::failover(), 0.0), HedgeBudget::none());
+        assert_eq!(
+            budget(HedgeBudget::failover(), 0.5),
+            HedgeBudget::failover().with_ratio(0.5)
+        );
+    }
 }

@@ -76,6 +76,26 @@ impl HedgeBudget {
         Self::new().with_ratio(0.2).with_floor(1.0)
     }
 
+    /// A budget that grants nothing: no extra attempt of its kind is ever sent (no deposit,
+    /// no floor, no balance, and a shared backend is not asked).
+    ///
+    /// ```
+    /// use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
+    ///
+    /// // Hedge slow first tokens, but never fail over.
+    /// let layer = FirstTokenHedgeLayer::new().with_failover_budget(HedgeBudget::none());
+    /// # let _ = layer;
+    /// ```
+    pub fn none() -> Self {
+        HedgeBudget {
+            ratio: 0.0,
+            floor_per_sec: 0.0,
+            max_balance: 0.0,
+            unlimited: false,
+            shared: None,
+        }
+    }
+
     /// No budget: every extra attempt the delay and failures call for is sent.
     pub fn unlimited() -> Self {
         HedgeBudget {
@@ -223,6 +243,10 @@ impl Bucket {
     fn withdraw(&self, now: Instant) -> bool {
         if self.unlimited {
             return true;
+        }
+        if self.max == 0 {
+            // `HedgeBudget::none`: nothing to grant, here or in a shared backend.
+            return false;
         }
         if let Some(granted) = self.shared.as_ref().and_then(|s| s.withdraw()) {
             return granted;

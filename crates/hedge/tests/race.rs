@@ -951,3 +951,23 @@ async fn streams_interrupted_before_a_token_take_one_further_attempt() {
     assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
     assert_eq!(up.seen().len(), 2);
 }
+
+/// Issue 35: a budget of none sends no extra attempt of its kind, whatever the floor or the
+/// initial balance of the defaults would have allowed.
+#[tokio::test(start_paused = true)]
+async fn a_failover_budget_of_none_sends_no_failover() {
+    let up = Upstream::new(vec![Plan::status(503), Plan::sse(ms(10))]);
+    let res = layer()
+        .with_failover_budget(HedgeBudget::none())
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    tokio::time::sleep(ms(1000)).await;
+    assert_eq!(
+        up.seen().len(),
+        1,
+        "no failover, and no hedge after the delay either"
+    );
+}

@@ -77,7 +77,8 @@ settings! {
         /// Hedge delay: `adaptive` (p90 of recent TTFTs) or a duration such as `300ms`.
         #[arg(long = "hedge-delay", env = "TAILGUARD_HEDGE_DELAY", value_name = "DELAY")]
         delay: HedgeDelaySetting = "adaptive";
-        /// Share of requests that may send an extra attempt.
+        /// Share of requests that may send an extra attempt after a slow first token; 0 turns
+        /// such hedges off.
         #[arg(long = "hedge-budget-ratio", env = "TAILGUARD_HEDGE_BUDGET_RATIO", value_name = "RATIO")]
         budget_ratio: f64 = "0.1", check budget_ratio;
         /// Share of requests that may fail over at once after a failure before the first token,
