@@ -131,11 +131,18 @@ impl fmt::Debug for DelayKey {
 /// Samples live in a rotating window: a current and a previous histogram, the previous one
 /// dropped every [`window`](AdaptiveDelay::with_window), so the estimate covers the last one to
 /// two windows.
+///
+/// Hedging works from the first request: while the window holds fewer than
+/// [`min_samples`](AdaptiveDelay::with_min_samples), the delay in force is the last estimate
+/// made (kept through quiet periods, since a quiet minute says nothing about how slow first
+/// tokens are), or the [`initial`](AdaptiveDelay::with_initial) delay before any estimate.
+/// `tailguard_hedge_delay_seconds` always reads the delay in force.
 #[derive(Clone, Debug)]
 pub struct AdaptiveDelay {
     pub(crate) percentile: f64,
     pub(crate) window: Duration,
     pub(crate) min_samples: u32,
+    pub(crate) initial: Duration,
     pub(crate) min: Duration,
     pub(crate) max: Duration,
     pub(crate) key: DelayKey,
@@ -155,8 +162,13 @@ impl AdaptiveDelay {
     ///   of delay-triggered hedges to about 10% (the budget's default ratio);
     /// * window **30 s**: long enough for hundreds of samples on a busy route, short enough to
     ///   follow a load change within a minute;
-    /// * min samples **20**: below that a p90 is one or two samples, too noisy to act on; no
-    ///   delay-triggered hedge is sent until then;
+    /// * min samples **20**: below that a p90 is one or two samples, too noisy to act on; the
+    ///   last estimate stays in force until then, or the initial delay before any;
+    /// * initial delay **1 s**: before any estimate, a first token later than a second is
+    ///   worth a backup (an LLM server's first token on a short prompt takes well under that
+    ///   unless it queues), and the budget bounds what the guess costs; a route of long prompts
+    ///   sets its own ([`with_initial`](Self::with_initial)). Without it a route at a few
+    ///   requests a minute never hedged, and a stuck primary ended at the first-token timeout;
     /// * min delay **50 ms**: hedging sooner doubles prefill work for gains below what a
     ///   person notices;
     /// * max delay **10 s**: beyond that a hedge is sent anyway, since a first token that late
@@ -168,6 +180,7 @@ impl AdaptiveDelay {
             percentile: 0.9,
             window: Duration::from_secs(30),
             min_samples: 20,
+            initial: Duration::from_secs(1),
             min: Duration::from_millis(50),
             max: Duration::from_secs(10),
             key: DelayKey::Global,
@@ -194,6 +207,12 @@ impl AdaptiveDelay {
     /// Sets how many samples the window must hold before any delay-triggered hedge is sent.
     pub fn with_min_samples(mut self, n: u32) -> Self {
         self.min_samples = n;
+        self
+    }
+
+    /// Sets the delay in force before the first estimate (clamped to the bounds when used).
+    pub fn with_initial(mut self, delay: Duration) -> Self {
+        self.initial = delay;
         self
     }
 
@@ -261,6 +280,8 @@ struct State {
     current: Hist,
     previous: Hist,
     rotated_at: Instant,
+    /// The last estimate made from enough samples, kept through quiet periods.
+    last: Option<Duration>,
 }
 
 /// One TTFT estimate.
@@ -287,6 +308,7 @@ impl Estimator {
                 current: Hist::new(),
                 previous: Hist::new(),
                 rotated_at: Instant::now(),
+                last: None,
             }),
         }
     }
@@ -333,18 +355,22 @@ impl Estimator {
         })
     }
 
-    /// The delay in force, `None` while the window holds fewer than the minimum samples.
-    pub(crate) fn current(&self, now: Instant) -> Option<Duration> {
-        let st = self.state(now);
+    /// The delay in force: the estimate of the window, or, while it holds fewer than the
+    /// minimum samples, the last estimate made, or the initial delay.
+    pub(crate) fn current(&self, now: Instant) -> Duration {
+        let mut st = self.state(now);
         let samples = st.current.total.saturating_add(st.previous.total);
-        if samples < self.config.min_samples.max(1) {
-            return None;
-        }
-        let d = kaplan_meier(&st.current, &st.previous, self.config.percentile)
-            .clamp(self.config.min, self.config.max);
+        let (min, max) = (self.config.min, self.config.max);
+        let d = if samples >= self.config.min_samples.max(1) {
+            let d = kaplan_meier(&st.current, &st.previous, self.config.percentile).clamp(min, max);
+            st.last = Some(d);
+            d
+        } else {
+            st.last.unwrap_or(self.config.initial.clamp(min, max))
+        };
         metrics::gauge!("tailguard_hedge_delay_seconds", "key" => self.label.clone())
             .set(d.as_secs_f64());
-        Some(d)
+        d
     }
 }
 
@@ -484,8 +510,8 @@ impl DelaySource {
     pub(crate) fn delay(&self, estimator: Option<&Estimator>, now: Instant) -> Option<Duration> {
         match (self, estimator) {
             (DelaySource::Fixed(d), _) => Some(*d),
-            (DelaySource::Adaptive(_), Some(e)) => e.current(now),
-            (DelaySource::Adaptive(e), None) => e.global.current(now),
+            (DelaySource::Adaptive(_), Some(e)) => Some(e.current(now)),
+            (DelaySource::Adaptive(e), None) => Some(e.global.current(now)),
         }
     }
 }
@@ -521,15 +547,16 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn no_estimate_before_min_samples() {
+    async fn the_initial_delay_until_min_samples() {
         let e = est(0.5);
         let now = Instant::now();
         for i in 0..9 {
             e.record(Duration::from_millis(100 + i), false, now);
-            assert_eq!(e.current(now), None);
+            assert_eq!(e.current(now), Duration::from_secs(1), "the initial delay");
         }
         e.record(Duration::from_millis(100), false, now);
-        assert!(e.current(now).is_some());
+        let d = e.current(now).as_millis();
+        assert!((98..=106).contains(&d), "the estimate: {d} ms");
     }
 
     #[tokio::test(start_paused = true)]
@@ -539,7 +566,7 @@ mod tests {
         for ms in 1..=1000u64 {
             e.record(Duration::from_millis(ms), false, now);
         }
-        let d = e.current(now).unwrap().as_secs_f64() * 1000.0;
+        let d = e.current(now).as_secs_f64() * 1000.0;
         assert!((d - 900.0).abs() < 900.0 * 0.03, "{d}");
     }
 
@@ -555,14 +582,14 @@ mod tests {
         for _ in 0..20 {
             e.record(Duration::from_millis(500), true, now);
         }
-        let d = e.current(now).unwrap();
+        let d = e.current(now);
         assert!(d >= Duration::from_millis(480), "{d:?}");
         // Ignoring them would have said ~100 ms.
         let naive = est(0.9);
         for _ in 0..80 {
             naive.record(Duration::from_millis(100), false, now);
         }
-        assert!(naive.current(now).unwrap() < Duration::from_millis(105));
+        assert!(naive.current(now) < Duration::from_millis(105));
     }
 
     #[tokio::test(start_paused = true)]
@@ -583,15 +610,16 @@ mod tests {
             e.record(Duration::from_millis(100), false, t1);
         }
         // Both windows: p90 is the slow mode.
-        assert!(e.current(t1).unwrap() > Duration::from_millis(900));
+        assert!(e.current(t1) > Duration::from_millis(900));
         // After another window the slow samples are gone.
         let t2 = t1 + Duration::from_secs(10);
         for _ in 0..50 {
             e.record(Duration::from_millis(100), false, t2);
         }
-        assert!(e.current(t2).unwrap() < Duration::from_millis(110));
-        // Silence for two windows drops everything.
-        assert_eq!(e.current(t2 + Duration::from_secs(25)), None);
+        let fast = e.current(t2);
+        assert!(fast < Duration::from_millis(110));
+        // Silence for two windows drops every sample; the last estimate stays in force.
+        assert_eq!(e.current(t2 + Duration::from_secs(25)), fast);
     }
 
     #[tokio::test(start_paused = true)]
@@ -604,11 +632,11 @@ mod tests {
         );
         let now = Instant::now();
         e.record(Duration::from_millis(5), false, now);
-        assert_eq!(e.current(now), Some(Duration::from_millis(200)));
+        assert_eq!(e.current(now), Duration::from_millis(200));
         for _ in 0..10 {
             e.record(Duration::from_secs(50), false, now);
         }
-        assert_eq!(e.current(now), Some(Duration::from_secs(1)));
+        assert_eq!(e.current(now), Duration::from_secs(1));
     }
 
     #[tokio::test(start_paused = true)]

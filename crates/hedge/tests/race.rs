@@ -817,8 +817,11 @@ async fn adaptive_delay_converges_to_the_configured_percentile() {
         last = o.delay;
         let _ = res.into_body().collect().await.unwrap();
     }
-    // No hedging before the minimum number of samples.
-    assert!(first_delays.iter().all(Option::is_none), "{first_delays:?}");
+    // Before the minimum number of samples, the initial delay.
+    assert!(
+        first_delays.iter().all(|d| *d == Some(ms(1000))),
+        "{first_delays:?}"
+    );
     // p90 of uniform(100, 1000) ms is 910 ms; losers were censored, not dropped or counted as
     // their waiting time, so the estimate is not pulled down by the hedges it caused.
     let d = last.unwrap().as_secs_f64() * 1000.0;
@@ -970,4 +973,54 @@ async fn a_failover_budget_of_none_sends_no_failover() {
         1,
         "no failover, and no hedge after the delay either"
     );
+}
+
+/// Issue 30: hedging works from the first request and after a quiet spell. A route that sees a
+/// request a minute never gathers the twenty samples an estimate needs; a stuck primary still
+/// gets a backup after the initial delay, and later after the last estimate, which a quiet
+/// period that empties the window does not drop.
+#[tokio::test(start_paused = true)]
+async fn a_stuck_primary_gets_a_backup_at_a_request_a_minute() {
+    let up = Upstream::with(|h, attempt| match (h.contains_key("x-stuck"), attempt) {
+        (true, 0) => Plan::sse(ms(3_600_000)),
+        _ => Plan::sse(ms(100)),
+    });
+    let svc = FirstTokenHedgeLayer::new()
+        .with_delay(AdaptiveDelay::new().with_min_samples(3))
+        .layer(up.clone());
+    let stuck = || {
+        let mut req = chat_request();
+        req.headers_mut().insert("x-stuck", "1".parse().unwrap());
+        req
+    };
+    // The first request ever: the initial delay (1 s).
+    let start = Instant::now();
+    let res = svc.clone().oneshot(stuck()).await.unwrap();
+    assert_eq!(
+        start.elapsed(),
+        ms(1100),
+        "backup at 1 s, its first token 100 ms later"
+    );
+    assert_eq!(
+        outcome(&res).map(|o| (o.winner, o.delay)),
+        Some((Some(1), Some(ms(1000))))
+    );
+    drop(res);
+    // Quick requests make an estimate (~100 ms: the stuck primary's censored wait is one
+    // sample in eleven, above the p90).
+    for _ in 0..10 {
+        let _ = svc.clone().oneshot(chat_request()).await.unwrap();
+    }
+    // A quiet hour empties the window; the last estimate stays in force.
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let start = Instant::now();
+    let res = svc.clone().oneshot(stuck()).await.unwrap();
+    let delay = outcome(&res).and_then(|o| o.delay).unwrap();
+    assert!(
+        delay < ms(1000),
+        "the learnt estimate, not the initial delay: {delay:?}"
+    );
+    // The timer wheel fires on the next whole millisecond.
+    let late = start.elapsed() - (delay + ms(100));
+    assert!(late <= ms(1), "backup at the delay: {late:?} late");
 }
