@@ -464,3 +464,35 @@ mod tests {
         );
     }
 }
+
+/// The name of the upstream that served a request, as a bounded metric label.
+///
+/// A service that picks among several upstreams (a `ReplicaSet` of `tailguard-route`, a
+/// balancer of your own) inserts it into the *response* extensions; the recorder of
+/// `tailguard-phases` labels the request with it, over the name its layer was configured with.
+/// The set of names must stay bounded (replica names, not URLs with request data).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Upstream(Arc<str>);
+
+impl Upstream {
+    /// An upstream label.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Upstream(name.into())
+    }
+
+    /// The label value.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The label value, shared (a reference count, no copy).
+    pub fn shared(&self) -> Arc<str> {
+        self.0.clone()
+    }
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Upstream({})", &*self.0)
+    }
+}

@@ -71,7 +71,9 @@ pub use deadline::{ClientDeadline, Deadlines};
 pub use error::{
     BoxError, OverloadReason, Overloaded, Phase, ScanError, TimeoutError, UpstreamError,
 };
-pub use ext::{ClassPolicy, EndReason, EndReport, Priority, RequestFacts, UpstreamFailure};
+pub use ext::{
+    ClassPolicy, EndReason, EndReport, Priority, RequestFacts, Upstream, UpstreamFailure,
+};
 pub use facts::{FactsError, RequestFactsLayer, RequestFactsService};
 pub use mode::{Fail, Mode, Respond};
 pub use outcome::{AdmissionOutcome, HedgeOutcome, LoserRun};

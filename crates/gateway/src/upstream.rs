@@ -11,8 +11,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tailguard::core::{BoxError, ReplayBody};
-use tailguard::phases::Upstream as UpstreamLabel;
+use tailguard::core::{BoxError, ReplayBody, Upstream as UpstreamLabel};
 use tailguard::route::{BaseUri, InvalidBaseUri};
 use tower::Service;
 

@@ -48,36 +48,6 @@ impl fmt::Debug for Route {
     }
 }
 
-/// The name of the upstream that served a request, as a bounded label.
-///
-/// Set per layer with [`with_upstream`](crate::LatencyPhaseRecorderLayer::with_upstream); an
-/// inner service that picks among several upstreams may insert an `Upstream` into the
-/// *response* extensions to override it (the set of names must stay bounded).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Upstream(Arc<str>);
-
-impl Upstream {
-    /// An upstream label.
-    pub fn new(name: impl Into<Arc<str>>) -> Self {
-        Upstream(name.into())
-    }
-
-    /// The label value.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub(crate) fn arc(&self) -> Arc<str> {
-        self.0.clone()
-    }
-}
-
-impl fmt::Debug for Upstream {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Upstream({})", &*self.0)
-    }
-}
-
 /// The operation names (OpenTelemetry `gen_ai.operation.name`) of the OpenAI and Anthropic
 /// routes, as route label and operation: chat completions, the Responses API and Anthropic
 /// Messages are `chat` (the conventions' inference operation of each), legacy completions

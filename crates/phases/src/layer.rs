@@ -196,7 +196,7 @@ impl LatencyPhaseRecorderLayer {
     }
 
     /// The upstream label of this stack (an inner service may override it per response with an
-    /// [`Upstream`](crate::Upstream) response extension).
+    /// [`Upstream`](tailguard_core::Upstream) response extension).
     pub fn with_upstream(mut self, upstream: impl Into<Arc<str>>) -> Self {
         self.cfg().upstream = upstream.into();
         self

@@ -183,7 +183,7 @@ mod service;
 mod sink;
 
 pub use body::LatencyPhaseRecorderBody;
-pub use labels::{DEFAULT_OPERATIONS, OTHER, Route, UNKNOWN, Upstream};
+pub use labels::{DEFAULT_OPERATIONS, OTHER, Route, UNKNOWN};
 pub use layer::LatencyPhaseRecorderLayer;
 pub use metric_names::{MetricNames, buckets};
 pub use metrics_sink::{MAX_CACHED_LABEL_SETS, MetricsSink};

@@ -7,12 +7,11 @@ use bytes::Buf;
 use http::{Extensions, HeaderMap, Response, StatusCode};
 use tailguard_core::{
     AdmissionOutcome, EndReason, EndReport, HedgeOutcome, Observation, Priority, RequestFacts,
-    StreamTracker, UpstreamFailure,
+    StreamTracker, Upstream, UpstreamFailure,
 };
 use tokio::time::Instant;
 use tracing::Span;
 
-use crate::labels::Upstream;
 use crate::layer::Config;
 use crate::report::{GapStats, PhaseLabels, PhaseReport};
 use crate::request_id::RequestId;
@@ -146,7 +145,7 @@ impl Recording {
             }
         }
         if let Some(u) = ext.get::<Upstream>() {
-            self.labels.upstream = u.arc();
+            self.labels.upstream = u.shared();
         }
     }
 

@@ -9,11 +9,12 @@ use common::*;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Empty, Full};
+use tailguard_core::Upstream;
 use tailguard_core::{
     AdmissionOutcome, EndReason, EndReport, HedgeOutcome, LoserRun, OverloadReason, Priority,
     RequestFacts, UpstreamFailure,
 };
-use tailguard_phases::{MetricNames, MetricsSink, RequestId, Route, Upstream};
+use tailguard_phases::{MetricNames, MetricsSink, RequestId, Route};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 
 /// The headline scenario: exact TTFT, gaps, TPOT, total and counts, a role-only first chunk and

@@ -102,7 +102,8 @@ where
 
 impl<S: Clone> ReplicaSet<BaseUri<S>> {
     /// A set of one replica per base URI, each a clone of `service` (a pooled HTTP client, say)
-    /// aimed at its base by [`BaseUri`], with [`ReplicaSet::new`]'s defaults.
+    /// aimed at its base by [`BaseUri`], with [`ReplicaSet::new`]'s defaults; each replica is
+    /// named by its base's authority (`10.0.0.7:8000`) for the `upstream` label.
     ///
     /// Fails on a base without a scheme or an authority. Panics when `bases` is empty, as
     /// [`ReplicaSet::new`] does.
@@ -110,11 +111,15 @@ impl<S: Clone> ReplicaSet<BaseUri<S>> {
         service: S,
         bases: impl IntoIterator<Item = &'a Uri>,
     ) -> Result<Self, InvalidBaseUri> {
+        let bases: Vec<&Uri> = bases.into_iter().collect();
         let replicas = bases
-            .into_iter()
+            .iter()
             .map(|base| BaseUri::new(service.clone(), base))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(ReplicaSet::new(replicas))
+        let names = bases
+            .iter()
+            .map(|b| b.authority().map_or("", |a| a.as_str()).to_owned());
+        Ok(ReplicaSet::new(replicas).with_names(names))
     }
 }
 

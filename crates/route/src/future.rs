@@ -8,6 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tailguard_core::Upstream;
 use tailguard_core::attempt::{AttemptClaim, Settle};
 use tower::ServiceExt;
 use tower::util::Oneshot;
@@ -35,6 +36,8 @@ pin_project! {
     {
         set: Placer<S>,
         guard: Option<Guard>,
+        // The replica placed on, once placed.
+        replica: usize,
         #[pin]
         state: State<S, B>,
     }
@@ -59,11 +62,13 @@ where
         let mut fut = ResponseFuture {
             set,
             guard: None,
+            replica: 0,
             state: State::Waiting { req: None },
         };
         match fut.set.place(&req, None) {
             Some((i, ticket)) => {
                 fut.guard = Some(Guard::new(ticket));
+                fut.replica = i;
                 let svc = fut.set.replica(i);
                 fut.state = State::Calling {
                     fut: svc.oneshot(req),
@@ -97,6 +102,7 @@ where
                         return Poll::Pending;
                     };
                     *this.guard = Some(Guard::new(ticket));
+                    *this.replica = i;
                     let fut = this.set.replica(i).oneshot(r);
                     this.state.set(State::Calling { fut });
                 }
@@ -104,7 +110,13 @@ where
                     let res = ready!(fut.poll(cx));
                     let guard = this.guard.take();
                     return Poll::Ready(match res {
-                        Ok(res) => Ok(res.map(|inner| ReplicaBody::new(inner, guard))),
+                        Ok(mut res) => {
+                            if res.extensions().get::<Upstream>().is_none() {
+                                let name = this.set.names[*this.replica].clone();
+                                res.extensions_mut().insert(name);
+                            }
+                            Ok(res.map(|inner| ReplicaBody::new(inner, guard)))
+                        }
                         Err(e) => {
                             if let Some(g) = &guard {
                                 g.ticket.settle(Settle::Failed);

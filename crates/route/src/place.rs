@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Waker;
 
 use http::Request;
+use tailguard_core::Upstream;
 use tailguard_core::attempt::{Attempt, ReplicaId};
 use tokio::time::Instant;
 
@@ -18,6 +19,8 @@ use crate::health::{Board, Health, Ticket};
 /// futures share.
 pub(crate) struct Placer<S> {
     pub(crate) replicas: Arc<[S]>,
+    /// Each replica's `upstream` label, inserted into its responses.
+    pub(crate) names: Arc<[Upstream]>,
     pub(crate) config: Config,
     pub(crate) health: Arc<Health>,
     next: Arc<AtomicUsize>,
@@ -25,8 +28,12 @@ pub(crate) struct Placer<S> {
 
 impl<S> Placer<S> {
     pub(crate) fn new(replicas: Arc<[S]>, config: Config, health: Health) -> Self {
+        let names = (0..replicas.len())
+            .map(|i| Upstream::new(format!("replica-{i}")))
+            .collect();
         Placer {
             replicas,
+            names,
             config,
             health: Arc::new(health),
             next: Arc::default(),
@@ -133,6 +140,7 @@ impl<S> Clone for Placer<S> {
     fn clone(&self) -> Self {
         Placer {
             replicas: self.replicas.clone(),
+            names: self.names.clone(),
             config: self.config.clone(),
             health: self.health.clone(),
             next: self.next.clone(),

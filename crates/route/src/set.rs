@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
+use tailguard_core::Upstream;
 use tower_service::Service;
 
 use crate::body::ReplicaBody;
@@ -84,6 +85,21 @@ impl<S> ReplicaSet<S> {
         Self::new(replicas)
             .with_routing(Routing::RoundRobin)
             .with_ejection(Ejection::disabled())
+    }
+
+    /// Names the replicas, in order, for the `upstream` label: the set inserts a
+    /// [`Upstream`] with its replica's name into every response that carries none (a replica
+    /// service may set its own). Replicas without a name given keep theirs: `replica-{index}`
+    /// from [`new`](Self::new), the base's authority (`10.0.0.7:8000`) from
+    /// [`from_base_uris`](Self::from_base_uris). Keep the names few and fixed: they are
+    /// metric label values.
+    pub fn with_names<N: Into<Arc<str>>>(mut self, names: impl IntoIterator<Item = N>) -> Self {
+        let mut all: Vec<Upstream> = self.placer.names.to_vec();
+        for (slot, name) in all.iter_mut().zip(names) {
+            *slot = Upstream::new(name);
+        }
+        self.placer.names = all.into();
+        self
     }
 
     /// Sets how primaries are routed.

@@ -91,3 +91,52 @@ async fn a_slot_is_held_until_the_body_ends_or_is_dropped() {
     let res = set.call(Request::new(())).await.unwrap();
     assert!(res.into_body().collect().await.is_ok());
 }
+
+/// Issue 32: every response says which replica served it, as the `upstream` label the recorder
+/// reads: `replica-{index}` by default, the names given, the base's authority for a set made
+/// from base URIs; a name the replica set itself is kept.
+#[tokio::test(start_paused = true)]
+async fn responses_carry_their_replicas_upstream_label() {
+    use tailguard_core::Upstream;
+    let label = |res: &Response<ReplicaBody<Full<Bytes>>>| {
+        res.extensions()
+            .get::<Upstream>()
+            .map(|u| u.as_str().to_owned())
+    };
+    let set = ReplicaSet::new(replicas(2));
+    let primary = Attempt::primary();
+    let (i, res) = send(&set, &primary).await;
+    assert_eq!(label(&res), Some(format!("replica-{i}")));
+    let named = ReplicaSet::new(replicas(2)).with_names(["vllm-a", "vllm-b"]);
+    let primary = Attempt::primary();
+    let (i, res) = send(&named, &primary).await;
+    assert_eq!(
+        label(&res),
+        Some(["vllm-a", "vllm-b"][i as usize].to_owned())
+    );
+
+    // From base URIs: the authority; a replica's own label wins.
+    let own = service_fn(|_: Request<()>| async {
+        let mut res = Response::new(Full::new(Bytes::new()));
+        res.extensions_mut().insert(Upstream::new("own"));
+        Ok::<_, Infallible>(res)
+    });
+    let bases: Vec<http::Uri> = vec!["http://10.0.0.7:8000/v1".parse().unwrap()];
+    let set = ReplicaSet::from_base_uris(
+        service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }),
+        &bases,
+    )
+    .unwrap();
+    let res = set.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(
+        res.extensions().get::<Upstream>().unwrap().as_str(),
+        "10.0.0.7:8000"
+    );
+    let res = ReplicaSet::new([own])
+        .oneshot(Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(res.extensions().get::<Upstream>().unwrap().as_str(), "own");
+}
