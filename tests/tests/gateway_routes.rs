@@ -218,3 +218,49 @@ async fn dot_segments_are_resolved_before_routing() {
     assert!(text(res).await.ends_with("data: [DONE]\n\n"));
     gw.shutdown().await.unwrap();
 }
+
+/// Issue 30: a request body the route cannot serve (empty, or without the prompt member its
+/// API needs) is answered 400 and never reaches an upstream.
+#[tokio::test(start_paused = true)]
+async fn bodies_without_what_the_route_needs_get_a_400_before_any_upstream() {
+    let gw = Gateway::start(test_config()).await.unwrap();
+    let json = [("content-type", "application/json")];
+    for (path, body, member) in [
+        ("/v1/chat/completions", "", "messages"),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"mock-llm","stream":true}"#,
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"mock-llm","messages":null}"#,
+            "messages",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"mock-llm","stream":true}"#,
+            "prompt",
+        ),
+        (
+            "/v1/messages",
+            r#"{"model":"mock-llm","max_tokens":8}"#,
+            "messages",
+        ),
+    ] {
+        let res = client()
+            .request(request(&gw, "POST", path, body, &json))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{path} {body}");
+        let v: serde_json::Value = serde_json::from_str(&text(res).await).unwrap();
+        assert_eq!(v["error"]["code"], "missing_required_parameter");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("`{member}`")), "{message}");
+    }
+    assert_eq!(
+        gw.mocks().iter().map(|m| m.stats().requests).sum::<u64>(),
+        0
+    );
+    gw.shutdown().await.unwrap();
+}

@@ -43,6 +43,48 @@ struct Fields<'a> {
     instructions: Option<TextLen>,
 }
 
+/// The member of a request body that carries the prompt, which each LLM route needs one of
+/// (see [`RequestFactsLayer::with_required`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PromptMember {
+    /// `messages`: OpenAI chat completions, Anthropic messages.
+    Messages,
+    /// `prompt`: OpenAI (legacy) completions.
+    Prompt,
+    /// `input`: the OpenAI Responses API.
+    Input,
+}
+
+impl PromptMember {
+    /// The member's name in the JSON body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromptMember::Messages => "messages",
+            PromptMember::Prompt => "prompt",
+            PromptMember::Input => "input",
+        }
+    }
+}
+
+/// Which prompt members a body has (what [`RequestFacts::from_json`] saw besides the facts).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Present {
+    messages: bool,
+    prompt: bool,
+    input: bool,
+}
+
+impl Present {
+    pub(crate) fn has(self, m: PromptMember) -> bool {
+        match m {
+            PromptMember::Messages => self.messages,
+            PromptMember::Prompt => self.prompt,
+            PromptMember::Input => self.input,
+        }
+    }
+}
+
 /// Bytes of text in a prompt member: strings count their length, arrays the sum of their
 /// elements, objects the sum of their `content` and `text` members (message objects and content
 /// parts of every API); numbers (token ids), booleans and nulls count nothing.
@@ -168,6 +210,11 @@ impl RequestFacts {
     /// assert!(RequestFacts::from_json(b"[1,2]").is_err());
     /// ```
     pub fn from_json(body: &[u8]) -> Result<RequestFacts, FactsError> {
+        Self::from_json_members(body).map(|(facts, _)| facts)
+    }
+
+    /// [`from_json`](Self::from_json), and which prompt members the body has.
+    pub(crate) fn from_json_members(body: &[u8]) -> Result<(RequestFacts, Present), FactsError> {
         if body.trim_ascii_start().first() != Some(&b'{') {
             return Err(FactsError {
                 message: "the request body must be a JSON object".to_owned(),
@@ -188,6 +235,11 @@ impl RequestFacts {
             .or(f.max_tokens)
             .or(f.max_output_tokens)
             .map(|m| u32::try_from(m).unwrap_or(u32::MAX));
+        let present = Present {
+            messages: f.messages.is_some(),
+            prompt: f.prompt.is_some(),
+            input: f.input.is_some(),
+        };
         let texts = [f.messages, f.prompt, f.input, f.system, f.instructions];
         let prompt = texts
             .into_iter()
@@ -196,7 +248,7 @@ impl RequestFacts {
                 Some(sum.unwrap_or(0).saturating_add(t.0))
             });
         facts.prompt_bytes = Some(prompt.unwrap_or(body.len() as u64));
-        Ok(facts)
+        Ok((facts, present))
     }
 }
 

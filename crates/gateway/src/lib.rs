@@ -81,6 +81,7 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response};
 use tailguard::admission::{AdaptiveLimit, BoundedAdmissionLayer};
+use tailguard::core::facts::PromptMember;
 use tailguard::core::{BoxError, ClassPolicy, Priority, RequestFacts, RequestFactsLayer};
 use tailguard::hedge::{FirstTokenHedgeLayer, HedgeBudget, HedgeDelay};
 use tailguard::phases::LatencyPhaseRecorderLayer;
@@ -214,7 +215,14 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     let hedged = tower::Layer::layer(&hedge, set);
 
     let stack = ServiceBuilder::new()
-        .layer(RequestFactsLayer::new().with_max_body(config.max_request_bytes))
+        .layer(
+            RequestFactsLayer::new()
+                .with_max_body(config.max_request_bytes)
+                // What each API cannot do without (the Responses API may omit `input`).
+                .with_required("/v1/chat/completions", PromptMember::Messages)
+                .with_required("/v1/completions", PromptMember::Prompt)
+                .with_required("/v1/messages", PromptMember::Messages),
+        )
         .map_response(|res: Response<_>| res.map(Body::new))
         .layer(recorder)
         // PriorityClass also copies the class into the response, where the recorder (which

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use tower_service::Service;
 
 use crate::error::BoxError;
 use crate::ext::RequestFacts;
-use crate::facts::is_json;
+use crate::facts::{PromptMember, is_json};
 use crate::render::{ErrorInfo, error_response};
 use crate::replay::{Buffering, DEFAULT_REPLAY_CAP, ReplayBody};
 
@@ -32,7 +33,9 @@ use crate::replay::{Buffering, DEFAULT_REPLAY_CAP, ReplayBody};
 /// * `400` (`invalid_json`) for a body that is not a JSON object, or whose known members have
 ///   the wrong type;
 /// * `413` (`request_too_large`) for a body over the [limit](Self::with_max_body);
-/// * `400` (`bad_body`) when the body fails while it is read.
+/// * `400` (`bad_body`) when the body fails while it is read;
+/// * `400` (`missing_required_parameter`) for a request to a path given
+///   [`with_required`](Self::with_required) whose body is empty or lacks that prompt member.
 ///
 /// A request whose `content-type` is present and not JSON (`application/json`, or a `+json`
 /// type) passes on unread and without facts ([`ReplayBody::passthrough`]), as does an empty
@@ -43,6 +46,7 @@ use crate::replay::{Buffering, DEFAULT_REPLAY_CAP, ReplayBody};
 #[derive(Clone, Debug)]
 pub struct RequestFactsLayer {
     max_body: usize,
+    required: Arc<[(String, PromptMember)]>,
 }
 
 impl Default for RequestFactsLayer {
@@ -56,7 +60,30 @@ impl RequestFactsLayer {
     pub fn new() -> Self {
         RequestFactsLayer {
             max_body: DEFAULT_REPLAY_CAP,
+            required: Arc::new([]),
         }
+    }
+
+    /// Requires of every JSON request to `path` (matched exactly) the prompt `member` its API
+    /// cannot do without (`messages` for chat completions and Anthropic messages, `prompt` for
+    /// completions): a request with an empty body, or without that member (or with it `null`),
+    /// is answered `400` and never reaches an upstream, which would answer it with an error of
+    /// its own, or worse, an empty stream.
+    ///
+    /// ```
+    /// use tailguard_core::RequestFactsLayer;
+    /// use tailguard_core::facts::PromptMember;
+    ///
+    /// let layer = RequestFactsLayer::new()
+    ///     .with_required("/v1/chat/completions", PromptMember::Messages)
+    ///     .with_required("/v1/completions", PromptMember::Prompt);
+    /// # let _ = layer;
+    /// ```
+    pub fn with_required(mut self, path: impl Into<String>, member: PromptMember) -> Self {
+        let mut all = self.required.to_vec();
+        all.push((path.into(), member));
+        self.required = all.into();
+        self
     }
 
     /// The largest body read; a longer one is answered `413`.
@@ -73,6 +100,7 @@ impl<S> Layer<S> for RequestFactsLayer {
         RequestFactsService {
             inner,
             max_body: self.max_body,
+            required: self.required.clone(),
         }
     }
 }
@@ -82,6 +110,7 @@ impl<S> Layer<S> for RequestFactsLayer {
 pub struct RequestFactsService<S> {
     inner: S,
     max_body: usize,
+    required: Arc<[(String, PromptMember)]>,
 }
 
 impl<S> RequestFactsService<S> {
@@ -110,6 +139,11 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let (parts, body) = req.into_parts();
+        let required = self
+            .required
+            .iter()
+            .find(|(path, _)| *path == parts.uri.path())
+            .map(|(_, m)| *m);
         if parts
             .headers
             .get(header::CONTENT_TYPE)
@@ -130,6 +164,7 @@ where
                 buffering: ReplayBody::buffer(body, self.max_body),
                 parts: Some(parts),
                 service: Some(service),
+                required,
             },
         }
     }
@@ -152,7 +187,12 @@ pin_project! {
     where
         S: Service<Request<ReplayBody<B>>>,
     {
-        Reading { buffering: Buffering<B>, parts: Option<Parts>, service: Option<S> },
+        Reading {
+            buffering: Buffering<B>,
+            parts: Option<Parts>,
+            service: Option<S>,
+            required: Option<PromptMember>,
+        },
         Calling { #[pin] future: S::Future },
         Done,
     }
@@ -188,6 +228,7 @@ fn read<B, RB: From<Bytes>>(
     mut parts: Parts,
     read: Result<ReplayBody<B>, B::Error>,
     max_body: usize,
+    required: Option<PromptMember>,
 ) -> Result<Request<ReplayBody<B>>, Response<RB>>
 where
     B: Body,
@@ -209,9 +250,29 @@ where
             "request_too_large",
         ));
     };
-    if !bytes.is_empty() {
-        match RequestFacts::from_json(&bytes) {
-            Ok(facts) => {
+    let missing = |member: PromptMember| {
+        let message = format!(
+            "missing required parameter: `{}` ({} {} needs it)",
+            member.as_str(),
+            parts.method,
+            parts.uri.path()
+        );
+        refusal(
+            StatusCode::BAD_REQUEST,
+            message,
+            "missing_required_parameter",
+        )
+    };
+    if bytes.is_empty() {
+        if let Some(member) = required {
+            return Err(missing(member));
+        }
+    } else {
+        match RequestFacts::from_json_members(&bytes) {
+            Ok((_, present)) if required.is_some_and(|m| !present.has(m)) => {
+                return Err(missing(required.expect("checked")));
+            }
+            Ok((facts, _)) => {
                 parts.extensions.insert(facts);
             }
             Err(e) => {
@@ -243,6 +304,7 @@ where
                     buffering,
                     parts,
                     service,
+                    required,
                 } => {
                     let body = ready!(Pin::new(&mut *buffering).poll(cx));
                     let max_body = buffering.cap();
@@ -250,7 +312,7 @@ where
                         state.set(State::Done);
                         continue;
                     };
-                    match read(parts, body, max_body) {
+                    match read(parts, body, max_body, *required) {
                         Ok(req) => {
                             let future = service.call(req);
                             state.set(State::Calling { future });
