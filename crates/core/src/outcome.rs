@@ -97,6 +97,23 @@ impl HedgeOutcome {
         }
     }
 
+    /// The outcome as a response header value: `attempts=2; winner=1`, or
+    /// `attempts=2; winner=none` when every attempt failed.
+    ///
+    /// ```
+    /// use tailguard_core::HedgeOutcome;
+    ///
+    /// assert_eq!(HedgeOutcome::new(2, 1, None).header_value(), "attempts=2; winner=1");
+    /// assert_eq!(HedgeOutcome::all_failed(2, None).header_value(), "attempts=2; winner=none");
+    /// ```
+    pub fn header_value(&self) -> http::HeaderValue {
+        let text = match self.winner {
+            Some(w) => format!("attempts={}; winner={w}", self.attempts),
+            None => format!("attempts={}; winner=none", self.attempts),
+        };
+        http::HeaderValue::try_from(text).expect("digits, letters and punctuation")
+    }
+
     /// An outcome with `attempts` sent, every one failed, and the `delay` used.
     pub fn all_failed(attempts: u8, delay: Option<Duration>) -> Self {
         HedgeOutcome {

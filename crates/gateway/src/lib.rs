@@ -79,7 +79,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 use tailguard::admission::{AdaptiveLimit, BoundedAdmissionLayer};
 use tailguard::core::facts::PromptMember;
 use tailguard::core::{BoxError, ClassPolicy, Priority, RequestFacts, RequestFactsLayer};
@@ -200,6 +200,7 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         })
         .with_budget(shared.hedge)
         .with_failover_budget(shared.failover)
+        .with_outcome_header(Some(HeaderName::from_static(HEDGE_HEADER)))
         .with_predicate(hedged);
     // Each attempt of a request goes to a replica no earlier attempt went to; primaries to the
     // replica with the shortest expected wait for a first token.

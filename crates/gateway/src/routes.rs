@@ -9,13 +9,12 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::{any, get, post};
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header};
-use tailguard::core::HedgeOutcome;
+use http::{Request, Response, StatusCode, header};
 use tailguard::core::facts::is_json;
 use tailguard::core::render::{ErrorInfo, error_response};
 use tower::ServiceExt;
 
-use super::{HEDGE_HEADER, Replica, Stack, UpstreamBody};
+use super::{Replica, Stack, UpstreamBody};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -116,14 +115,7 @@ async fn proxy(State(app): State<App>, req: Request<Body>) -> Response<Body> {
 /// recorder labels it `other`).
 async fn passthrough(State(app): State<App>, req: Request<Body>) -> Response<Body> {
     match app.stack.oneshot(req).await {
-        Ok(mut res) => {
-            if let Some(o) = res.extensions().get::<HedgeOutcome>()
-                && let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(hedge_header(o)))
-            {
-                res.headers_mut().insert(HEDGE_HEADER, v);
-            }
-            res
-        }
+        Ok(res) => res,
         Err(e) => {
             tracing::warn!(error = %e, "upstream request failed");
             error(
@@ -133,13 +125,5 @@ async fn passthrough(State(app): State<App>, req: Request<Body>) -> Response<Bod
                 "bad_gateway",
             )
         }
-    }
-}
-
-/// `attempts=2; winner=1`, or `attempts=2; winner=none` when every attempt failed.
-fn hedge_header(o: &HedgeOutcome) -> String {
-    match o.winner {
-        Some(w) => format!("attempts={}; winner={w}", o.attempts),
-        None => format!("attempts={}; winner=none", o.attempts),
     }
 }

@@ -37,6 +37,8 @@ pub(crate) struct Config {
     pub(crate) predicate: Option<Arc<Predicate>>,
     pub(crate) opt_out: Option<HeaderName>,
     pub(crate) attempt_header: Option<HeaderName>,
+    /// Where the response tells the client what the hedge did (none by default).
+    pub(crate) outcome_header: Option<HeaderName>,
     pub(crate) priorities: Option<Arc<[Priority]>>,
     pub(crate) rollout: f64,
     /// Error mode: every attempt failing is an `Err` (set with the `Fail` type).
@@ -71,6 +73,7 @@ impl Default for Config {
             predicate: None,
             opt_out: Some(HeaderName::from_static(OPT_OUT_HEADER)),
             attempt_header: Some(HeaderName::from_static(ATTEMPT_HEADER)),
+            outcome_header: None,
             priorities: None,
             rollout: 1.0,
             as_errors: false,
@@ -105,6 +108,7 @@ impl fmt::Debug for Config {
             .field("predicate", &self.predicate.as_ref().map(|_| ".."))
             .field("opt_out", &self.opt_out)
             .field("attempt_header", &self.attempt_header)
+            .field("outcome_header", &self.outcome_header)
             .field("priorities", &self.priorities)
             .field("rollout", &self.rollout)
             .field("as_errors", &self.as_errors)

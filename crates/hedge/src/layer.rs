@@ -239,6 +239,26 @@ impl<M> FirstTokenHedgeLayer<M> {
         })
     }
 
+    /// Sets a response header that tells the client what the hedge did, from the
+    /// [`HedgeOutcome`](tailguard_core::HedgeOutcome) every response through the layer carries
+    /// ([`HedgeOutcome::header_value`](tailguard_core::HedgeOutcome::header_value):
+    /// `attempts=2; winner=1`, `winner=none` when every attempt failed). Default `None`: the
+    /// outcome stays in the extensions, where the recorder reads it.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tailguard_hedge::FirstTokenHedgeLayer;
+    ///
+    /// let layer = FirstTokenHedgeLayer::new()
+    ///     .with_outcome_header(Some(HeaderName::from_static("x-tailguard-hedge")));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_outcome_header(self, header: Option<HeaderName>) -> Self {
+        self.with(|c| {
+            c.outcome_header = header;
+        })
+    }
+
     /// Hedges only requests whose [`Priority`] is one of `priorities` (requests without a
     /// `Priority` are then not hedged). A [`ClassPolicy`](tailguard_core::ClassPolicy) with
     /// `hedge` set overrides this either way.

@@ -317,7 +317,7 @@ where
         );
         let forward = self.forward(attempt.report);
         let mut res = stream.into_response(None, forward);
-        res.extensions_mut().insert(self.outcome(Some(index)));
+        self.stamp(&mut res, self.outcome(Some(index)));
         res
     }
 
@@ -350,7 +350,7 @@ where
             outer.report(reason);
         }
         answer.map(|mut res| {
-            res.extensions_mut().insert(self.outcome(None));
+            self.stamp(&mut res, self.outcome(None));
             res
         })
     }
@@ -375,7 +375,7 @@ where
                     return Poll::Ready(match res {
                         Ok(res) => {
                             let mut res = res.map(HedgeBody::direct);
-                            res.extensions_mut().insert(HedgeOutcome::new(1, 0, None));
+                            self.stamp(&mut res, HedgeOutcome::new(1, 0, None));
                             Ok(res)
                         }
                         Err(e) => Err(Escape::Inner(e)),
@@ -510,6 +510,16 @@ where
         self.timer = None;
         self.hedge_at = None;
         self.pending_send = None;
+    }
+
+    /// Puts `outcome` into the response: its extensions, and the outcome header if one is
+    /// configured.
+    fn stamp<T>(&self, res: &mut Response<T>, outcome: HedgeOutcome) {
+        if let Some(name) = &self.shared.config.outcome_header {
+            res.headers_mut()
+                .insert(name.clone(), outcome.header_value());
+        }
+        res.extensions_mut().insert(outcome);
     }
 
     /// What the hedge did: `winner` is `None` when no attempt won (then every attempt is a

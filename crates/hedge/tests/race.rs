@@ -1024,3 +1024,29 @@ async fn a_stuck_primary_gets_a_backup_at_a_request_a_minute() {
     let late = start.elapsed() - (delay + ms(100));
     assert!(late <= ms(1), "backup at the delay: {late:?} late");
 }
+
+/// Issue 32: the outcome in a response header, when asked, for a won race and an all-failed one.
+#[tokio::test(start_paused = true)]
+async fn the_outcome_header_says_what_the_hedge_did() {
+    let name = http::HeaderName::from_static("x-hedge");
+    let up = Upstream::new(vec![Plan::sse(ms(900)), Plan::sse(ms(10))]);
+    let res = layer()
+        .with_outcome_header(Some(name.clone()))
+        .layer(up)
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["x-hedge"], "attempts=2; winner=1");
+    let up = Upstream::new(vec![Plan::status(503)]);
+    let res = layer()
+        .with_outcome_header(Some(name))
+        .layer(up)
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["x-hedge"], "attempts=2; winner=none");
+    // Off by default.
+    let up = Upstream::new(vec![Plan::sse(ms(10))]);
+    let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
+    assert!(!res.headers().contains_key("x-hedge"));
+}
