@@ -52,6 +52,7 @@
 //! ```
 
 pub mod attempt;
+mod bad_gateway;
 pub mod classify;
 pub mod deadline;
 pub mod error;
@@ -66,6 +67,7 @@ pub mod replay;
 pub mod scan;
 pub mod tracker;
 
+pub use bad_gateway::{BadGateway, BadGatewayBody, BadGatewayFuture, BadGatewayLayer};
 pub use classify::{Class, Classify, Dialect, Framing, Wire};
 pub use deadline::{ClientDeadline, Deadlines};
 pub use error::{

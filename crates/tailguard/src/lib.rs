@@ -68,6 +68,14 @@
 //!   any router that reads the `Attempt` extension: core's attempt protocol, `core::attempt`,
 //!   through which the hedge tells the set of each attempt's first token or failure).
 //!
+//! Over an upstream client that can fail (hyper's pooled client: `legacy::Error`), core's
+//! `BadGatewayLayer` outermost answers its errors with a 502 in the client's protocol and makes
+//! the stack `Infallible`, which axum's `Router::route_service` takes as it is
+//! (`examples/axum_replicas.rs`). Core's `RequestFactsLayer`, when used, goes outside the
+//! recorder: it reads the JSON body once, and the recorder's `model` label, the hedge's
+//! `stream: false` check and admission's cost read what it found (without it the model label is
+//! `unknown`).
+//!
 //! Any subset of the layers composes in the same relative order, with no glue between them:
 //! every layer keeps its body's data type (`B::Data: From<Bytes>`, which every hyper, axum and
 //! tonic body has) and, in its default mode, the inner service's error type.
