@@ -58,6 +58,10 @@ def parse_args(argv):
                    help=f"comma-separated, of: {','.join(STRATEGIES)} (and --tailguard-variant names)")
     p.add_argument("--tailguard-variant", action="append", default=[], metavar="NAME=FLAGS",
                    help='an extra tailguard strategy, e.g. tg_noeject="--outlier-ejection off"')
+    p.add_argument("--batch-threads", type=int, default=1,
+                   help="each replica's --n_threads_batch (prompt processing threads); 0 leaves "
+                        "the server's default, every core, whose OpenMP threads spin on both cores "
+                        "and slow the other replica by up to 6x")
     p.add_argument("--max-tokens", type=int, default=12, help="max_tokens of a measured request")
     p.add_argument("--busy-words", type=int, default=500,
                    help="words of the busy client's prompts (~1.4 tokens each)")
@@ -159,6 +163,8 @@ def start_replicas(a, venv, gguf, mode, log_dir, tag):
         argv = [str(venv / "bin/python"), "-m", "llama_cpp.server", "--model", str(gguf),
                 "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1",
                 "--model_alias", "default", "--interrupt_requests", MODES[mode]]
+        if a.batch_threads > 0:
+            argv += ["--n_threads_batch", str(a.batch_threads)]
         child = procs.Child(f"{tag}-replica{k}", argv, log_dir)
         child.url = f"http://127.0.0.1:{port}"
         reps.append(child)
@@ -383,6 +389,7 @@ def main(argv):
         "log_dir": str(log_dir),
         "config": {"rounds": a.rounds, "requests": a.requests, "rate": a.rate, "modes": a.modes,
                    "strategies": strategies, "variants": a.variants, "max_tokens": a.max_tokens,
+                   "batch_threads": a.batch_threads,
                    "busy_words": a.busy_words, "busy_max_tokens": a.busy_max_tokens,
                    "request_timeout_s": a.request_timeout, "seed": a.seed},
         "runs": [],
