@@ -238,6 +238,66 @@ def test_a_reset_mid_stream_raises_api_error_not_a_connection_error():
     assert err.value.body["code"] == "upstream_error_transport"
 
 
+# ---- issue 30: no junk passed on, no empty answer to a stream ---------------------------------
+
+
+def test_junk_before_the_primarys_tokens_yields_the_backups_text_with_no_exception():
+    # The primary sends `data: this is not json at all` and `data: {{{{` before its tokens:
+    # the hedge fails it over at once, and the SDK reads the backup's clean stream.
+    want, _, _ = stream_text(UPSTREAM, {"x-mock-script": SCRIPT})
+    got, finish, headers = stream_text(
+        GATEWAY, {"x-mock-script": SCRIPT, "x-mock-script-0": SCRIPT + ",junk_before=2"}
+    )
+    assert got == want
+    assert finish == ["stop"]
+    assert headers["x-tailguard-hedge"] == "attempts=2; winner=1"
+
+
+def test_junk_on_every_attempt_is_an_api_error_not_a_json_decode_error():
+    with pytest.raises(openai.InternalServerError) as err:
+        read_stream({"x-mock-script": SCRIPT + ",junk_before=2"})
+    assert err.value.status_code == 502
+    assert err.value.body["code"] == "upstream_malformed"
+    assert "not a JSON object" in err.value.message
+
+
+def test_junk_after_the_first_token_raises_api_error_after_it():
+    text = []
+    stream = client(GATEWAY).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        stream=True,
+        extra_headers={"x-mock-script": SCRIPT + ",junk_after=1"},
+    )
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+    assert not isinstance(err.value, (openai.APIStatusError, openai.APIConnectionError))
+    assert err.value.body["code"] == "upstream_error_protocol"
+    want, _, _ = stream_text(UPSTREAM, {"x-mock-script": "ttft=10ms,tokens=1,gap=2ms"})
+    assert "".join(text) == want  # the first token, then the error
+
+
+def test_a_json_reply_to_a_stream_is_failed_over_or_a_502_never_an_empty_answer():
+    want, _, _ = stream_text(UPSTREAM, {"x-mock-script": SCRIPT})
+    got, finish, headers = stream_text(
+        GATEWAY, {"x-mock-script": SCRIPT, "x-mock-script-0": SCRIPT + ",json_reply=true"}
+    )
+    assert got == want
+    assert finish == ["stop"]
+    assert headers["x-tailguard-hedge"] == "attempts=2; winner=1"
+    with pytest.raises(openai.InternalServerError) as err:
+        read_stream({"x-mock-script": SCRIPT + ",json_reply=true"})
+    assert err.value.status_code == 502
+    assert err.value.body["code"] == "upstream_not_a_stream"
+    # Not asking to stream: the JSON answer as it is.
+    out = client(GATEWAY).chat.completions.create(
+        model=MODEL, messages=MESSAGES, extra_headers={"x-mock-script": SCRIPT + ",json_reply=true"}
+    )
+    assert out.choices[0].message.content == want
+
+
 def test_a_non_json_body_is_refused_with_415():
     res = httpx.post(
         f"{GATEWAY}/v1/chat/completions",

@@ -6,9 +6,13 @@ use std::sync::Arc;
 use crate::scan::{Captured, Event};
 
 mod json;
+mod junk;
+
+use junk::{junk, junk_by_syntax};
 
 /// What one event means for latency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Class {
     /// Carries output: text, reasoning, a tool-call delta, a refusal, a gRPC message.
     Token,
@@ -21,6 +25,14 @@ pub enum Class {
     Done,
     /// An in-band error event.
     Error,
+    /// Junk: an event its dialect cannot carry, a protocol error. For the OpenAI and Anthropic
+    /// presets, data that is not a JSON object (`data: this is not json`, `data: {{{{`, an
+    /// object cut short) and not `[DONE]`: a client SDK fails to decode it. Never a token: an
+    /// attempt that sends it before its first token failed, and a stream that sends it later
+    /// is ended with an in-band error (by [`SseIdleTimeout`]) instead of passing it on.
+    ///
+    /// [`SseIdleTimeout`]: https://docs.rs/tailguard-timeout
+    Malformed,
 }
 
 /// Decides the [`Class`] of each event.
@@ -28,7 +40,8 @@ pub enum Class {
 /// `first_token_seen` is true once the stream has produced a token. The presets parse JSON only
 /// while it is false and decide from syntax alone afterwards; a classifier of your own should do
 /// the same: after the first token it sees only
-/// [`capture_after_first_token`](Classify::capture_after_first_token) bytes of each event.
+/// [`capture_after_first_token`](Classify::capture_after_first_token) bytes of each event (and
+/// [`Captured::last`], the last byte of the data that is not whitespace).
 ///
 /// Any `Fn(&Event<'_>, bool) -> Class + Send + Sync` closure is a classifier.
 pub trait Classify: Send + Sync + 'static {
@@ -221,15 +234,20 @@ impl Dialect {
 /// Before the first token the event's JSON is parsed: a token is a choice with non-empty
 /// `delta.content`, `text`, `delta.reasoning_content` / `delta.reasoning`, `delta.tool_calls`,
 /// `delta.refusal` (or a legacy `delta.function_call`); a role-only delta, a usage-only chunk
-/// (`choices: []`) and a finish chunk with an empty delta are meta; JSON that does not parse is
-/// meta (undecidable, never a crash). After the first token only the syntax is looked at:
-/// `[DONE]` is done, data starting with `{"error"` is an error, any other data is a token.
+/// (`choices: []`) and a finish chunk with an empty delta are meta; data that is not a JSON
+/// object (it does not parse, is not UTF-8, is cut short, or is another JSON value) is
+/// [`Class::Malformed`]. After the first token only the syntax is looked at: `[DONE]` is done,
+/// data starting with `{"error"` is an error, data that begins as an object does (`{`, optional
+/// whitespace, `"` or `}`) and ends with `}` is a token, any other data is malformed. That
+/// check costs a few bytes per event, no copy and no parse: it catches text, braces that open
+/// no member, other JSON values, empty data and an object cut short, and lets an object broken
+/// only in its middle through.
 /// `data: [DONE]` is done, a JSON `error` member or `event: error` is an error, comments are
 /// keepalives. The Responses API's named events (`/v1/responses` with `stream: true`) are
 /// decided from their name: `response.*.delta` is a token (`response.output_text.delta`,
 /// `response.function_call_arguments.delta`, ...), `response.completed` and
 /// `response.incomplete` are done, `response.failed` is an error, other `response.*` events are
-/// meta.
+/// meta; any of them but an error whose data is not an object is malformed.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenAiClassifier;
 
@@ -238,7 +256,9 @@ pub struct OpenAiClassifier;
 /// `content_block_delta` is a token, `ping` a keepalive, `message_start`,
 /// `content_block_start`, `content_block_stop` and `message_delta` meta, `message_stop` done and
 /// `error` an error. An event without a name is looked up by its JSON `type` before the first
-/// token; other unknown events are meta.
+/// token; other unknown events are meta. Any event but `ping` and `error` whose data is not a
+/// JSON object is [`Class::Malformed`]: checked by a parse before the first token and by its
+/// first and last bytes after it, as under [`OpenAiClassifier`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AnthropicClassifier;
 
@@ -292,7 +312,7 @@ impl Classify for LlmSseClassifier {
         match event {
             Event::Sse { name, data } if name.is_empty() => openai(name, data, first_token_seen),
             Event::Sse { name, data } => match anthropic_event(name) {
-                Some(class) => class,
+                Some(class) => anthropic_named(class, data, first_token_seen),
                 None => openai(name, data, first_token_seen),
             },
             other => fallback(other, first_token_seen),
@@ -385,33 +405,61 @@ fn openai(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class {
     if name == b"error" {
         Class::Error
     } else if let Some(class) = responses_event(name) {
-        class
+        match class {
+            Class::Error => class,
+            _ if junk(data, first_token_seen) => Class::Malformed,
+            _ => class,
+        }
     } else if is_done(data.bytes) {
         Class::Done
     } else if first_token_seen || !data.is_complete() {
         // From the syntax alone.
         if starts_with_error(data.bytes) {
             Class::Error
+        } else if junk_by_syntax(data) {
+            Class::Malformed
         } else {
             Class::Token
         }
     } else {
-        // Malformed or cut short: undecidable, so not a token. Not an object: nothing to say.
-        json::openai(data.bytes).unwrap_or(Class::Meta)
+        // A whole event before the first token: its JSON decides; data that is no object (or
+        // not JSON at all) is junk.
+        json::openai(data.bytes).unwrap_or_else(|| {
+            if json::is_object(data.bytes) {
+                // An object the chunk type refuses (a member given twice): nothing to say.
+                Class::Meta
+            } else {
+                Class::Malformed
+            }
+        })
     }
 }
 
 fn anthropic(name: &[u8], data: &Captured<'_>, first_token_seen: bool) -> Class {
     if let Some(class) = anthropic_event(name) {
-        return class;
+        return anthropic_named(class, data, first_token_seen);
+    }
+    if junk(data, first_token_seen) {
+        return Class::Malformed;
     }
     if name.is_empty() && !first_token_seen && data.is_complete() {
-        // Malformed, not an object, no `type` or an unknown one: meta, as an unknown event.
+        // No `type` or an unknown one: meta, as an unknown event.
         if let Some(class) = json::anthropic_type(data.bytes) {
             return class;
         }
     }
     Class::Meta
+}
+
+/// An event with one of Anthropic's names, of `class`: malformed when its data is junk, except
+/// a keepalive (whose data no client reads) and an error (the upstream's own words, whatever
+/// their shape).
+fn anthropic_named(class: Class, data: &Captured<'_>, first_token_seen: bool) -> Class {
+    match class {
+        Class::Keepalive | Class::Error => class,
+        _ if junk(data, first_token_seen) => Class::Malformed,
+        _ => class,
+    }
 }
 
 fn ndjson(data: &Captured<'_>, first_token_seen: bool) -> Class {
@@ -436,19 +484,13 @@ mod tests {
     fn sse<'a>(name: &'a [u8], data: &'a [u8]) -> Event<'a> {
         Event::Sse {
             name,
-            data: Captured {
-                bytes: data,
-                len: data.len(),
-            },
+            data: Captured::whole(data),
         }
     }
 
     fn line(data: &[u8]) -> Event<'_> {
         Event::Line {
-            data: Captured {
-                bytes: data,
-                len: data.len(),
-            },
+            data: Captured::whole(data),
         }
     }
 
@@ -463,10 +505,10 @@ mod tests {
             return Class::Done;
         }
         let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
-            return Class::Meta;
+            return Class::Malformed;
         };
         let Some(object) = value.as_object() else {
-            return Class::Meta;
+            return Class::Malformed;
         };
         if object.get("error").is_some_and(|e| !e.is_null()) {
             return Class::Error;
@@ -508,9 +550,20 @@ mod tests {
 
     /// The oracle for an unnamed Anthropic event before the first token: its JSON `type`.
     fn anthropic_oracle(bytes: &[u8]) -> Class {
-        serde_json::from_slice::<serde_json::Value>(bytes)
+        let Some(value) = serde_json::from_slice::<serde_json::Value>(bytes)
             .ok()
-            .and_then(|value| anthropic_event(value.get("type")?.as_str()?.as_bytes()))
+            .filter(serde_json::Value::is_object)
+        else {
+            return if bytes.trim_ascii_start().starts_with(b"[DONE]") {
+                Class::Meta
+            } else {
+                Class::Malformed
+            };
+        };
+        value
+            .get("type")
+            .and_then(|t| t.as_str())
+            .and_then(|t| anthropic_event(t.as_bytes()))
             .unwrap_or(Class::Meta)
     }
 
@@ -818,24 +871,26 @@ mod tests {
             (r#"{"\u0063hoices":[{"text":"\u0041"}]}"#, Class::Token),
             (r#"{"\u0065rror":"x"}"#, Class::Error),
             // Not an object, malformed, trailing bytes, bad escapes.
-            (r#"[{"choices":[{"text":"a"}]}]"#, Class::Meta),
-            (r#""x""#, Class::Meta),
-            (r#"{"choices":[{"text":"a"}]} x"#, Class::Meta),
+            (r#"[{"choices":[{"text":"a"}]}]"#, Class::Malformed),
+            (r#""x""#, Class::Malformed),
+            (r#"{"choices":[{"text":"a"}]} x"#, Class::Malformed),
             (r#"{"choices":[{"text":"a"}]}  "#, Class::Token),
-            (r#"{"choices":[{"text":"a"}],}"#, Class::Meta),
-            (r#"{"choices":[{"text":"\q"}]}"#, Class::Meta),
+            (r#"{"choices":[{"text":"a"}],}"#, Class::Malformed),
+            (r#"{"choices":[{"text":"\q"}]}"#, Class::Malformed),
             (r#"{"x":-0.5e-3,"choices":[{"text":"a"}]}"#, Class::Token),
-            (r#"{"choices":[{"text":"a"}]"#, Class::Meta),
-            ("", Class::Meta),
-            (deep.as_str(), Class::Meta),
+            (r#"{"choices":[{"text":"a"}]"#, Class::Malformed),
+            ("", Class::Malformed),
             (deep_ok.as_str(), Class::Meta),
         ] {
             assert_eq!(same_as_value(data.as_bytes()), want, "{data}");
         }
+        // Deeper than serde_json's `Value` goes (so no oracle): an object all the same (a
+        // client's parser takes it), with nothing to say.
+        assert_eq!(openai(&deep, false), Class::Meta);
         // Invalid UTF-8 in a string nobody reads is still malformed.
         assert_eq!(
             same_as_value(b"{\"x\":\"\xff\",\"choices\":[{\"text\":\"a\"}]}"),
-            Class::Meta
+            Class::Malformed
         );
     }
 
@@ -992,7 +1047,10 @@ mod tests {
                 r#"{"choices":[{"delta":{"role":"assistant"},"logprobs":{"content":[{"token":"a","logprob":-0.0123,"bytes":[97],"top_logprobs":[]}]}}],"x":12345678901234567890123,"y":1.5e300}"#,
                 Class::Meta,
             ),
-            (r#"{"id":"chatcmpl-1","choices":[{"delta""#, Class::Meta),
+            (
+                r#"{"id":"chatcmpl-1","choices":[{"delta""#,
+                Class::Malformed,
+            ),
         ];
         for (data, want) in openai {
             assert_eq!(same_as_value(data.as_bytes()), want, "{data}");
@@ -1102,13 +1160,19 @@ mod tests {
             r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
             r#"{"choices":[{"text":"","finish_reason":"length"}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#,
-            r#"{"id":"x","object":"chat.completion.chunk","#,
-            r#"not json"#,
-            r#"[1,2]"#,
-            r#""#,
             r#"{"error":null,"choices":[]}"#,
         ] {
             assert_eq!(openai(data, false), Class::Meta, "{data}");
+        }
+        // Junk: an object cut short, text, another JSON value, nothing.
+        for data in [
+            r#"{"id":"x","object":"chat.completion.chunk","#,
+            r#"not json"#,
+            r#"{{{{"#,
+            r#"[1,2]"#,
+            r#""#,
+        ] {
+            assert_eq!(openai(data, false), Class::Malformed, "{data}");
         }
     }
 
@@ -1139,6 +1203,7 @@ mod tests {
             data: Captured {
                 bytes: br#"{"id":"chatcmpl-"#,
                 len: 300,
+                last: Some(b'}'),
             },
         };
         assert_eq!(OpenAiClassifier.classify(&prefix, true), Class::Token);
@@ -1146,13 +1211,155 @@ mod tests {
         assert_eq!(OpenAiClassifier.classify(&prefix, false), Class::Token);
     }
 
+    /// Data captured as the tracker does after the first token: a 16-byte prefix, the full
+    /// length, the last byte.
+    fn after_token(data: &[u8]) -> Event<'_> {
+        Event::Sse {
+            name: b"",
+            data: Captured::whole(data).limited(16),
+        }
+    }
+
+    #[test]
+    fn junk_is_malformed_before_and_after_the_first_token() {
+        let cut_short = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o","#;
+        for data in [
+            "this is not json at all",
+            "{{{{",
+            "{",
+            "",
+            "   ",
+            "[1,2]",
+            "\"text\"",
+            "42",
+            cut_short,
+            r#"{"choices":[{"delta":{"content":"x"}}]} trailing"#,
+        ] {
+            let bytes = data.as_bytes();
+            for classifier in [&OpenAiClassifier as &dyn Classify, &LlmSseClassifier] {
+                assert_eq!(
+                    classifier.classify(&sse(b"", bytes), false),
+                    Class::Malformed,
+                    "{data:?}"
+                );
+                assert_eq!(
+                    classifier.classify(&after_token(bytes), true),
+                    Class::Malformed,
+                    "{data:?}"
+                );
+            }
+            // Anthropic: unnamed events, and every named one but `ping` and `error`.
+            assert_eq!(
+                AnthropicClassifier.classify(&sse(b"", bytes), false),
+                Class::Malformed,
+                "{data:?}"
+            );
+            for name in [
+                &b"content_block_delta"[..],
+                b"message_start",
+                b"message_stop",
+                b"something_new",
+            ] {
+                for first in [false, true] {
+                    let event = Event::Sse {
+                        name,
+                        data: Captured::whole(bytes).limited(if first { 16 } else { usize::MAX }),
+                    };
+                    assert_eq!(
+                        AnthropicClassifier.classify(&event, first),
+                        Class::Malformed,
+                        "{data:?}"
+                    );
+                    if name != b"something_new" {
+                        assert_eq!(
+                            LlmSseClassifier.classify(&event, first),
+                            Class::Malformed,
+                            "{data:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // Not junk: `[DONE]`, pings and errors whatever their data, the upstream's own error
+        // object, a chunk seen by its prefix and last byte, whitespace around an object.
+        let chunk = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"delta":{"content":"x"}}]}"#;
+        assert_eq!(
+            OpenAiClassifier.classify(&after_token(chunk.as_bytes()), true),
+            Class::Token
+        );
+        assert_eq!(
+            OpenAiClassifier.classify(&after_token(b" { \"a\":1 } "), true),
+            Class::Token
+        );
+        assert_eq!(
+            OpenAiClassifier.classify(&after_token(b"{}"), true),
+            Class::Token
+        );
+        assert_eq!(
+            OpenAiClassifier.classify(&after_token(b"[DONE]"), true),
+            Class::Done
+        );
+        assert_eq!(
+            OpenAiClassifier.classify(&after_token(br#"{"error":{"message":"x"}}"#), true),
+            Class::Error
+        );
+        assert_eq!(
+            OpenAiClassifier.classify(&sse(b"error", b"overloaded"), true),
+            Class::Error
+        );
+        assert_eq!(
+            AnthropicClassifier.classify(&sse(b"ping", b""), true),
+            Class::Keepalive
+        );
+        assert_eq!(
+            AnthropicClassifier.classify(&sse(b"error", b"overloaded"), false),
+            Class::Error
+        );
+        assert_eq!(
+            AnthropicClassifier.classify(&sse(b"", b"[DONE]"), false),
+            Class::Meta
+        );
+        // The Responses API's events: junk but for `response.failed`.
+        assert_eq!(
+            OpenAiClassifier.classify(&sse(b"response.output_text.delta", b"{{"), true),
+            Class::Malformed
+        );
+        assert_eq!(
+            OpenAiClassifier.classify(&sse(b"response.failed", b"{{"), true),
+            Class::Error
+        );
+        // An object broken only in its middle passes the cheap check after the first token
+        // (the parse before it catches it).
+        let middle = br#"{"choices":[{"delta":{"content":"x"}}],,"x":1}"#;
+        assert_eq!(
+            OpenAiClassifier.classify(&after_token(middle), true),
+            Class::Token
+        );
+        assert_eq!(
+            OpenAiClassifier.classify(&sse(b"", middle), false),
+            Class::Malformed
+        );
+        // A prefix of whitespace only says nothing.
+        let spaces = format!("{}{{\"a\":1}}", " ".repeat(20));
+        assert_eq!(
+            OpenAiClassifier.classify(&after_token(spaces.as_bytes()), true),
+            Class::Token
+        );
+        // Other presets carry anything.
+        assert_eq!(
+            AnySseClassifier.classify(&sse(b"", b"{{{{"), false),
+            Class::Token
+        );
+        assert_eq!(
+            NdjsonClassifier.classify(&line(b"{{{{"), false),
+            Class::Token
+        );
+    }
+
     #[test]
     fn comments_are_keepalives_everywhere() {
         let comment = Event::Comment {
-            text: Captured {
-                bytes: b" keepalive",
-                len: 10,
-            },
+            text: Captured::whole(b" keepalive"),
         };
         let presets: [&dyn Classify; 7] = [
             &OpenAiClassifier,
@@ -1195,7 +1402,7 @@ mod tests {
         assert_eq!(AnthropicClassifier.classify(&unnamed, false), Class::Token);
         assert_eq!(
             AnthropicClassifier.classify(&sse(b"", b"{broken"), false),
-            Class::Meta
+            Class::Malformed
         );
         assert_eq!(
             AnthropicClassifier.classify(&sse(b"something_new", b"{}"), false),
@@ -1228,7 +1435,7 @@ mod tests {
         );
         let msg = Event::Grpc {
             compressed: false,
-            data: Captured { bytes: b"", len: 0 },
+            data: Captured::whole(b""),
         };
         assert_eq!(GrpcClassifier.classify(&msg, false), Class::Token);
     }
@@ -1236,10 +1443,7 @@ mod tests {
     #[test]
     fn ndjson_lines() {
         let line = |s: &'static str| Event::Line {
-            data: Captured {
-                bytes: s.as_bytes(),
-                len: s.len(),
-            },
+            data: Captured::whole(s.as_bytes()),
         };
         let c = NdjsonClassifier;
         assert_eq!(

@@ -35,6 +35,11 @@ pub struct Observation {
     pub done: bool,
     /// The frame completed an in-band error event.
     pub error: bool,
+    /// The frame completed a [`Class::Malformed`] event: junk the dialect cannot carry (for the
+    /// OpenAI and Anthropic dialects, data that is not a JSON object), a protocol error. It
+    /// counts as an event, never as a token; a layer that sees it ends the stream (or, before
+    /// the first token, fails the attempt) instead of passing the junk on.
+    pub malformed: bool,
     /// This frame carried the stream's first token.
     pub first_token: bool,
     /// The scanner met an item over its cap; the tracker scans nothing more after this.
@@ -353,6 +358,7 @@ impl State {
             Class::Keepalive => obs.keepalives += 1,
             Class::Done => obs.done = true,
             Class::Error => obs.error = true,
+            Class::Malformed => obs.malformed = true,
         }
     }
 }
@@ -489,6 +495,24 @@ mod tests {
             t.observe(&b(long_token));
         }
         assert_eq!(*asked.lock().unwrap(), 3);
+    }
+
+    #[test]
+    fn junk_is_reported_before_and_after_the_first_token() {
+        let mut t = StreamTracker::new(&Dialect::Auto, &headers("text/event-stream"));
+        let obs = t.observe(&b("data: this is not json at all\n\ndata: {{{{\n\n"));
+        assert!(obs.malformed && !obs.first_token);
+        assert_eq!((obs.events, obs.tokens, obs.meta), (2, 0, 0));
+        let obs = t.observe(&b(TOKEN));
+        assert!(obs.first_token && !obs.malformed);
+        // After it, an event cut short, split across frames (only its prefix is captured).
+        let cut = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"";
+        assert!(!t.observe(&b(cut)).malformed);
+        let obs = t.observe(&b("\n\n"));
+        assert!(obs.malformed && obs.tokens == 0);
+        let obs = t.observe(&b(TOKEN));
+        assert!(!obs.malformed && obs.tokens == 1);
+        assert_eq!((t.events(), t.tokens()), (5, 2));
     }
 
     #[test]

@@ -14,6 +14,8 @@ struct Summary {
     keepalives: u64,
     done: bool,
     error: bool,
+    /// Junk events (data that is not a JSON object).
+    malformed: u64,
     /// Index (in events) of the first token.
     first_token_at: Option<u64>,
     wire: Wire,
@@ -34,6 +36,7 @@ fn run(content_type: &str, frames: &[&[u8]], usage: bool) -> Summary {
         keepalives: 0,
         done: false,
         error: false,
+        malformed: 0,
         first_token_at: None,
         wire: Wire::Opaque,
         pending_at_end: 0,
@@ -51,6 +54,7 @@ fn run(content_type: &str, frames: &[&[u8]], usage: bool) -> Summary {
         s.keepalives += u64::from(obs.keepalives);
         s.done |= obs.done;
         s.error |= obs.error;
+        s.malformed += u64::from(obs.malformed);
     };
     for frame in frames {
         let obs = tracker.observe(&Bytes::copy_from_slice(frame));
@@ -85,6 +89,9 @@ fn all_splits(name: &str, content_type: &str, usage: bool) -> Summary {
         whole,
         "{name} byte by byte"
     );
+    if !name.contains("malformed") {
+        assert_eq!(whole.malformed, 0, "{name}: a real stream carries no junk");
+    }
     whole
 }
 
@@ -197,10 +204,16 @@ fn llmock_anthropic_ping_is_keepalive() {
 }
 
 #[test]
-fn llmock_malformed_event_does_not_crash() {
-    let s = all_splits("llmock-openai-chat-stream-malformed.sse", SSE, true);
-    assert!(s.done && !s.error);
-    assert!(s.tokens > 0);
+fn llmock_malformed_event_after_the_first_token_is_junk() {
+    // The event cut short after the first token (its captured prefix looks like any chunk's)
+    // is told by its last byte, in every split and in both capture modes.
+    for usage in [false, true] {
+        let s = all_splits("llmock-openai-chat-stream-malformed.sse", SSE, usage);
+        assert!(s.done && !s.error);
+        assert_eq!(s.malformed, 1);
+        assert!(s.tokens > 0);
+        assert_eq!(s.events, s.tokens + s.meta + s.malformed + 1);
+    }
 }
 
 #[test]
@@ -210,9 +223,9 @@ fn llmock_truncated_stream_has_no_done() {
     assert!(s.tokens > 0);
 }
 
-/// The malformed event, as the first event of a stream, is undecidable: meta, not a token.
+/// The malformed event, as the first event of a stream, is junk: never a token.
 #[test]
-fn malformed_first_event_is_meta() {
+fn malformed_first_event_is_junk() {
     let bytes = fixture("llmock-openai-chat-stream-malformed.sse");
     let text = std::str::from_utf8(bytes).unwrap();
     let bad = text
@@ -221,7 +234,8 @@ fn malformed_first_event_is_meta() {
         .expect("a malformed event");
     let mut tracker = StreamTracker::new(&Dialect::Auto, &content_type(SSE));
     let obs = tracker.observe(&Bytes::from(format!("{bad}\n\n")));
-    assert_eq!((obs.events, obs.meta, obs.tokens), (1, 1, 0));
+    assert_eq!((obs.events, obs.meta, obs.tokens), (1, 0, 0));
+    assert!(obs.malformed);
     assert!(!tracker.first_token_seen());
 }
 

@@ -54,27 +54,18 @@ where
     (answer, reason)
 }
 
-/// What an attempt that failed with `kind` before its first token did, for messages.
-fn what(kind: UpstreamFailure) -> &'static str {
-    match kind {
-        UpstreamFailure::Truncated => "its stream ended before its first token",
-        UpstreamFailure::Protocol => "its stream completed without a token",
-        UpstreamFailure::InBand => "it sent an in-band error",
-        _ => "its stream broke before its first token",
-    }
-}
-
 /// The [`UpstreamError`] of
 /// error mode ([`with_error_mode`](crate::FirstTokenHedgeLayer::with_error_mode)): the kind
 /// of the most informative failure, with what it was.
 fn as_error<RB: Body, E: Into<BoxError>>(failure: Failure<RB, E>, attempts: u8) -> BoxError {
-    let kind = failure.fault().kind;
+    let fault = failure.fault();
+    let kind = fault.kind;
     let best = match failure {
         Failure::Service(e) => format!("the last error: {}", e.into()),
         Failure::Response { stream, .. } if matches!(kind, UpstreamFailure::Status(_)) => {
             format!("the best answer was {}", stream.status())
         }
-        Failure::Response { .. } => format!("in the best, {}", what(kind)),
+        Failure::Response { .. } => format!("in the best, {}", fault.what),
     };
     let message = format!("{attempts} attempts failed before a first token; {best}");
     Box::new(UpstreamError::new(kind, message))
@@ -145,7 +136,7 @@ where
     let (info, reason) = match timeout {
         Some(t) => (t.error_info(), t.phase().end_reason()),
         None => (
-            bad_gateway(fault.kind, attempts),
+            bad_gateway(fault, attempts),
             EndReason::UpstreamError(fault.kind),
         ),
     };
@@ -157,17 +148,18 @@ fn timeout_in<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a TimeoutError> {
     std::iter::successors(Some(e), |&e| e.source()).find_map(|e| e.downcast_ref::<TimeoutError>())
 }
 
-/// The `502` of a `2xx` stream that failed with `kind` before its first token.
-fn bad_gateway(kind: UpstreamFailure, attempts: u8) -> ErrorInfo {
-    let code = match kind {
-        UpstreamFailure::Truncated => "upstream_truncated",
-        UpstreamFailure::Protocol => "upstream_no_token",
-        _ => "upstream_stream_broken",
-    };
+/// The `502` of a `2xx` answer that failed with `fault` before its first token: a stream that
+/// broke, ended short, completed without a token or sent junk, or an answer that is no stream.
+fn bad_gateway(fault: Fault, attempts: u8) -> ErrorInfo {
     let message = format!(
         "every upstream attempt failed before a first token ({attempts} sent); in the best, {}",
-        what(kind)
+        fault.what
     );
-    ErrorInfo::new(StatusCode::BAD_GATEWAY, message, "upstream_error", code)
-        .with_grpc(GrpcCode::Unavailable)
+    ErrorInfo::new(
+        StatusCode::BAD_GATEWAY,
+        message,
+        "upstream_error",
+        fault.code,
+    )
+    .with_grpc(GrpcCode::Unavailable)
 }

@@ -61,6 +61,9 @@ pub(crate) struct InFlight<F, RB: Body> {
     pub(crate) sent_at: Instant,
     /// This attempt's own end report, when the request carries one.
     pub(crate) report: Option<EndReport>,
+    /// The request asked to stream (its [`RequestFacts`](tailguard_core::RequestFacts) say
+    /// `stream: true`): an answer that is not a stream fails the attempt.
+    stream_asked: bool,
     state: State<F, RB>,
 }
 
@@ -69,11 +72,18 @@ where
     F: Future<Output = Result<Response<RB>, E>>,
     RB: Body,
 {
-    pub(crate) fn new(index: u8, sent_at: Instant, report: Option<EndReport>, fut: F) -> Self {
+    pub(crate) fn new(
+        index: u8,
+        sent_at: Instant,
+        report: Option<EndReport>,
+        stream_asked: bool,
+        fut: F,
+    ) -> Self {
         InFlight {
             index,
             sent_at,
             report,
+            stream_asked,
             state: State::Head(Box::pin(fut)),
         }
     }
@@ -91,7 +101,7 @@ where
                 Poll::Ready(Ok(res)) => res,
             };
             let (head, body) = res.into_parts();
-            let verdict = verdict::of_head(cfg, head.status, &head.headers);
+            let verdict = verdict::of_head(cfg, head.status, &head.headers, self.stream_asked);
             // Only a body read on for its first token needs a tracker.
             let tracker = (verdict == Verdict::ReadOn)
                 .then(|| StreamTracker::new(&cfg.dialect, &head.headers));

@@ -172,7 +172,9 @@ where
         deadline::propagate(&mut req, now);
         let fut = self.service.call(req);
         self.ready = false;
-        self.attempts.push(InFlight::new(index, now, report, fut));
+        let stream = self.head.asks_to_stream();
+        self.attempts
+            .push(InFlight::new(index, now, report, stream, fut));
         self.sent += 1;
         if index > 0 {
             metrics::counter!("tailguard_hedge_sent_total", "trigger" => trigger.as_str())

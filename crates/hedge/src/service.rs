@@ -27,6 +27,18 @@ use crate::state::HedgeState;
 /// continues live, and every other attempt is dropped at once (which cancels its upstream
 /// request). An attempt that fails before its first token makes the next one go out at once.
 ///
+/// Before its first token an attempt fails when its response is a retryable status, breaks,
+/// ends, completes without a token, carries an in-band error, or sends junk its dialect cannot
+/// carry (see [`Class::Malformed`](tailguard_core::Class::Malformed): for OpenAI and Anthropic
+/// SSE, data that is not a JSON object; junk in the frame of the first token counts too, as
+/// nothing of the attempt reached the client yet); and, for a request whose
+/// [`RequestFacts`](tailguard_core::RequestFacts) say `stream: true`, when a `2xx` answer's
+/// `content-type` names no stream (a whole JSON completion or error document from a server
+/// that ignored `stream`: the client's stream would read nothing). Once committed, the
+/// winner's frames pass on as they come: ending a stream for junk after its first token is
+/// [`SseIdleTimeout`](https://docs.rs/tailguard-timeout)'s work (it reads every frame anyway),
+/// not a second reader's here.
+///
 /// **The response future resolves, and the client gets response headers, only when a winner is
 /// committed (its first token arrived) or every attempt has failed.** Headers that arrive
 /// early from an upstream are held until then.
@@ -56,8 +68,9 @@ use crate::state::HedgeState;
 /// 1. a stream that carried a complete in-band error event (or a retryable gRPC status): the
 ///    upstream's own words, in its own dialect, replayed as they were sent;
 /// 2. a retryable error status (429, 5xx) with its headers (`Retry-After`) and body, replayed;
-/// 3. a `2xx` stream that broke, ended (half an event, junk) or completed before its first
-///    token: not an answer, so never replayed. The client gets a `502` rendered by core (an
+/// 3. a `2xx` stream that broke, ended (half an event), completed or sent junk before its
+///    first token, or a `2xx` answer that is no stream to a streaming request: not an answer,
+///    so never replayed. The client gets a `502` rendered by core (an
 ///    OpenAI JSON error body, `type: "upstream_error"`; for a gRPC request a trailers-only
 ///    response with `grpc-status: 14`), or a `504` (`grpc-status: 4`) when that stream's body
 ///    error was an inner layer's [`TimeoutError`](tailguard_core::TimeoutError);
@@ -73,8 +86,9 @@ use crate::state::HedgeState;
 /// (first writer wins): for 1, 2 and 4 an inner layer's own reason for that attempt if it
 /// reported one, else `EndReason::UpstreamError` of the failure's kind; for 3 the reason of
 /// the rendered answer, `UpstreamError` of `Transport` (it broke), `Truncated` (it ended
-/// short of its terminal event) or `Protocol` (it completed with no token), or the timeout's
-/// phase for a `504`. The response's status is the one the client gets.
+/// short of its terminal event) or `Protocol` (it completed with no token, code
+/// `upstream_no_token`; it sent junk, `upstream_malformed`; it was no stream,
+/// `upstream_not_a_stream`), or the timeout's phase for a `504`. The response's status is the one the client gets.
 ///
 /// # Bounds
 ///

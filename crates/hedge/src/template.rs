@@ -2,6 +2,7 @@
 
 use http::Request;
 use http::request::Parts;
+use tailguard_core::RequestFacts;
 
 /// The client's request head, copied for each attempt (`http::request::Parts` cannot be
 /// cloned).
@@ -27,6 +28,15 @@ impl Template {
     /// Whether the request is a gRPC call (`content-type: application/grpc*`).
     pub(crate) fn is_grpc(&self) -> bool {
         tailguard_core::headers::is_grpc(&self.0.headers)
+    }
+
+    /// Whether the request asked to stream: its [`RequestFacts`] say `stream: true` (an answer
+    /// that is not a stream then fails an attempt).
+    pub(crate) fn asks_to_stream(&self) -> bool {
+        self.0
+            .extensions
+            .get::<RequestFacts>()
+            .is_some_and(|f| f.stream == Some(true))
     }
 }
 

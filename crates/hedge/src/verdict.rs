@@ -1,9 +1,10 @@
 //! What an attempt's response says before its first token: plain decisions on its head, its
 //! frames and its end, with no polling and no state of their own.
 
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, StatusCode};
 use tailguard_core::headers::grpc_status;
-use tailguard_core::{GrpcCode, Observation, UpstreamFailure};
+use tailguard_core::{Dialect, GrpcCode, Observation, UpstreamFailure};
 
 use crate::config::Config;
 
@@ -27,28 +28,88 @@ pub(crate) enum Rank {
 pub(crate) struct Fault {
     pub(crate) kind: UpstreamFailure,
     pub(crate) rank: Rank,
+    /// What the attempt did, for messages ("its stream completed without a token").
+    pub(crate) what: &'static str,
+    /// The `code` of the rendered `502` (see [`Fault::replayed`]).
+    pub(crate) code: &'static str,
 }
 
 impl Fault {
     /// The inner service returned an error instead of a response.
-    pub(crate) const NO_RESPONSE: Fault = Fault::new(UpstreamFailure::Transport, Rank::NoResponse);
+    pub(crate) const NO_RESPONSE: Fault = Fault::new(
+        UpstreamFailure::Transport,
+        Rank::NoResponse,
+        "it got no response",
+        "upstream_stream_broken",
+    );
     /// The response body failed before its first token.
-    pub(crate) const BODY_ERROR: Fault = Fault::new(UpstreamFailure::Transport, Rank::NoToken);
+    pub(crate) const BODY_ERROR: Fault = Fault::new(
+        UpstreamFailure::Transport,
+        Rank::NoToken,
+        "its stream broke before its first token",
+        "upstream_stream_broken",
+    );
     /// The stream completed (its terminal event, or gRPC trailers with `OK`) without a token.
-    pub(crate) const NO_TOKEN: Fault = Fault::new(UpstreamFailure::Protocol, Rank::NoToken);
+    pub(crate) const NO_TOKEN: Fault = Fault::new(
+        UpstreamFailure::Protocol,
+        Rank::NoToken,
+        "its stream completed without a token",
+        "upstream_no_token",
+    );
+    /// The stream sent junk before its first token: an event its dialect cannot carry (for
+    /// OpenAI and Anthropic SSE, data that is not a JSON object), which a client cannot decode.
+    pub(crate) const MALFORMED: Fault = Fault::new(
+        UpstreamFailure::Protocol,
+        Rank::NoToken,
+        "its stream sent data that is not a JSON object before its first token",
+        "upstream_malformed",
+    );
+    /// A `2xx` answer that is not a stream (a whole JSON completion, an error document) to a
+    /// request that asked to stream: the client's stream would read nothing.
+    pub(crate) const NOT_A_STREAM: Fault = Fault::new(
+        UpstreamFailure::Protocol,
+        Rank::NoToken,
+        "it answered the streaming request with a reply that is not a stream",
+        "upstream_not_a_stream",
+    );
     /// The body ended before its first token and before its terminal event (half an event, a
     /// stream cut short).
-    pub(crate) const TRUNCATED: Fault = Fault::new(UpstreamFailure::Truncated, Rank::NoToken);
+    pub(crate) const TRUNCATED: Fault = Fault::new(
+        UpstreamFailure::Truncated,
+        Rank::NoToken,
+        "its stream ended before its first token",
+        "upstream_truncated",
+    );
     /// An in-band error event, or a retryable gRPC status.
-    pub(crate) const IN_BAND: Fault = Fault::new(UpstreamFailure::InBand, Rank::InBand);
+    pub(crate) const IN_BAND: Fault = Fault::new(
+        UpstreamFailure::InBand,
+        Rank::InBand,
+        "it sent an in-band error",
+        "upstream_error",
+    );
 
     /// A retryable HTTP status.
     pub(crate) fn status(status: StatusCode) -> Fault {
-        Fault::new(UpstreamFailure::Status(status), Rank::Status)
+        Fault::new(
+            UpstreamFailure::Status(status),
+            Rank::Status,
+            "it answered with an error status",
+            "upstream_error",
+        )
     }
 
-    const fn new(kind: UpstreamFailure, rank: Rank) -> Fault {
-        Fault { kind, rank }
+    const fn new(
+        kind: UpstreamFailure,
+        rank: Rank,
+        what: &'static str,
+        code: &'static str,
+    ) -> Fault {
+        Fault {
+            kind,
+            rank,
+            what,
+            code,
+        }
     }
 
     /// Whether this failure, of a later attempt, replaces `kept` as the one the client gets:
@@ -78,27 +139,43 @@ pub(crate) enum Verdict {
     Fail(Fault),
 }
 
-/// The response head. A retryable status fails the attempt; a gRPC error status (a
-/// trailers-only response) fails it when retryable and is returned as it is otherwise; any
-/// other status that is not a success is an answer about the request itself, returned as it
-/// is; a success is read on for its first token.
-pub(crate) fn of_head(cfg: &Config, status: StatusCode, headers: &HeaderMap) -> Verdict {
+/// The response head, for a request that asked to stream when `stream_asked`. A retryable
+/// status fails the attempt; a gRPC error status (a trailers-only response) fails it when
+/// retryable and is returned as it is otherwise; any other status that is not a success is an
+/// answer about the request itself, returned as it is; a success is read on for its first
+/// token, unless the request asked to stream and the answer says it is not a stream.
+pub(crate) fn of_head(
+    cfg: &Config,
+    status: StatusCode,
+    headers: &HeaderMap,
+    stream_asked: bool,
+) -> Verdict {
     if cfg.retryable.contains(&status) {
         return Verdict::Fail(Fault::status(status));
     }
     match grpc_status(headers) {
         Some(code) if code != 0 => of_grpc_error(cfg, code),
         _ if !status.is_success() => Verdict::Commit { token: false },
+        _ if stream_asked && not_a_stream(headers) => Verdict::Fail(Fault::NOT_A_STREAM),
         _ => Verdict::ReadOn,
     }
 }
 
+/// A `content-type` that names no stream (`application/json`, `text/plain`, ...; see
+/// [`Dialect::resolve_stream`]). A head without one says nothing, and is read on as before.
+fn not_a_stream(headers: &HeaderMap) -> bool {
+    headers.contains_key(CONTENT_TYPE) && Dialect::Auto.resolve_stream(headers).is_none()
+}
+
 /// A data frame the tracker observed, with `held` bytes read before the first token so far
-/// (this frame included). A terminal event before any token ends the attempt (it completed
-/// with no token). A stream that can no longer be judged (an event over the scanner's cap) or
-/// held (over the pre-token cap) fails open: it is committed to.
+/// (this frame included). Junk fails the attempt, even in the frame of its first token (none
+/// of it reached the client yet). A terminal event before any token ends the attempt (it
+/// completed with no token). A stream that can no longer be judged (an event over the
+/// scanner's cap) or held (over the pre-token cap) fails open: it is committed to.
 pub(crate) fn of_data(cfg: &Config, obs: &Observation, held: u64) -> Verdict {
-    if obs.first_token {
+    if obs.malformed {
+        Verdict::Fail(Fault::MALFORMED)
+    } else if obs.first_token {
         Verdict::Commit { token: true }
     } else if obs.error {
         Verdict::Fail(Fault::IN_BAND)
@@ -111,10 +188,13 @@ pub(crate) fn of_data(cfg: &Config, obs: &Observation, held: u64) -> Verdict {
     }
 }
 
-/// Trailers, which end the body: a token they carried wins; else a gRPC error status decides
+/// Trailers, which end the body: junk fails the attempt; a token they carried wins; else a gRPC error status decides
 /// as in a trailers-only head; else the stream completed (`grpc-status: 0`) or was cut short
 /// (no `grpc-status`) without a token.
 pub(crate) fn of_trailers(cfg: &Config, obs: &Observation, trailers: &HeaderMap) -> Verdict {
+    if obs.malformed {
+        return Verdict::Fail(Fault::MALFORMED);
+    }
     if obs.first_token {
         return Verdict::Commit { token: true };
     }
@@ -127,9 +207,12 @@ pub(crate) fn of_trailers(cfg: &Config, obs: &Observation, trailers: &HeaderMap)
 }
 
 /// The end of the body, with what the tracker's last flush observed (a last NDJSON line may
-/// have had no line end): with no token and no terminal event, the stream was cut short.
+/// have had no line end): junk fails the attempt; with no token and no terminal event, the
+/// stream was cut short.
 pub(crate) fn of_end(obs: &Observation) -> Verdict {
-    if obs.first_token {
+    if obs.malformed {
+        Verdict::Fail(Fault::MALFORMED)
+    } else if obs.first_token {
         Verdict::Commit { token: true }
     } else if obs.error {
         Verdict::Fail(Fault::IN_BAND)
@@ -176,30 +259,33 @@ mod tests {
     fn heads() {
         let cfg = Config::default();
         let none = HeaderMap::new();
-        assert_eq!(of_head(&cfg, StatusCode::OK, &none), Verdict::ReadOn);
+        assert_eq!(of_head(&cfg, StatusCode::OK, &none, false), Verdict::ReadOn);
         for s in [429, 500, 502, 503, 504] {
             let s = StatusCode::from_u16(s).unwrap();
-            assert_eq!(of_head(&cfg, s, &none), Verdict::Fail(Fault::status(s)));
+            assert_eq!(
+                of_head(&cfg, s, &none, false),
+                Verdict::Fail(Fault::status(s))
+            );
         }
         // Answers about the request itself.
         for s in [400, 401, 404, 501, 302] {
             let s = StatusCode::from_u16(s).unwrap();
-            assert_eq!(of_head(&cfg, s, &none), COMMIT);
+            assert_eq!(of_head(&cfg, s, &none, false), COMMIT);
         }
         // Trailers-only gRPC: UNAVAILABLE is retryable, INVALID_ARGUMENT an answer, OK and
         // garbage (UNKNOWN, an answer) as gRPC reads them.
         let ok = StatusCode::OK;
         assert_eq!(
-            of_head(&cfg, ok, &grpc("14")),
+            of_head(&cfg, ok, &grpc("14"), false),
             Verdict::Fail(Fault::IN_BAND)
         );
-        assert_eq!(of_head(&cfg, ok, &grpc("3")), COMMIT);
-        assert_eq!(of_head(&cfg, ok, &grpc("0")), Verdict::ReadOn);
-        assert_eq!(of_head(&cfg, ok, &grpc("x")), COMMIT);
+        assert_eq!(of_head(&cfg, ok, &grpc("3"), false), COMMIT);
+        assert_eq!(of_head(&cfg, ok, &grpc("0"), false), Verdict::ReadOn);
+        assert_eq!(of_head(&cfg, ok, &grpc("x"), false), COMMIT);
         // A retryable HTTP status decides before a gRPC status.
         let unavailable = StatusCode::SERVICE_UNAVAILABLE;
         assert_eq!(
-            of_head(&cfg, unavailable, &grpc("3")),
+            of_head(&cfg, unavailable, &grpc("3"), false),
             Verdict::Fail(Fault::status(unavailable))
         );
         // The configured lists, not the defaults.
@@ -210,12 +296,72 @@ mod tests {
         };
         let not_found = StatusCode::NOT_FOUND;
         assert_eq!(
-            of_head(&cfg, not_found, &none),
+            of_head(&cfg, not_found, &none, false),
             Verdict::Fail(Fault::status(not_found))
         );
-        assert_eq!(of_head(&cfg, unavailable, &none), COMMIT);
-        assert_eq!(of_head(&cfg, ok, &grpc("3")), Verdict::Fail(Fault::IN_BAND));
-        assert_eq!(of_head(&cfg, ok, &grpc("14")), COMMIT);
+        assert_eq!(of_head(&cfg, unavailable, &none, false), COMMIT);
+        assert_eq!(
+            of_head(&cfg, ok, &grpc("3"), false),
+            Verdict::Fail(Fault::IN_BAND)
+        );
+        assert_eq!(of_head(&cfg, ok, &grpc("14"), false), COMMIT);
+    }
+
+    #[test]
+    fn an_answer_that_is_no_stream_fails_a_request_that_asked_to_stream() {
+        let cfg = Config::default();
+        let ok = StatusCode::OK;
+        let ct = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, http::HeaderValue::from_static(v));
+            h
+        };
+        let not_a_stream = Verdict::Fail(Fault::NOT_A_STREAM);
+        for v in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "text/plain",
+        ] {
+            assert_eq!(of_head(&cfg, ok, &ct(v), true), not_a_stream, "{v}");
+            // A request that did not ask to stream (or said nothing) reads on as before.
+            assert_eq!(of_head(&cfg, ok, &ct(v), false), Verdict::ReadOn, "{v}");
+        }
+        for v in [
+            "text/event-stream",
+            "application/x-ndjson",
+            "application/grpc",
+        ] {
+            assert_eq!(of_head(&cfg, ok, &ct(v), true), Verdict::ReadOn, "{v}");
+        }
+        // No content-type says nothing; an error status is an answer (or retried) as before.
+        assert_eq!(of_head(&cfg, ok, &HeaderMap::new(), true), Verdict::ReadOn);
+        let json = ct("application/json");
+        assert_eq!(of_head(&cfg, StatusCode::BAD_REQUEST, &json, true), COMMIT);
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(
+            of_head(&cfg, unavailable, &json, true),
+            Verdict::Fail(Fault::status(unavailable))
+        );
+        assert!(!Fault::NOT_A_STREAM.replayed());
+        assert_eq!(Fault::NOT_A_STREAM.kind, UpstreamFailure::Protocol);
+    }
+
+    #[test]
+    fn junk_fails_the_attempt_even_with_its_first_token() {
+        let cfg = Config::default();
+        let mut junk = obs(false, false);
+        junk.malformed = true;
+        let fail = Verdict::Fail(Fault::MALFORMED);
+        assert_eq!(of_data(&cfg, &junk, 10), fail);
+        // Over the pre-token cap too: the junk is known.
+        assert_eq!(of_data(&cfg, &junk, u64::MAX), fail);
+        let mut with_token = obs(true, false);
+        with_token.malformed = true;
+        assert_eq!(of_data(&cfg, &with_token, 10), fail);
+        assert_eq!(of_end(&junk), fail);
+        assert_eq!(of_trailers(&cfg, &with_token, &grpc("0")), fail);
+        assert!(!Fault::MALFORMED.replayed());
+        assert_eq!(Fault::MALFORMED.kind, UpstreamFailure::Protocol);
     }
 
     #[test]
@@ -295,8 +441,15 @@ mod tests {
                 assert_eq!(a.replaces(*b), i >= j, "{a:?} over {b:?}");
             }
         }
-        for a in [Fault::NO_TOKEN, Fault::TRUNCATED, Fault::BODY_ERROR] {
-            for b in [Fault::NO_TOKEN, Fault::TRUNCATED, Fault::BODY_ERROR] {
+        let no_token = [
+            Fault::NO_TOKEN,
+            Fault::TRUNCATED,
+            Fault::BODY_ERROR,
+            Fault::MALFORMED,
+            Fault::NOT_A_STREAM,
+        ];
+        for a in no_token {
+            for b in no_token {
                 assert!(a.replaces(b), "{a:?} over {b:?}");
             }
         }

@@ -266,6 +266,92 @@ async fn stream_without_a_token_triggers_the_backup_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn junk_before_the_first_token_fails_over_at_once_and_never_reaches_the_client() {
+    // Issue 30.2: the junk, then real tokens. The client gets the backup's stream only.
+    let p = Plan::items(vec![
+        data(ROLE),
+        Step::Wait(ms(50)),
+        data("data: this is not json at all\n\n"),
+        data("data: {{{{\n\n"),
+        data(token("Hel")),
+        data(DONE),
+    ]);
+    failover_at(p, ms(50)).await;
+    // Junk in the frame of the first token: none of it reached the client yet.
+    let same_frame = format!("data: {{{{{{{{\n\n{}", token("Hel"));
+    let p = Plan::items(vec![
+        data(ROLE),
+        Step::Wait(ms(40)),
+        data(same_frame),
+        data(DONE),
+    ]);
+    failover_at(p, ms(40)).await;
+}
+
+/// A `200` whole JSON completion, as a server that ignores `stream: true` answers.
+fn json_reply() -> Plan {
+    Plan {
+        headers: vec![("content-type", "application/json".into())],
+        ..Plan::items(vec![data(
+            r#"{"object":"chat.completion","choices":[{"message":{"role":"assistant","content":"Hi"}}]}"#,
+        )])
+    }
+}
+
+fn streaming(mut req: Request<Full<Bytes>>, stream: bool) -> Request<Full<Bytes>> {
+    req.extensions_mut()
+        .insert(RequestFacts::new().with_stream(stream));
+    req
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_json_reply_to_a_request_that_asked_to_stream_fails_over_at_once() {
+    // Issue 30.3: the backup's stream wins, at once.
+    let up = Upstream::new(vec![json_reply().head_delay(ms(30)), Plan::sse(ms(10))]);
+    let start = Instant::now();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(streaming(chat_request(), true))
+        .await
+        .unwrap();
+    let seen = up.seen();
+    assert_eq!((seen.len(), seen[1].at - start), (2, ms(30)));
+    assert_eq!(outcome(&res).and_then(|o| o.winner), Some(1));
+    let (got, _, _) = frames(res.into_body()).await;
+    assert_eq!(concat(&got), Plan::sse(ms(10)).bytes());
+
+    // Every attempt answers so: a 502 that says why, and the reason in the report.
+    let up = Upstream::new(vec![json_reply()]);
+    let report = EndReport::new();
+    let req = streaming(chat_request_within(&report, None), true);
+    let res = layer().layer(up.clone()).oneshot(req).await.unwrap();
+    let (status, e) = openai_error(res).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::BAD_GATEWAY, Some("upstream_not_a_stream"))
+    );
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("not a stream"), "{message}");
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Protocol))
+    );
+    assert_eq!(up.seen().len(), 2);
+
+    // A request that did not say it streams gets the answer as it came.
+    let up = Upstream::new(vec![json_reply()]);
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let (got, _, _) = frames(res.into_body()).await;
+    assert_eq!(concat(&got), json_reply().bytes());
+    assert_eq!(up.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn other_statuses_are_returned_as_they_are() {
     let up = Upstream::new(vec![Plan::status(400), Plan::sse(ms(10))]);
     let res = layer()
@@ -449,15 +535,19 @@ async fn every_attempt_ending_before_a_token_with_junk_gets_a_502_not_a_200() {
     garbage_done.items.push(data(DONE));
     // A stream that ended without a token also takes the one further attempt such streams get
     // (an interrupting server's bare `[DONE]`).
+    // Issue 30: the junk itself now fails the attempt, at its frame (before the end, and
+    // without the further attempt of a stream that completed with no token).
+    let no_token = Plan::items(vec![data(ROLE), data(DONE)]);
     let cases = [
         (half, UpstreamFailure::Truncated, "upstream_truncated", 2),
-        (garbage, UpstreamFailure::Truncated, "upstream_truncated", 2),
+        (garbage, UpstreamFailure::Protocol, "upstream_malformed", 2),
         (
             garbage_done,
             UpstreamFailure::Protocol,
-            "upstream_no_token",
-            3,
+            "upstream_malformed",
+            2,
         ),
+        (no_token, UpstreamFailure::Protocol, "upstream_no_token", 3),
     ];
     for (plan, kind, code, attempts) in cases {
         let up = Upstream::new(vec![plan]);

@@ -1,5 +1,6 @@
-//! The bytes of the scripted stream faults, per dialect: garbage instead of a token, the start
-//! of an endless line, half an event, the terminal event of an interrupted stream.
+//! The bytes of the scripted stream faults, per dialect: garbage instead of a token, junk
+//! lines around the first token, the start of an endless line, half an event, the terminal
+//! event of an interrupted stream.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -33,6 +34,23 @@ impl Ctx {
         b.extend_from_slice(&payload);
         b.extend_from_slice(if self.api.is_ollama() { b"\n" } else { b"\n\n" });
         b.freeze()
+    }
+
+    /// Junk data line `k` of a stream (`None` for gRPC): `this is not json at all` and `{{{{`
+    /// in turn, as [`Script::junk_before`](crate::Script::junk_before) documents.
+    pub(crate) fn junk(&self, k: u32) -> Option<Bytes> {
+        if self.api == Api::Grpc {
+            return None;
+        }
+        let payload: &[u8] = if k.is_multiple_of(2) {
+            b"this is not json at all"
+        } else {
+            b"{{{{"
+        };
+        let mut b = BytesMut::from(self.line_start().as_ref());
+        b.extend_from_slice(payload);
+        b.extend_from_slice(if self.api.is_ollama() { b"\n" } else { b"\n\n" });
+        Some(b.freeze())
     }
 
     /// What starts a data line (gRPC: a message header announcing 4 GiB).

@@ -223,7 +223,8 @@ async fn generate(
         ttft,
         rng,
     };
-    if !params.stream {
+    // A scripted JSON reply answers a streamed request as a non-streamed one (gRPC has none).
+    if !params.stream || (job.script.json_reply && api != Api::Grpc) {
         return non_streamed(&inner, job, guard, abort).await;
     }
     let (body, head) = producer::spawn(inner, job, guard, abort);

@@ -114,8 +114,18 @@ impl Producer {
                 return Ok(());
             }
             if i < n {
+                // Junk before the first token; junk after it where the second would go (after
+                // its gap, so the first token is a frame of its own).
+                match i {
+                    0 => self.junk(self.job.script.junk_before).await?,
+                    1 => self.junk(self.job.script.junk_after).await?,
+                    _ => {}
+                }
                 self.token(i).await?;
             }
+        }
+        if n == 1 {
+            self.junk(self.job.script.junk_after).await?;
         }
         self.epilogue().await
     }
@@ -229,6 +239,16 @@ impl Producer {
         };
         self.send(Item::Data(b)).await?;
         self.streaming = true;
+        Ok(())
+    }
+
+    /// `n` junk data lines.
+    async fn junk(&mut self, n: u32) -> Result<(), Gone> {
+        for k in 0..n {
+            if let Some(b) = self.job.ctx.junk(k) {
+                self.send(Item::Data(b)).await?;
+            }
+        }
         Ok(())
     }
 

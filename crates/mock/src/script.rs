@@ -61,7 +61,9 @@ pub const DEFAULT_LINE_BYTES: u64 = 2 << 20;
 /// a reset after *N* tokens breaks the connection before the head, and no keepalives are sent.
 /// The stream faults ([`half_event_after`](Self::half_event_after),
 /// [`endless_line_after`](Self::endless_line_after), [`garbage`](Self::garbage),
-/// [`no_done`](Self::no_done)) apply to streamed responses only.
+/// [`no_done`](Self::no_done), [`junk_before`](Self::junk_before),
+/// [`junk_after`](Self::junk_after)) apply to streamed responses only;
+/// [`json_reply`](Self::json_reply) answers a streamed request as a non-streamed one.
 ///
 /// Also parsed from (and printed to) a compact header syntax, see [`Script::apply`].
 #[derive(Clone, Debug, PartialEq)]
@@ -87,6 +89,9 @@ pub struct Script {
     pub(crate) line_bytes: u64,
     pub(crate) garbage: Option<Garbage>,
     pub(crate) no_done: bool,
+    pub(crate) junk_before: u32,
+    pub(crate) junk_after: u32,
+    pub(crate) json_reply: bool,
 }
 
 impl Default for Script {
@@ -128,6 +133,9 @@ impl Script {
             line_bytes: DEFAULT_LINE_BYTES,
             garbage: None,
             no_done: false,
+            junk_before: 0,
+            junk_after: 0,
+            json_reply: false,
         }
     }
 
@@ -260,6 +268,34 @@ impl Script {
     /// everything before it as usual. Off by default.
     pub fn no_done(mut self, on: bool) -> Self {
         self.no_done = on;
+        self
+    }
+
+    /// Send `n` junk data lines right before the first token (after the TTFT wait), then the
+    /// tokens as usual: `data: this is not json at all` and `data: {{{{`, in turn (Anthropic
+    /// with an `event: content_block_delta` line; NDJSON without `data: `; gRPC: none), what a
+    /// broken upstream or proxy sends and a client SDK fails to decode (`JSONDecodeError`).
+    /// Junk is not counted as tokens. 0 (none) by default.
+    pub fn junk_before(mut self, n: u32) -> Self {
+        self.junk_before = n;
+        self
+    }
+
+    /// Send `n` junk data lines (as [`junk_before`](Self::junk_before)) after the first token:
+    /// where the second token would go (after its gap, so the first token is a frame of its
+    /// own), then the rest as usual; with one token, before the stream's end. With no tokens,
+    /// no junk of either kind. 0 (none) by default.
+    pub fn junk_after(mut self, n: u32) -> Self {
+        self.junk_after = n;
+        self
+    }
+
+    /// Answer a request that asked to stream as if it had not: after the same timeline, one
+    /// `200` with `content-type: application/json` and the whole completion in the route's
+    /// dialect (as a server that ignores `stream: true` does; a client's stream reads nothing
+    /// from it). gRPC: no effect. Off by default.
+    pub fn json_reply(mut self, on: bool) -> Self {
+        self.json_reply = on;
         self
     }
 

@@ -39,6 +39,9 @@ impl Script {
     /// | `line_bytes` | integer | [`line_bytes`](Self::line_bytes) |
     /// | `garbage` | `not_json`, `bad_utf8` or `none` | [`garbage`](Self::garbage) |
     /// | `no_done` | bool | [`no_done`](Self::no_done) |
+    /// | `junk_before` | integer | [`junk_before`](Self::junk_before) |
+    /// | `junk_after` | integer | [`junk_after`](Self::junk_after) |
+    /// | `json_reply` | bool | [`json_reply`](Self::json_reply) |
     ///
     /// A duration is a number with a unit `ns`, `us`, `ms`, `s`, `m` or `h` (`0` alone is allowed).
     /// A latency is a duration, `fixed(D)`, `lognormal(MEDIAN,SIGMA)` or
@@ -166,6 +169,9 @@ impl Script {
                 }
             }
             "no_done" => self.no_done = parse_bool(value)?,
+            "junk_before" => self.junk_before = parse_u32(value)?,
+            "junk_after" => self.junk_after = parse_u32(value)?,
+            "json_reply" => self.json_reply = parse_bool(value)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -239,7 +245,11 @@ impl fmt::Display for Script {
         }
         write!(f, ",line_bytes={}", self.line_bytes)?;
         opt(f, "garbage", self.garbage.map(garbage_name))?;
-        write!(f, ",no_done={}", self.no_done)
+        write!(
+            f,
+            ",no_done={},junk_before={},junk_after={},json_reply={}",
+            self.no_done, self.junk_before, self.junk_after, self.json_reply
+        )
     }
 }
 
@@ -437,7 +447,10 @@ mod tests {
             .endless_line_after(2)
             .line_bytes(4096)
             .garbage(Garbage::BadUtf8)
-            .no_done(true);
+            .no_done(true)
+            .junk_before(2)
+            .junk_after(3)
+            .json_reply(true);
         assert_eq!(s.to_string().parse::<Script>().unwrap(), s);
         let half = Script::new().half_event_after(0).garbage(Garbage::NotJson);
         assert_eq!(half.to_string().parse::<Script>().unwrap(), half);

@@ -250,6 +250,54 @@ async fn garbage_data_lines_instead_of_tokens() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn junk_lines_before_and_after_the_first_token() {
+    let server = MockServer::start(Script::new().tokens(3)).await.unwrap();
+    let c = chat(&server, "junk_before=2,junk_after=1").await;
+    let events = c.data_events();
+    // role, two junk lines, token 1, one junk line, tokens 2 and 3, finish chunk, [DONE]
+    assert_eq!(events.len(), 9, "{events:?}");
+    assert_eq!(
+        [&events[1], &events[2], &events[4]],
+        ["this is not json at all", "{{{{", "this is not json at all"]
+    );
+    for i in [3, 5, 6] {
+        assert!(events[i].contains("\"content\""), "{}", events[i]);
+    }
+    assert_eq!(events[8], "[DONE]");
+    // Anthropic keeps its event name.
+    let m = collect(
+        &client(),
+        post(
+            &server.url(),
+            "/v1/messages",
+            tailguard_test_support::MESSAGES,
+            &[(SCRIPT_HEADER, "junk_before=1,tokens=1")],
+        ),
+    )
+    .await;
+    assert!(
+        m.text()
+            .contains("event: content_block_delta\ndata: this is not json at all\n\n"),
+        "{}",
+        m.text()
+    );
+    server.wait_idle().await;
+    let s = server.stats();
+    assert_eq!(s.log[0].tokens_sent, 3, "junk is no token");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_json_reply_to_a_streaming_request() {
+    let server = MockServer::start(Script::new().tokens(2)).await.unwrap();
+    let c = chat(&server, "json_reply=true").await;
+    assert_eq!(c.status, 200);
+    assert_eq!(c.headers["content-type"], "application/json");
+    let v: serde_json::Value = serde_json::from_str(&c.text()).unwrap();
+    assert_eq!(v["object"], "chat.completion", "{v}");
+    assert_eq!(outcome(&server, 0).await, Outcome::Completed);
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_endless_line_is_bounded_by_its_size() {
     let server = MockServer::start(Script::new().tokens(3)).await.unwrap();
     let c = chat(&server, "endless_line=1,line_bytes=200000").await;

@@ -94,11 +94,17 @@
 //! ## End reasons
 //!
 //! The first reason an inner layer reported wins; then a rejection seen in the
-//! [`AdmissionOutcome`] (`rejected`), an error status (`upstream_error_4xx` / `_5xx`), or a
-//! gRPC error status in the headers; then what the recorder saw itself: `completed` (the body
-//! ended; `upstream_error_in_band` if the stream carried an error event or a non-zero
-//! `grpc-status` trailer), `upstream_error_transport` (the body or the service failed), or
-//! `client_disconnect` (the body, or the response future, was dropped before the end).
+//! [`AdmissionOutcome`] (`rejected`), an error status (`upstream_error_4xx` / `_5xx`), a
+//! gRPC error status in the headers, or a `2xx` answer that is not a stream (a whole JSON
+//! completion or error document) to a request whose [`RequestFacts`] say `stream: true`
+//! (`upstream_error_protocol`: the client's stream reads nothing); then what the recorder saw
+//! itself: `completed` (the body ended; `upstream_error_in_band` if the stream carried an
+//! error event or a non-zero `grpc-status` trailer), `upstream_error_transport` (the body or
+//! the service failed), or `client_disconnect` (the body, or the response future, was dropped
+//! before the end). A stream that carried junk its dialect cannot carry (see
+//! [`Class::Malformed`](tailguard_core::Class::Malformed)), which no inner layer ended, is
+//! `upstream_error_protocol` however it ended: a client that fails to decode the junk and
+//! closes the connection is no `client_disconnect`.
 //!
 //! Once the frame carrying the stream's terminal event (`data: [DONE]`, `message_stop`,
 //! NDJSON `"done": true`) has been handed on, the client has its whole answer: a later drop of

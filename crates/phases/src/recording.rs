@@ -6,8 +6,8 @@ use std::time::Duration;
 use bytes::Buf;
 use http::{Extensions, HeaderMap, Response, StatusCode};
 use tailguard_core::{
-    AdmissionOutcome, EndReason, EndReport, HedgeOutcome, Observation, Priority, RequestFacts,
-    StreamTracker, Upstream, UpstreamFailure,
+    AdmissionOutcome, Dialect, EndReason, EndReport, HedgeOutcome, Observation, Priority,
+    RequestFacts, StreamTracker, Upstream, UpstreamFailure,
 };
 use tokio::time::Instant;
 use tracing::Span;
@@ -55,6 +55,8 @@ pub(crate) struct Recording {
     /// handed to the caller.
     done_at: Option<Instant>,
     in_band_error: bool,
+    /// The stream carried junk its dialect cannot carry (see `Observation::malformed`).
+    malformed: bool,
 }
 
 impl Recording {
@@ -98,6 +100,7 @@ impl Recording {
             events: 0,
             done_at: None,
             in_band_error: false,
+            malformed: false,
         })
     }
 
@@ -163,6 +166,13 @@ impl Recording {
         } else if grpc_error(headers) {
             // A trailers-only gRPC error: the status travels in the headers.
             Some(EndReason::UpstreamError(UpstreamFailure::InBand))
+        } else if self.facts.as_ref().is_some_and(|f| f.stream == Some(true))
+            && headers.contains_key(http::header::CONTENT_TYPE)
+            && Dialect::Auto.resolve_stream(headers).is_none()
+        {
+            // A whole JSON document (a completion, an error) answering a request that asked to
+            // stream: the client's stream reads nothing, so it did not complete.
+            Some(EndReason::UpstreamError(UpstreamFailure::Protocol))
         } else {
             None
         }
@@ -191,6 +201,7 @@ impl Recording {
             self.done_at = Some(Instant::now());
         }
         self.in_band_error |= obs.error;
+        self.malformed |= obs.malformed;
         if obs.tokens != 0 {
             self.on_tokens(obs.tokens);
         }
@@ -281,6 +292,9 @@ impl Recording {
             Observed::End if self.in_band_error => {
                 EndReason::UpstreamError(UpstreamFailure::InBand)
             }
+            // Junk reached the client (no layer ended the stream for it): a protocol error
+            // however the body ended, even at a clean end.
+            _ if self.malformed => EndReason::UpstreamError(UpstreamFailure::Protocol),
             Observed::End => EndReason::Completed,
             Observed::BodyError | Observed::ServiceError => {
                 EndReason::UpstreamError(UpstreamFailure::Transport)

@@ -29,7 +29,9 @@ pin_project! {
     /// Passes the inner body's frames through untouched, runs the first-token, idle
     /// and total timers on the events it finds in them, and when a timer expires or the upstream
     /// fails (a body error, a stream cut short of its terminal event, an event over the
-    /// scanner's cap) drops the inner body and ends as [`OnExpiry`] says. Error responses
+    /// scanner's cap, junk its dialect cannot carry: see
+    /// [`Class::Malformed`](tailguard_core::Class::Malformed)) drops the inner body and ends as
+    /// [`OnExpiry`] says; the frame with the junk is not passed on. Error responses
     /// produced by the layer itself (a 504 before headers) are bodies of this type too. The data
     /// type is the inner body's: bytes the layer produces itself (an in-band error event, the
     /// released part of a held-back frame) are `B::Data::from(bytes)`, so `B::Data` must be
@@ -255,6 +257,17 @@ fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<B::Data
     };
     let obs = tracker.observe(&data);
     this.timers.as_mut().observe(&obs, data.remaining());
+    if obs.malformed {
+        // Junk the dialect cannot carry (data that is not a JSON object): a client would fail
+        // to decode it. The frame that carried it is dropped whole, with whatever else it held
+        // (whole events before the junk: the scanner reports events, not their offsets, and
+        // upstreams send about one event per frame; a terminal event after it, which the
+        // client must not take for a clean end), and the stream ends in-band, unless an
+        // earlier frame already said it ended.
+        let failure = Failure::malformed(tracker.events());
+        fail(this, failure);
+        return None;
+    }
     *this.terminal |= obs.done || obs.error;
     if let Some(err) = obs.scan_error {
         // An event over the scanner's cap: the stream cannot be followed any further. The

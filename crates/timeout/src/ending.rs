@@ -96,6 +96,16 @@ impl Failure {
         Self::upstream(UpstreamFailure::Protocol, message, None)
     }
 
+    /// The stream sent junk: an event its dialect cannot carry (for OpenAI and Anthropic SSE,
+    /// data that is not a JSON object), which the client would fail to decode.
+    pub(crate) fn malformed(events: u64) -> Self {
+        let message = format!(
+            "the upstream sent data that is not a JSON object mid-stream ({events} events); \
+             the stream was ended here instead of passing it on"
+        );
+        Self::upstream(UpstreamFailure::Protocol, message, None)
+    }
+
     /// An upstream failure, told to the client as an `upstream_error` whose code is the end
     /// reason's label.
     fn upstream(failure: UpstreamFailure, message: String, cause: Option<BoxError>) -> Self {

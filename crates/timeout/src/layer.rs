@@ -159,8 +159,8 @@ pub enum OnExpiry {
     /// A body error of type [`TimeoutError`](crate::error::TimeoutError) with the phase, the
     /// elapsed time, the events seen and the time since the last event. Nothing is held back.
     /// When the upstream failed: its own body error, or an
-    /// [`UpstreamError`](tailguard_core::UpstreamError) for a stream cut short or an event
-    /// over the scanner's cap.
+    /// [`UpstreamError`](tailguard_core::UpstreamError) for a stream cut short, an event
+    /// over the scanner's cap, or junk.
     BodyError,
 }
 
@@ -263,7 +263,7 @@ impl Config {
 /// configuration value; with [`new`](SseIdleTimeoutLayer::new) no timer is set, because the
 /// right limits depend on the model, the hardware and the traffic class: set them with the
 /// `with_*` methods. Without timers the layer still sees that streams end cleanly (a stream
-/// cut short, a body error mid-stream, an event over the scanner's cap: see the
+/// cut short, a body error mid-stream, an event over the scanner's cap, junk: see the
 /// [crate documentation](crate#when-the-upstream-fails)); other responses pass through
 /// untouched.
 ///

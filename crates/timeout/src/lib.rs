@@ -129,6 +129,20 @@
 //! * **An event over the scanner's cap** (1 MiB by default; say a line that never ends): the
 //!   stream cannot be followed, so it ends there, the oversized event dropped; end reason
 //!   `UpstreamError(Protocol)` (gRPC: `grpc-status: 13`).
+//! * **Junk** (an event its dialect cannot carry, see
+//!   [`Class::Malformed`](tailguard_core::Class::Malformed): for OpenAI and Anthropic SSE, data
+//!   that is not a JSON object and not `[DONE]`, such as `data: this is not json`, `data: {{{{`
+//!   or a chunk cut short), before or after the first token: a client SDK would fail to decode
+//!   it (Python's `JSONDecodeError`), so it is never passed on. The frame that carried it is
+//!   dropped whole and the stream ends there with the in-band error (code
+//!   `upstream_error_protocol`); end reason `UpstreamError(Protocol)`. After the first token
+//!   the check costs a look at each event's first bytes and last byte (no copy, no parse), so
+//!   it catches text, braces that open no member and objects cut short, not an object broken
+//!   only in its middle; before it, the event is parsed. Behind a
+//!   [`FirstTokenHedge`](https://docs.rs/tailguard-hedge), junk before the first token fails
+//!   the attempt over instead, and never reaches this layer. This layer is the one that ends a
+//!   stream for junk after its first token: without it, the hedge passes a committed stream on
+//!   as it comes (the recorder still reports `UpstreamError(Protocol)`).
 //!
 //! A response that is not a stream (`application/json`, say) is not affected.
 //!

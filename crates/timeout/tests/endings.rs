@@ -1,6 +1,6 @@
 //! Clean endings when the upstream fails, over real loopback HTTP: a stream cut short (a clean
 //! FIN, or the clean end of a chunked body, without the terminal event), a reset mid-stream, a
-//! line over the scanner's cap.
+//! line over the scanner's cap, junk data lines before and after the first token.
 //!
 //! Upstreams: `tailguard-mock` where it has the fault (resets); where it has none, a raw
 //! HTTP/1.1 server written here (a stream cut at an exact byte, a line that never ends) and a
@@ -475,6 +475,49 @@ async fn a_reset_before_the_first_token_after_headers_is_an_error_event_too() {
             Some(EndReason::UpstreamError(UpstreamFailure::Transport)),
             "{path}"
         );
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn junk_before_or_after_the_first_token_ends_the_stream_in_band_and_is_never_passed_on() {
+    // Issue 30.2, with no hedge in front: the mock's junk data lines reach this layer.
+    let server = MockServer::start(Script::new().ttft(ms(20)).tokens(4).gap(ms(5)))
+        .await
+        .unwrap();
+    let protocol = Some(EndReason::UpstreamError(UpstreamFailure::Protocol));
+    for (script, tokens) in [("junk_before=2", 0), ("junk_after=1", 1)] {
+        for (path, body) in [("/v1/chat/completions", CHAT), ("/v1/messages", MESSAGES)] {
+            let report = EndReport::new();
+            let svc = SseIdleTimeoutLayer::new().layer(client());
+            let mut req = post(&format!("{}{path}", server.url()), body, &report);
+            req.headers_mut()
+                .insert(tailguard_mock::SCRIPT_HEADER, script.parse().unwrap());
+            let res = svc.oneshot(req).await.unwrap();
+            assert_eq!(res.status(), 200);
+            let (text, error) = read(res).await;
+            assert!(error.is_none(), "{script} {path}: {error:?}");
+            assert!(
+                !text.contains("not json") && !text.contains("{{{{"),
+                "{script} {path}: {text}"
+            );
+            let events = events(&text);
+            let deltas = events
+                .iter()
+                .filter(|e| e.contains("\"content\":\"") || e.contains("text_delta"))
+                .count();
+            assert_eq!(deltas, tokens, "{script} {path}: {text}");
+            let last = events[events.len() - 1];
+            if path == "/v1/messages" {
+                assert!(last.starts_with("event: error\n"), "{last}");
+                assert!(last.contains("not a JSON object"), "{last}");
+            } else {
+                assert_eq!(last, "data: [DONE]");
+                let err = error_json(events[events.len() - 2]);
+                assert_eq!(err["error"]["code"], "upstream_error_protocol");
+            }
+            assert_eq!(report.get(), protocol, "{script} {path}");
+        }
     }
     server.shutdown().await;
 }

@@ -34,6 +34,12 @@ pub(super) fn openai(bytes: &[u8]) -> Option<Class> {
     Some(if token { Class::Token } else { Class::Meta })
 }
 
+/// Whether `bytes` is one whole JSON object (UTF-8, syntax checked, nothing after it): what
+/// the OpenAI and Anthropic dialects carry in an event's data. Members are not looked at.
+pub(super) fn is_object(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes).is_ok_and(|text| object::<serde::de::IgnoredAny>(text).is_some())
+}
+
 /// The class the JSON `type` of an Anthropic event names: `None` when the document does not
 /// parse, is not an object, or its `type` is not a string naming an Anthropic event.
 pub(super) fn anthropic_type(bytes: &[u8]) -> Option<Class> {

@@ -1,7 +1,7 @@
 //! gRPC length-prefixed message framing.
 
 use crate::error::ScanError;
-use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture};
+use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture, last_non_space};
 
 /// Scanner of gRPC bodies (see [`Grpc`]).
 ///
@@ -39,6 +39,8 @@ pub struct Grpc {
     message_len: usize,
     message_read: usize,
     data: Vec<u8>,
+    /// See [`Captured::last`].
+    last: Option<u8>,
 }
 
 impl Framer for Grpc {
@@ -81,10 +83,12 @@ impl Framer for Grpc {
                 self.message_len = len;
                 self.message_read = 0;
                 self.data.clear();
+                self.last = None;
                 self.in_message = true;
             } else {
                 let take = (self.message_len - self.message_read).min(chunk.len());
                 capture(&mut self.data, self.limits.capture, &chunk[..take]);
+                self.last = last_non_space(&chunk[..take], self.last);
                 self.message_read += take;
                 self.limits.pending += take;
                 chunk = &chunk[take..];
@@ -97,6 +101,7 @@ impl Framer for Grpc {
                     data: Captured {
                         bytes: &self.data,
                         len: self.message_len,
+                        last: self.last,
                     },
                 });
             }

@@ -42,9 +42,22 @@ pub struct Captured<'a> {
     pub bytes: &'a [u8],
     /// The full length of the data, captured or not.
     pub len: usize,
+    /// The last byte of the whole data that is not ASCII whitespace, captured or not (`None`
+    /// when there is none): with the captured prefix, how a JSON document begins and ends,
+    /// which tells junk from an object without capturing the whole event.
+    pub last: Option<u8>,
 }
 
 impl<'a> Captured<'a> {
+    /// `bytes` captured whole (for a classifier's tests, say).
+    pub fn whole(bytes: &'a [u8]) -> Self {
+        Captured {
+            bytes,
+            len: bytes.len(),
+            last: last_non_space(bytes, None),
+        }
+    }
+
     /// Whether `bytes` holds the whole data.
     pub fn is_complete(&self) -> bool {
         self.bytes.len() == self.len
@@ -56,6 +69,7 @@ impl<'a> Captured<'a> {
         Captured {
             bytes: &self.bytes[..self.bytes.len().min(limit)],
             len: self.len,
+            last: self.last,
         }
     }
 }
@@ -265,6 +279,17 @@ mod framer {
 }
 
 pub(crate) use framer::{Framer, Limits};
+
+/// The last byte of `bytes` that is not ASCII whitespace, else `prev` (what [`Captured::last`]
+/// was before `bytes`): a look at the end of each piece of data, not a scan of it.
+fn last_non_space(bytes: &[u8], prev: Option<u8>) -> Option<u8> {
+    bytes
+        .iter()
+        .rev()
+        .find(|b| !b.is_ascii_whitespace())
+        .copied()
+        .or(prev)
+}
 
 /// Appends to `buf` as much of `bytes` as keeps it within `limit` bytes (the capture of every
 /// scanner).

@@ -3,7 +3,7 @@
 use memchr::memchr;
 
 use crate::error::ScanError;
-use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture};
+use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture, last_non_space};
 
 /// Scanner of NDJSON / JSON Lines bodies (see [`Ndjson`]).
 ///
@@ -33,6 +33,8 @@ pub struct Ndjson {
     non_blank: bool,
     last_cr: bool,
     data: Vec<u8>,
+    /// See [`Captured::last`].
+    last: Option<u8>,
 }
 
 impl Framer for Ndjson {
@@ -83,6 +85,7 @@ impl Ndjson {
                 self.non_blank = seg.iter().any(|b| !b.is_ascii_whitespace());
             }
             capture(&mut self.data, self.limits.capture, seg);
+            self.last = last_non_space(seg, self.last);
         }
         Ok(())
     }
@@ -95,6 +98,7 @@ impl Ndjson {
                 data: Captured {
                     bytes: &self.data[..n],
                     len,
+                    last: self.last,
                 },
             });
         }
@@ -102,6 +106,7 @@ impl Ndjson {
         self.non_blank = false;
         self.last_cr = false;
         self.data.clear();
+        self.last = None;
         self.limits.pending = 0;
     }
 }

@@ -3,7 +3,7 @@
 use memchr::{memchr, memchr2};
 
 use crate::error::ScanError;
-use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture};
+use crate::scan::{Captured, Event, Framer, Limits, Scanner, capture, last_non_space};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
@@ -88,9 +88,11 @@ pub struct Sse {
     has_data: bool,
     data: Vec<u8>,
     data_len: usize,
+    data_last: Option<u8>,
     event_name: Vec<u8>,
     comment: Vec<u8>,
     comment_len: usize,
+    comment_last: Option<u8>,
 }
 
 impl Framer for Sse {
@@ -194,6 +196,7 @@ impl Sse {
                         self.line = Line::Value(Field::Comment);
                         self.comment.clear();
                         self.comment_len = 0;
+                        self.comment_last = None;
                         seg = &seg[1..];
                     } else {
                         self.line = Line::Name;
@@ -267,6 +270,7 @@ impl Sse {
 
     fn push_data(&mut self, bytes: &[u8]) {
         self.data_len += bytes.len();
+        self.data_last = last_non_space(bytes, self.data_last);
         capture(&mut self.data, self.limits.capture, bytes);
     }
 
@@ -276,6 +280,7 @@ impl Sse {
             Field::Event => capture(&mut self.event_name, MAX_EVENT_NAME_BYTES, bytes),
             Field::Comment => {
                 self.comment_len += bytes.len();
+                self.comment_last = last_non_space(bytes, self.comment_last);
                 capture(&mut self.comment, self.limits.capture, bytes);
             }
             Field::Id | Field::Retry | Field::Ignore => {}
@@ -293,12 +298,14 @@ impl Sse {
                         data: Captured {
                             bytes: &self.data[..n],
                             len: self.data_len,
+                            last: self.data_last,
                         },
                     });
                 }
                 self.has_data = false;
                 self.data.clear();
                 self.data_len = 0;
+                self.data_last = None;
                 self.event_name.clear();
                 self.in_event = false;
                 self.limits.pending = 0;
@@ -312,6 +319,7 @@ impl Sse {
                     text: Captured {
                         bytes: &self.comment,
                         len: self.comment_len,
+                        last: self.comment_last,
                     },
                 });
                 if !self.in_event {
