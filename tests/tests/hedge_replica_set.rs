@@ -141,48 +141,16 @@ mod readiness {
 /// Real loopback sockets: a hyper client in front of `tailguard-mock` replicas (from
 /// `crates/hedge/tests/loopback.rs`).
 mod loopback {
-    use bytes::Bytes;
-    use http::{Request, Response, StatusCode};
-    use http_body_util::Full;
-    use tailguard_core::{HedgeOutcome, ReplayBody};
-    use tailguard_hedge::{FirstTokenHedgeLayer, HedgeBudget};
+    use http::{Response, StatusCode};
+    use tailguard_core::HedgeOutcome;
     use tailguard_mock::{MockServer, Outcome, Script};
     use tailguard_route::ReplicaSet;
-    use tailguard_test_support::{
-        CHAT, HttpClient, MESSAGES, client as plain_client, client_of, ms, post, read_all,
-    };
+    use tailguard_test_support::{CHAT, MESSAGES, client as plain_client, ms, post, read_all};
     use tokio::time::Instant;
-    use tower::{Layer, Service, ServiceExt};
+    use tower::{Layer, ServiceExt};
 
-    type HedgeClient = HttpClient<ReplayBody<Full<Bytes>>>;
-
-    fn client() -> HedgeClient {
-        client_of()
-    }
-
-    fn layer() -> FirstTokenHedgeLayer {
-        FirstTokenHedgeLayer::new()
-            .with_delay(ms(500))
-            .with_budget(HedgeBudget::unlimited())
-    }
-
-    /// A replica: the shared client with requests sent to `base`.
-    fn replica(
-        client: HedgeClient,
-        base: String,
-    ) -> impl Service<
-        Request<ReplayBody<Full<Bytes>>>,
-        Response = Response<hyper::body::Incoming>,
-        Error = hyper_util::client::legacy::Error,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static {
-        client.map_request(move |mut r: Request<ReplayBody<Full<Bytes>>>| {
-            *r.uri_mut() = format!("{base}{}", r.uri().path()).parse().unwrap();
-            r
-        })
-    }
+    use super::common::layer;
+    use super::common::loopback::{client, replica};
 
     /// The bytes a direct call (no hedge) to `server` returns.
     async fn direct(

@@ -15,41 +15,14 @@ use tailguard_core::{
 };
 use tailguard_hedge::{AdaptiveDelay, FirstTokenHedgeLayer, HedgeBudget};
 use tailguard_mock::{MockServer, Outcome, Script};
-use tailguard_test_support::{
-    CHAT, HttpClient, client as plain_client, client_of, ms, post, read_all,
-};
+use tailguard_test_support::{CHAT, client as plain_client, ms, post, read_all};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
-type HedgeClient = HttpClient<ReplayBody<Full<Bytes>>>;
+mod common;
 
-fn client() -> HedgeClient {
-    client_of()
-}
-
-fn layer() -> FirstTokenHedgeLayer {
-    FirstTokenHedgeLayer::new()
-        .with_delay(ms(500))
-        .with_budget(HedgeBudget::unlimited())
-}
-
-/// A replica: the shared client with requests sent to `base`.
-fn replica(
-    client: HedgeClient,
-    base: String,
-) -> impl Service<
-    Request<ReplayBody<Full<Bytes>>>,
-    Response = Response<hyper::body::Incoming>,
-    Error = hyper_util::client::legacy::Error,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static {
-    client.map_request(move |mut r: Request<ReplayBody<Full<Bytes>>>| {
-        *r.uri_mut() = format!("{base}{}", r.uri().path()).parse().unwrap();
-        r
-    })
-}
+use common::layer;
+use common::loopback::{client, replica};
 
 /// Serves `svc` on a loopback port as a gateway does (the request body collected, then sent
 /// through the stack; an error closes the connection); returns its base URL.

@@ -2,6 +2,8 @@
 //! log of every attempt (arrival time, attempt header, whether it was cancelled).
 #![allow(dead_code, unreachable_pub)]
 
+pub mod loopback;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
