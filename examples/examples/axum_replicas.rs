@@ -9,7 +9,8 @@
 //! Two embedded mock replicas, the first congested (first token after 2 s): the set places the
 //! primary, the hedge sends a backup to the other replica after 300 ms, its first token wins,
 //! and the response says so in `x-tailguard-hedge`. The recorder prints the phase report, with
-//! the replica that served it as the `upstream` label.
+//! the replica that served it as the `upstream` label and the request's model as `model`
+//! (`RequestFactsLayer` read it from the body, once, for every layer).
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tailguard::admission::BoundedAdmissionLayer;
-use tailguard::core::{BadGatewayLayer, BoxError, ReplayBody};
+use tailguard::core::{BadGatewayLayer, BoxError, ReplayBody, RequestFactsLayer};
 use tailguard::hedge::FirstTokenHedgeLayer;
 use tailguard::phases::{LatencyPhaseRecorderLayer, PhaseReport};
 use tailguard::priority::PriorityClassLayer;
@@ -32,10 +33,11 @@ use tower::ServiceBuilder;
 
 fn print_report(r: &PhaseReport) {
     println!(
-        "\n\nphase report: end={} ttft={:?} upstream={} hedge={:?}",
+        "\n\nphase report: end={} ttft={:?} upstream={} model={} hedge={:?}",
         r.end_reason,
         r.time_to_first_token,
         r.labels.upstream(),
+        r.labels.model(),
         r.hedge.as_ref().map(|h| h.header_value()),
     );
 }
@@ -47,14 +49,21 @@ async fn main() -> Result<(), BoxError> {
         MockServer::start(Script::new().ttft(Duration::from_millis(50)).tokens(8)).await?;
     let bases = [congested.url().parse()?, healthy.url().parse()?];
 
-    // The upstream: one pooled client aimed at each replica's base URL.
-    let client = Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Body>>();
+    // The upstream: one pooled client aimed at each replica's base URL. Its body type is the
+    // hedge's replay of the request-facts layer's buffer (the two share the bytes).
+    let client =
+        Client::builder(TokioExecutor::new()).build_http::<ReplayBody<ReplayBody<Body>>>();
     let replicas = ReplicaSet::from_base_uris(client, &bases)?;
 
     // Layer configuration only.
     let stack = ServiceBuilder::new()
         .layer(BadGatewayLayer::new())
-        .layer(LatencyPhaseRecorderLayer::new().with_sink(print_report))
+        .layer(RequestFactsLayer::new())
+        .layer(
+            LatencyPhaseRecorderLayer::new()
+                .with_models(["mock-llm"])
+                .with_sink(print_report),
+        )
         .layer(PriorityClassLayer::new())
         .layer(BoundedAdmissionLayer::new(64))
         .layer(SseIdleTimeoutLayer::new().with_idle_timeout(Duration::from_secs(5)))

@@ -8,13 +8,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::answer::AnswerBody;
 use crate::error::BoxError;
 use crate::headers::is_grpc;
 use crate::render::{ErrorInfo, GrpcCode, respond};
@@ -25,7 +26,7 @@ use crate::render::{ErrorInfo, GrpcCode, respond};
 /// error type becomes [`Infallible`]: put it outermost over a stack whose upstream client can
 /// fail (hyper's `legacy::Error`), and axum's `Router::route_service` takes the stack with no
 /// `HandleErrorLayer` and no `map_result`. Responses of the inner service pass through, their
-/// body wrapped in a [`BadGatewayBody`] that adds nothing to their frames.
+/// body wrapped in an [`AnswerBody`] that adds nothing to their frames.
 ///
 /// The error is logged (`tracing` warning) and not otherwise kept; a layer inside that records
 /// end reasons (the recorder) has already seen it.
@@ -94,7 +95,7 @@ where
     RB: Body,
     RB::Data: From<Bytes>,
 {
-    type Response = Response<BadGatewayBody<RB>>;
+    type Response = Response<AnswerBody<RB>>;
     type Error = Infallible;
     type Future = BadGatewayFuture<S::Future>;
 
@@ -154,13 +155,13 @@ where
     RB: Body,
     RB::Data: From<Bytes>,
 {
-    type Output = Result<Response<BadGatewayBody<RB>>, Infallible>;
+    type Output = Result<Response<AnswerBody<RB>>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let error = match this.state.project() {
             StateProj::Calling { future } => match ready!(future.poll(cx)) {
-                Ok(res) => return Poll::Ready(Ok(res.map(BadGatewayBody::inner))),
+                Ok(res) => return Poll::Ready(Ok(res.map(AnswerBody::inner))),
                 Err(e) => e.into().to_string(),
             },
             StateProj::NotReady { error } => error.take().unwrap_or_default(),
@@ -175,84 +176,8 @@ where
         )
         .with_grpc(GrpcCode::Unavailable);
         Poll::Ready(Ok(respond(&info, *this.grpc, |json| {
-            BadGatewayBody::answer(json.map(RB::Data::from))
+            AnswerBody::answer(json.map(RB::Data::from))
         })))
-    }
-}
-
-pin_project! {
-    /// The response body of [`BadGateway`]: the inner service's body untouched, or the `502`
-    /// it answered an error with.
-    pub struct BadGatewayBody<B: Body> {
-        #[pin]
-        kind: Kind<B>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<B: Body> {
-        Inner { #[pin] body: B },
-        // The JSON error, until it is read (none for gRPC: trailers-only).
-        Answer { data: Option<B::Data> },
-    }
-}
-
-impl<B: Body> BadGatewayBody<B> {
-    fn inner(body: B) -> Self {
-        BadGatewayBody {
-            kind: Kind::Inner { body },
-        }
-    }
-
-    fn answer(data: Option<B::Data>) -> Self {
-        BadGatewayBody {
-            kind: Kind::Answer { data },
-        }
-    }
-
-    /// Whether this body is the `502` the layer answered an error with.
-    pub fn is_answer(&self) -> bool {
-        matches!(self.kind, Kind::Answer { .. })
-    }
-}
-
-impl<B: Body> fmt::Debug for BadGatewayBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BadGatewayBody")
-            .field("answer", &self.is_answer())
-            .finish()
-    }
-}
-
-impl<B: Body> Body for BadGatewayBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
-            KindProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
-            Kind::Answer { data } => data.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
-            Kind::Answer { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.remaining() as u64))
-            }
-        }
     }
 }
 

@@ -52,6 +52,7 @@
 //! ```
 
 pub mod attempt;
+mod answer;
 mod bad_gateway;
 pub mod classify;
 pub mod deadline;
@@ -67,7 +68,8 @@ pub mod replay;
 pub mod scan;
 pub mod tracker;
 
-pub use bad_gateway::{BadGateway, BadGatewayBody, BadGatewayFuture, BadGatewayLayer};
+pub use answer::AnswerBody;
+pub use bad_gateway::{BadGateway, BadGatewayFuture, BadGatewayLayer};
 pub use classify::{Class, Classify, Dialect, Framing, Wire};
 pub use deadline::{ClientDeadline, Deadlines};
 pub use error::{

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tailguard_core::{ReplayBody, RequestFacts, RequestFactsLayer};
+use tailguard_core::{AnswerBody, ReplayBody, RequestFacts, RequestFactsLayer};
 use tailguard_test_support::{ScriptBody, Step, data};
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -18,7 +18,7 @@ async fn call(
     layer: RequestFactsLayer,
     req: Request<ScriptBody>,
 ) -> (
-    Response<Full<Bytes>>,
+    Response<AnswerBody<Full<Bytes>>>,
     Vec<(Option<RequestFacts>, Bytes, bool)>,
 ) {
     let seen = Seen::default();
@@ -47,7 +47,7 @@ fn post(content_type: Option<&str>, steps: Vec<Step>) -> Request<ScriptBody> {
     b.body(ScriptBody::new(steps)).unwrap()
 }
 
-async fn error_code(res: Response<Full<Bytes>>) -> String {
+async fn error_code(res: Response<AnswerBody<Full<Bytes>>>) -> String {
     assert_eq!(res.headers()["content-type"], "application/json");
     let body = res.into_body().collect().await.unwrap().to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -216,6 +216,8 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     let hedged = tower::Layer::layer(&hedge, set);
 
     let stack = ServiceBuilder::new()
+        // The boxed `Stack`'s one body type.
+        .map_response(|res: Response<_>| res.map(Body::new))
         .layer(
             RequestFactsLayer::new()
                 .with_max_body(config.max_request_bytes)
@@ -224,7 +226,6 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
                 .with_required("/v1/completions", PromptMember::Prompt)
                 .with_required("/v1/messages", PromptMember::Messages),
         )
-        .map_response(|res: Response<_>| res.map(Body::new))
         .layer(recorder)
         // PriorityClass also copies the class into the response, where the recorder (which
         // runs before classification) reads it for its `priority` label.

@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::answer::AnswerBody;
 use crate::error::BoxError;
 use crate::ext::RequestFacts;
 use crate::facts::{PromptMember, is_json};
@@ -41,8 +42,9 @@ use crate::replay::{Buffering, DEFAULT_REPLAY_CAP, ReplayBody};
 /// type) passes on unread and without facts ([`ReplayBody::passthrough`]), as does an empty
 /// body (replayable, empty). Facts already in the extensions are replaced.
 ///
-/// The response body must be `From<Bytes>` (axum's `Body`, `Full<Bytes>`); the inner service's
-/// error passes through unchanged.
+/// Responses are wrapped in an [`AnswerBody`] (the inner body untouched, or the refusal), which
+/// needs only `Data: From<Bytes>` of the inner body: the layer goes over any tailguard stack
+/// with no `map_response`. The inner service's error passes through unchanged.
 #[derive(Clone, Debug)]
 pub struct RequestFactsLayer {
     max_body: usize,
@@ -127,9 +129,10 @@ where
     S: Service<Request<ReplayBody<B>>, Response = Response<RB>> + Clone,
     B: Body + Unpin,
     B::Error: Into<BoxError>,
-    RB: From<Bytes>,
+    RB: Body,
+    RB::Data: From<Bytes>,
 {
-    type Response = Response<RB>;
+    type Response = Response<AnswerBody<RB>>;
     type Error = S::Error;
     type Future = RequestFactsFuture<S, B>;
 
@@ -214,25 +217,27 @@ where
     }
 }
 
-fn refusal<RB: From<Bytes>>(
-    status: StatusCode,
-    message: String,
-    code: &'static str,
-) -> Response<RB> {
+fn refusal<RB>(status: StatusCode, message: String, code: &'static str) -> Response<AnswerBody<RB>>
+where
+    RB: Body,
+    RB::Data: From<Bytes>,
+{
     let info = ErrorInfo::new(status, message, "invalid_request_error", code);
-    error_response(&info, RB::from)
+    error_response(&info, |json| AnswerBody::answer(Some(json.into())))
 }
 
 /// The request to send on, with its facts, or the refusal to answer with.
-fn read<B, RB: From<Bytes>>(
+fn read<B, RB>(
     mut parts: Parts,
     read: Result<ReplayBody<B>, B::Error>,
     max_body: usize,
     required: Option<PromptMember>,
-) -> Result<Request<ReplayBody<B>>, Response<RB>>
+) -> Result<Request<ReplayBody<B>>, Response<AnswerBody<RB>>>
 where
     B: Body,
     B::Error: Into<BoxError>,
+    RB: Body,
+    RB::Data: From<Bytes>,
 {
     let body = match read {
         Ok(body) => body,
@@ -292,9 +297,10 @@ where
     S: Service<Request<ReplayBody<B>>, Response = Response<RB>>,
     B: Body + Unpin,
     B::Error: Into<BoxError>,
-    RB: From<Bytes>,
+    RB: Body,
+    RB::Data: From<Bytes>,
 {
-    type Output = Result<Response<RB>, S::Error>;
+    type Output = Result<Response<AnswerBody<RB>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -326,7 +332,7 @@ where
                 StateProj::Calling { future } => {
                     let res = ready!(future.poll(cx));
                     state.set(State::Done);
-                    return Poll::Ready(res);
+                    return Poll::Ready(res.map(|res| res.map(AnswerBody::inner)));
                 }
                 // Polled after completion: nothing left to give.
                 StateProj::Done => return Poll::Pending,
