@@ -51,8 +51,7 @@ async fn main() -> Result<(), BoxError> {
 
     // The upstream: one pooled client aimed at each replica's base URL. Its body type is the
     // hedge's replay of the request-facts layer's buffer (the two share the bytes).
-    let client =
-        Client::builder(TokioExecutor::new()).build_http::<ReplayBody<ReplayBody<Body>>>();
+    let client = Client::builder(TokioExecutor::new()).build_http::<ReplayBody<ReplayBody<Body>>>();
     let replicas = ReplicaSet::from_base_uris(client, &bases)?;
 
     // Layer configuration only.

@@ -22,6 +22,8 @@ fn test_config() -> Config {
     c.mock.script = SCRIPT.into();
     c.mock.congested_script = SCRIPT.into();
     c.hedge.delay = HedgeDelaySetting::Fixed(ms(50));
+    // Every request here may be hedged (the default budget starts with one token).
+    c.hedge.budget_ratio = 1.0;
     c
 }
 

@@ -182,7 +182,7 @@ async fn failovers_have_a_budget_of_their_own() {
     let svc = FirstTokenHedgeLayer::new()
         .with_delay(ms(100))
         .with_budget(one.clone())
-        .with_failover_budget(one.clone().with_max_balance(2.0))
+        .with_failover_budget(one.clone().with_max_balance(2.0).with_initial_balance(2.0))
         .layer(ReplicaSet::new([replica(c, server.url())]));
     // A slow first token spends the only hedge token.
     let (_, o) = send(&svc, &[("x-mock-script-0", "ttft=1s")]).await;
@@ -281,4 +281,54 @@ async fn a_late_response_head_counts_like_a_late_first_token() {
     tokio::time::sleep(ms(500)).await;
     assert!(late.stats().requests <= 1);
     tasks.abort_all();
+}
+
+/// Issue 29: two single-slot replicas that interrupt their running stream for a newer request
+/// (llama-cpp-python's default), the hedge and the set with their defaults (no slots
+/// configured), requests arriving faster than one replica serves them. The first interruption
+/// on each replica shows it has one slot; from then on the set holds attempts in the gateway
+/// until a slot frees, and the hedge's empty-stream retry hides the interruptions that taught
+/// it. Every request is answered with content.
+#[tokio::test(start_paused = true)]
+async fn interrupting_single_slot_replicas_serve_every_request_with_the_defaults() {
+    use tailguard_mock::ReplicaOptions;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let options = ReplicaOptions::llama_cpp_python();
+    let servers = [
+        MockServer::start_with(addr, script().ttft(ms(200)), options.clone())
+            .await
+            .unwrap(),
+        MockServer::start_with(addr, script().ttft(ms(200)), options)
+            .await
+            .unwrap(),
+    ];
+    let svc = FirstTokenHedgeLayer::new().layer(set(&[&servers[0], &servers[1]]));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let svc = svc.clone();
+        tasks.spawn(async move {
+            let res = svc.oneshot(post(&[])).await.unwrap();
+            let status = res.status();
+            let body = res.into_body().collect().await.map(|b| b.to_bytes());
+            let content = body.map(|b| String::from_utf8_lossy(&b).contains("\"content\""));
+            (status, content.ok())
+        });
+        tokio::time::sleep(ms(80)).await;
+    }
+    let mut got = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        got.push(r.unwrap());
+    }
+    assert!(
+        got.iter().all(|g| *g == (StatusCode::OK, Some(true))),
+        "{got:?}"
+    );
+    let mut interrupted = 0;
+    for s in &servers {
+        s.wait_idle().await;
+        interrupted += s.stats().interrupted;
+    }
+    // Learning costs the interruptions of the first burst (attempts placed before the first
+    // one ended), not one per request. Without it (a hold of zero) this load gets 502s.
+    assert!(interrupted <= 4, "{interrupted} interruptions");
 }

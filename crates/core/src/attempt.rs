@@ -56,8 +56,8 @@ pub struct ReplicaId(pub u64);
 
 /// How an attempt ended, as far as the replica it was placed on is concerned.
 ///
-/// The sender settles an attempt with [`Token`](Settle::Token), [`Failed`](Settle::Failed) or
-/// [`Answered`](Settle::Answered); a placer settles its own claims with
+/// The sender settles an attempt with [`Token`](Settle::Token), [`Failed`](Settle::Failed),
+/// [`Empty`](Settle::Empty) or [`Answered`](Settle::Answered); a placer settles its own claims with
 /// [`Failed`](Settle::Failed) (the replica's service returned an error),
 /// [`Cancelled`](Settle::Cancelled) (the attempt was dropped while it still waited) and
 /// [`Ended`](Settle::Ended) (nobody settled it).
@@ -66,9 +66,14 @@ pub struct ReplicaId(pub u64);
 pub enum Settle {
     /// Its first token arrived: a time-to-first-token sample.
     Token,
-    /// It failed before its first token (transport error, retryable status, in-band error, a
-    /// stream that ended without a token).
+    /// It failed before its first token (transport error, retryable status, in-band error,
+    /// junk).
     Failed,
+    /// Its stream ended cleanly without a token: an empty answer, or a single-slot server that
+    /// ends the running stream when a newer request arrives (llama.cpp's bare `[DONE]`). A
+    /// placer may read it as a failure, or, when it sent the replica a newer attempt meanwhile,
+    /// as the replica's word on how many attempts it serves at once.
+    Empty,
     /// The sender committed to it without a token (an answer about the request itself, such as
     /// a `400`): no sample.
     Answered,

@@ -51,8 +51,8 @@
 //! assert!(tracker.observe(&Bytes::from_static(b"data: [DONE]\n\n")).done);
 //! ```
 
-pub mod attempt;
 mod answer;
+pub mod attempt;
 mod bad_gateway;
 pub mod classify;
 pub mod deadline;

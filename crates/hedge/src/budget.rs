@@ -31,6 +31,8 @@ pub struct HedgeBudget {
     pub(crate) ratio: f64,
     pub(crate) floor_per_sec: f64,
     pub(crate) max_balance: f64,
+    /// The balance it starts with (at most `max_balance`); `None`: full.
+    pub(crate) initial: Option<f64>,
     pub(crate) unlimited: bool,
     pub(crate) shared: Option<SharedBudget>,
 }
@@ -50,14 +52,17 @@ impl HedgeBudget {
     ///   routes see (a floor of 1/s would license a backup for two requests in three at
     ///   1.5 requests per second); the ratio already gives a slow service one hedge per ten
     ///   requests whatever its rate;
-    /// * max balance **10 tokens**, and the bucket starts full: enough for a short burst of slow
-    ///   first tokens (a cold start included), small enough that a long quiet period does not
-    ///   license a hedge storm.
+    /// * max balance **10 tokens**: enough for a short burst of slow first tokens, small
+    ///   enough that a long quiet period does not license a hedge storm;
+    /// * initial balance **1 token**: the first slow request may be hedged, and over any run
+    ///   from the start the backups stay within `1 + ratio × requests` (a full bucket let a
+    ///   30-request run hedge a third of its requests, issue 29).
     pub fn new() -> Self {
         HedgeBudget {
             ratio: 0.1,
             floor_per_sec: 0.0,
             max_balance: 10.0,
+            initial: Some(1.0),
             unlimited: false,
             shared: None,
         }
@@ -71,9 +76,13 @@ impl HedgeBudget {
     /// * floor **1 per second**: a failover replaces an attempt that already failed, so a
     ///   service at a few requests per second whose replica is down still fails over every
     ///   request (Finagle's and linkerd's budgets have the same floor);
-    /// * max balance **10 tokens**, as for hedges.
+    /// * max balance **10 tokens**, as for hedges, and the bucket starts full: a failover
+    ///   replaces an attempt that already failed, so a replica that is down at start-up is
+    ///   failed over from the first request.
     pub fn failover() -> Self {
-        Self::new().with_ratio(0.2).with_floor(1.0)
+        let mut b = Self::new().with_ratio(0.2).with_floor(1.0);
+        b.initial = None;
+        b
     }
 
     /// A budget that grants nothing: no extra attempt of its kind is ever sent (no deposit,
@@ -91,6 +100,7 @@ impl HedgeBudget {
             ratio: 0.0,
             floor_per_sec: 0.0,
             max_balance: 0.0,
+            initial: None,
             unlimited: false,
             shared: None,
         }
@@ -133,13 +143,23 @@ impl HedgeBudget {
         self
     }
 
-    /// Sets the largest balance the bucket holds (at least one token, and the initial balance).
+    /// Sets the largest balance the bucket holds (at least one token).
     pub fn with_max_balance(mut self, tokens: f64) -> Self {
         self.max_balance = if tokens.is_nan() {
             1.0
         } else {
             tokens.max(1.0)
         };
+        self
+    }
+
+    /// Sets the balance the bucket starts with (clamped to `0..=max_balance`).
+    pub fn with_initial_balance(mut self, tokens: f64) -> Self {
+        self.initial = Some(if tokens.is_nan() {
+            0.0
+        } else {
+            tokens.max(0.0)
+        });
         self
     }
 }
@@ -218,7 +238,9 @@ impl Bucket {
                 .flatten()
                 .map(|s| Reconciled::new(s, b.floor_per_sec, b.max_balance)),
             state: Mutex::new(State {
-                balance: max,
+                balance: b
+                    .initial
+                    .map_or(max, |t| ((t * UNIT as f64) as i64).min(max)),
                 last_floor: Instant::now(),
             }),
         }
@@ -281,8 +303,7 @@ mod tests {
             "hedge",
         );
         let now = Instant::now();
-        // Starts full.
-        assert!(b.withdraw(now));
+        // Starts with one token.
         assert!(b.withdraw(now));
         assert!(!b.withdraw(now));
         // Ten requests earn one token.
@@ -290,6 +311,17 @@ mod tests {
             b.deposit();
         }
         assert!(b.withdraw(now));
+        assert!(!b.withdraw(now));
+        // Started full: the initial balance is capped by the largest.
+        let full = HedgeBudget::new()
+            .with_max_balance(2.0)
+            .with_initial_balance(5.0);
+        let b = Bucket::new(&full, "hedge");
+        assert!(b.withdraw(now) && b.withdraw(now));
+        assert!(!b.withdraw(now));
+        // The failover budget starts full.
+        let b = Bucket::new(&HedgeBudget::failover(), "failover");
+        assert!((0..10).all(|_| b.withdraw(now)));
         assert!(!b.withdraw(now));
     }
 
@@ -299,7 +331,8 @@ mod tests {
             &HedgeBudget::new()
                 .with_ratio(0.0)
                 .with_floor(2.0)
-                .with_max_balance(3.0),
+                .with_max_balance(3.0)
+                .with_initial_balance(3.0),
             "hedge",
         );
         let t0 = Instant::now();
@@ -330,7 +363,8 @@ mod tests {
             .with_ratio(0.0)
             .with_floor(0.0)
             .with_max_balance(1.0);
-        let b = Budgets::new(&one, &one.clone().with_max_balance(2.0));
+        let two = one.clone().with_max_balance(2.0).with_initial_balance(2.0);
+        let b = Budgets::new(&one, &two);
         let now = Instant::now();
         assert!(b.withdraw(false, now));
         assert!(!b.withdraw(false, now));

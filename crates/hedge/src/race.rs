@@ -251,8 +251,13 @@ where
     /// Keeps `failure` of attempt `index` if it is the most informative so far, and calls for
     /// the next attempt.
     fn fail(&mut self, index: u8, failure: Failure<RB, S::Error>, report: Option<EndReport>) {
-        self.record.next(index).settle(Settle::Failed);
         let fault = failure.fault();
+        let how = if fault == Fault::NO_TOKEN {
+            Settle::Empty
+        } else {
+            Settle::Failed
+        };
+        self.record.next(index).settle(how);
         tracing::debug!(
             attempt = index,
             failure = fault.kind.as_str(),

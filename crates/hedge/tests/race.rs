@@ -827,7 +827,7 @@ async fn budget_bounds_hedges_under_a_half_slow_upstream() {
     });
     let svc = FirstTokenHedgeLayer::new()
         .with_delay(ms(200))
-        .with_budget(HedgeBudget::new().with_floor(1.0)) // 10%, floor 1/s, 10 tokens
+        .with_budget(HedgeBudget::new().with_floor(1.0)) // 10%, floor 1/s, 1 token at start, 10 at most
         .layer(up.clone());
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

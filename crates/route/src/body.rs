@@ -85,6 +85,10 @@ impl<B: Body> Body for ReplicaBody<B> {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        if let (Some(Err(_)), Some(g)) = (&frame, this.guard.as_ref()) {
+            // Broken off: a single-slot server's interruption, perhaps (see `Ticket`).
+            g.ticket.broke();
+        }
         if frame.is_none() || this.inner.is_end_stream() {
             // Ended: the slot frees now, not when the body is dropped.
             if let Some(mut g) = this.guard.take() {

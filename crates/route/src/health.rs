@@ -2,6 +2,7 @@
 //! claim on its replica ([`Ticket`]), which the attempt protocol of `tailguard-core` settles:
 //! a first token is a sample of the replica's score, a failure counts towards its ejection.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
@@ -11,6 +12,11 @@ use tokio::time::Instant;
 
 use crate::eject::Ejection;
 use crate::score::Replica;
+
+/// How soon after the set sent a replica a newer attempt a stream that ends there counts as
+/// interrupted by it: an interrupting server ends the running stream at its next token, well
+/// within this; a later end is something else.
+const INTERRUPTION_WINDOW: Duration = Duration::from_secs(2);
 
 /// The state of a whole set, under one lock (picks compare every replica anyway).
 #[derive(Debug)]
@@ -27,10 +33,17 @@ pub(crate) struct Health {
     board: Mutex<Board>,
     pub(crate) decay: Duration,
     pub(crate) ejection: Ejection,
+    /// How long the slots a replica showed by interrupting a stream hold (zero: not learned).
+    pub(crate) interruption_hold: Duration,
 }
 
 impl Health {
-    pub(crate) fn new(n: usize, decay: Duration, ejection: Ejection) -> Self {
+    pub(crate) fn new(
+        n: usize,
+        decay: Duration,
+        ejection: Ejection,
+        interruption_hold: Duration,
+    ) -> Self {
         let now = Instant::now();
         Health {
             board: Mutex::new(Board {
@@ -40,6 +53,7 @@ impl Health {
             }),
             decay,
             ejection,
+            interruption_hold,
         }
     }
 
@@ -60,6 +74,7 @@ impl Health {
         let now = Instant::now();
         let r = &mut board.replicas[replica];
         r.active += 1;
+        r.newest = (id, now);
         if waiting {
             r.waiting.push((id, now));
         }
@@ -68,6 +83,7 @@ impl Health {
             replica,
             id,
             sent_at: now,
+            released: AtomicBool::new(false),
         }
     }
 
@@ -87,6 +103,7 @@ pub(crate) struct Ticket {
     replica: usize,
     id: u64,
     sent_at: Instant,
+    released: AtomicBool,
 }
 
 impl AttemptClaim for Ticket {
@@ -107,21 +124,64 @@ impl AttemptClaim for Ticket {
                 r.eject.succeeded();
             }
             Settle::Cancelled => r.sample(waited, true, now, h.decay),
-            Settle::Failed => r.eject.failed(),
+            Settle::Empty if self.interruption(r, now) => return,
+            Settle::Failed | Settle::Empty => r.eject.failed(),
             // `Answered`, `Ended`, and any kind a later core adds: no sample.
             _ => {}
         }
-        if matches!(how, Settle::Token | Settle::Cancelled | Settle::Failed) {
+        if matches!(
+            how,
+            Settle::Token | Settle::Cancelled | Settle::Failed | Settle::Empty
+        ) {
             review(&mut board.replicas, self.replica, h, now);
         }
     }
 }
 
 impl Ticket {
+    /// Reads the end of this attempt's stream (without a token, or broken off by a transport
+    /// error) as an interruption, if the set sent replica `r` a newer attempt within the last
+    /// [`INTERRUPTION_WINDOW`] that still holds its slot: a single-slot server (llama-cpp-python's
+    /// default) ends the running stream when a newer request arrives, before or after its
+    /// first token. The replica then showed it serves one attempt at a time, and is given one
+    /// at a time for the hold (renewed by each interruption): placing more would only
+    /// interrupt another stream, while waiting in the set for its slot costs nothing it could
+    /// have served. An interruption is not a failure of the replica.
+    ///
+    /// An end with no newer attempt just before it (an empty answer, a reset, an interruption
+    /// by traffic the set does not see) says nothing of slots.
+    fn interruption(&self, r: &mut Replica, now: Instant) -> bool {
+        let hold = self.health.interruption_hold;
+        let mine = u32::from(!self.released.load(Ordering::Acquire));
+        let (newest, at) = r.newest;
+        let recent = now.saturating_duration_since(at) <= INTERRUPTION_WINDOW;
+        if hold.is_zero() || newest <= self.id || !recent || r.active <= mine {
+            return false;
+        }
+        r.one_at_a_time = Some(now + hold);
+        metrics::counter!("tailguard_route_interruptions_total",
+            "replica" => self.replica.to_string())
+        .increment(1);
+        tracing::info!(
+            replica = self.replica,
+            hold_s = hold.as_secs_f64(),
+            "tailguard-route: replica ended a stream for a newer attempt; placing one at a time"
+        );
+        true
+    }
+
+    /// The attempt's body broke off (a transport error): perhaps an interruption.
+    pub(crate) fn broke(&self) {
+        let now = Instant::now();
+        let mut board = self.health.board();
+        self.interruption(&mut board.replicas[self.replica], now);
+    }
+
     /// Releases the slot (the attempt's body ended or was dropped).
     ///
     /// Called once, by the attempt's guard.
     pub(crate) fn release(&self) {
+        self.released.store(true, Ordering::Release);
         let waiters = {
             let mut board = self.health.board();
             let r = &mut board.replicas[self.replica];
@@ -206,7 +266,7 @@ mod tests {
     fn ejected_after(secs: &[f64], failing: usize, ejection: Ejection) -> Vec<bool> {
         let now = Instant::now();
         let decay = Duration::from_secs(10);
-        let health = Health::new(secs.len(), decay, ejection);
+        let health = Health::new(secs.len(), decay, ejection, Duration::ZERO);
         let mut board = health.board();
         for (r, s) in board.replicas.iter_mut().zip(secs) {
             r.sample(*s, false, now, decay);

@@ -73,11 +73,18 @@
 //! * **Slots** ([`ReplicaSet::with_slots`]): an attempt is placed only on a replica with a free
 //!   slot and holds it until its body ([`ReplicaBody`]) ends or is dropped; otherwise it waits
 //!   in the set.
+//! * **Interruptions** ([`ReplicaSet::with_interruption_hold`]): a replica that ends a stream
+//!   (without a token, or broken off) just after the set placed a newer attempt on it (a
+//!   single-slot llama-cpp-python server) gets one attempt at a time for the next 60 s; the
+//!   rest wait in the set for its slot instead of interrupting another stream. With the hedge's
+//!   empty-stream retry, an interrupting server needs no `with_slots`.
 //!
 //! ## Metrics
 //!
 //! * `tailguard_hedge_ejections_total{replica, reason="failures"|"slow"}`: outlier ejections
 //!   (the name it had when the set was part of `tailguard-hedge`).
+//! * `tailguard_route_interruptions_total{replica}`: streams a replica ended for a newer
+//!   attempt (each one renews its one-at-a-time hold).
 
 // Where things are: `set` (the service and its settings), `config` (routing and slots),
 // `place` (picking the replica of one attempt), `health` (the shared state and each attempt's

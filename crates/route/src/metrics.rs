@@ -12,4 +12,9 @@ pub(crate) fn describe() {
         Unit::Count,
         "Replicas ejected from primary routing, by replica and reason"
     );
+    describe_counter!(
+        "tailguard_route_interruptions_total",
+        Unit::Count,
+        "Streams a replica ended just after the set placed a newer attempt on it"
+    );
 }

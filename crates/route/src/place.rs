@@ -75,11 +75,7 @@ impl<S> Placer<S> {
     fn pick(&self, board: &mut Board, attempt: Option<&Attempt>) -> Option<usize> {
         let now = Instant::now();
         let free: Vec<usize> = (0..self.replicas.len())
-            .filter(|&i| {
-                self.config
-                    .slots
-                    .is_none_or(|n| board.replicas[i].active < n)
-            })
+            .filter(|&i| board.replicas[i].has_room(self.config.slots, now))
             .collect();
         let tried = attempt.map(Attempt::tried).unwrap_or_default();
         let untried = tried.len() < self.replicas.len();

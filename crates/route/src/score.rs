@@ -27,6 +27,10 @@ pub(crate) struct Replica {
     at: Instant,
     /// Attempts holding a slot (from the call until their body ends or is dropped).
     pub(crate) active: u32,
+    /// The id of the newest attempt placed on it, and when.
+    pub(crate) newest: (u64, Instant),
+    /// Until when it gets one attempt at a time: it ended a stream when a newer one arrived.
+    pub(crate) one_at_a_time: Option<Instant>,
     pub(crate) eject: Ejector,
 }
 
@@ -37,8 +41,17 @@ impl Replica {
             estimate: 0.0,
             at: now,
             active: 0,
+            newest: (0, now),
+            one_at_a_time: None,
             eject: Ejector::default(),
         }
+    }
+
+    /// Whether one more attempt fits: under `configured` slots, and alone while it gets one
+    /// at a time.
+    pub(crate) fn has_room(&self, configured: Option<u32>, now: Instant) -> bool {
+        let alone = self.one_at_a_time.is_some_and(|until| now < until);
+        configured.is_none_or(|n| self.active < n) && (!alone || self.active == 0)
     }
 
     /// The estimate decayed to `now`, in seconds.

@@ -54,6 +54,9 @@ pub struct ReplicaSet<S> {
     placer: Placer<S>,
 }
 
+/// The default of [`ReplicaSet::with_interruption_hold`].
+const INTERRUPTION_HOLD: Duration = Duration::from_secs(60);
+
 impl<S> ReplicaSet<S> {
     /// A set of `replicas` (at least one), with the defaults: [`Routing::LeastWait`], a
     /// decay of **10 s** for the first-token estimate (tower's and linkerd's peak-EWMA
@@ -70,7 +73,12 @@ impl<S> ReplicaSet<S> {
             "ReplicaSet needs at least one replica"
         );
         crate::metrics::describe();
-        let health = Health::new(replicas.len(), Duration::from_secs(10), Ejection::new());
+        let health = Health::new(
+            replicas.len(),
+            Duration::from_secs(10),
+            Ejection::new(),
+            INTERRUPTION_HOLD,
+        );
         let config = Config {
             routing: Routing::LeastWait,
             slots: None,
@@ -128,9 +136,33 @@ impl<S> ReplicaSet<S> {
         self.with_health(decay, ejection)
     }
 
-    fn with_health(mut self, decay: Duration, ejection: Ejection) -> Self {
+    /// Sets how long a replica that interrupted a stream for a newer attempt gets one attempt
+    /// at a time (default **60 s**, renewed by each interruption; `Duration::ZERO`: never, and
+    /// such a stream without a token counts as a failure). A single-slot llama-cpp-python
+    /// server ends its running stream (a bare `[DONE]`, or a close mid-stream) when a newer
+    /// request arrives; the set reads a stream that ends that way within 2 s of placing a newer
+    /// attempt on the same replica as "one slot", and holds further attempts in the gateway
+    /// until the slot frees, instead of trading one stream for another. After the hold the
+    /// replica takes attempts side by side again (the next interruption teaches it again). The
+    /// first interruption of a stream after its first token breaks that stream (the client
+    /// sees an in-band error); before its first token, the hedge's empty-stream retry hides it.
+    /// State gathered so far is reset.
+    pub fn with_interruption_hold(self, hold: Duration) -> Self {
+        let (decay, ejection) = (
+            self.placer.health.decay,
+            self.placer.health.ejection.clone(),
+        );
+        self.rebuild(decay, ejection, hold)
+    }
+
+    fn with_health(self, decay: Duration, ejection: Ejection) -> Self {
+        let hold = self.placer.health.interruption_hold;
+        self.rebuild(decay, ejection, hold)
+    }
+
+    fn rebuild(mut self, decay: Duration, ejection: Ejection, hold: Duration) -> Self {
         let n = self.placer.replicas.len();
-        self.placer.health = Arc::new(Health::new(n, decay, ejection));
+        self.placer.health = Arc::new(Health::new(n, decay, ejection, hold));
         self
     }
 

@@ -140,3 +140,93 @@ async fn responses_carry_their_replicas_upstream_label() {
         .unwrap();
     assert_eq!(res.extensions().get::<Upstream>().unwrap().as_str(), "own");
 }
+
+/// Issue 29: a single-slot server that ends the running stream without a token when a newer
+/// request arrives (llama.cpp's default) has shown it serves one attempt at once. The set gives
+/// it no more than that for the hold, holding the next attempt in the set until the slot frees,
+/// and probes it again after the hold. Such an end is not a failure: no ejection however many.
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_interrupts_a_stream_for_a_newer_one_is_given_one_at_a_time() {
+    let set = ReplicaSet::new(replicas(1));
+    let older = Attempt::primary();
+    let (_, older_res) = send(&set, &older).await;
+    // No slots configured: the newer attempt is placed beside the older one...
+    let newer = Attempt::primary();
+    let (_, newer_res) = send(&set, &newer).await;
+    // ...and the server ends the older stream empty.
+    drop(older_res.into_body().collect().await.unwrap());
+    older.settle(Settle::Empty);
+    // One slot, held by the newer attempt: the next waits in the set.
+    let waiting = tokio::spawn({
+        let set = set.clone();
+        async move { send(&set, &Attempt::primary()).await.1 }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished());
+    newer.settle(Settle::Token);
+    drop(newer_res);
+    let third = waiting.await.unwrap();
+    drop(third);
+
+    // Interrupted again and again: still in selection (no ejection), still one at a time.
+    for _ in 0..6 {
+        let older = Attempt::primary();
+        let (_, older_res) = send(&set, &older).await;
+        let blocked = tokio::spawn({
+            let set = set.clone();
+            async move {
+                let newer = Attempt::primary();
+                let (_, res) = send(&set, &newer).await;
+                (newer, res)
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!blocked.is_finished(), "one at a time");
+        drop(older_res);
+        older.settle(Settle::Token);
+        let (newer, res) = blocked.await.unwrap();
+        newer.settle(Settle::Token);
+        drop(res);
+    }
+
+    // After the hold, two at once again (a probe).
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let (_, a) = send(&set, &Attempt::primary()).await;
+    let (_, b) = send(&set, &Attempt::primary()).await;
+    drop((a, b));
+}
+
+/// An empty stream with no newer attempt on the replica (an empty answer, or an interruption
+/// by traffic the set does not see) says nothing of slots: it counts as a failure, five in a
+/// row eject. With the hold at zero nothing is learned from an interruption.
+#[tokio::test(start_paused = true)]
+async fn an_empty_stream_with_no_newer_attempt_is_a_failure() {
+    let set = ReplicaSet::new(replicas(2));
+    let mut on_zero = 0;
+    while on_zero < 5 {
+        let attempt = Attempt::primary();
+        let (replica, res) = send(&set, &attempt).await;
+        drop(res.into_body().collect().await.unwrap());
+        if replica == 0 {
+            attempt.settle(Settle::Empty);
+            on_zero += 1;
+        } else {
+            attempt.settle(Settle::Token);
+        }
+    }
+    for _ in 0..20 {
+        let attempt = Attempt::primary();
+        let (replica, _res) = send(&set, &attempt).await;
+        assert_eq!(replica, 1, "replica 0 ejected");
+        attempt.settle(Settle::Token);
+    }
+
+    let set = ReplicaSet::new(replicas(1)).with_interruption_hold(Duration::ZERO);
+    let older = Attempt::primary();
+    let (_, older_res) = send(&set, &older).await;
+    let (_, _newer) = send(&set, &Attempt::primary()).await;
+    drop(older_res.into_body().collect().await.unwrap());
+    older.settle(Settle::Empty);
+    // Not held: placed beside the newer one at once.
+    let (_, _third) = send(&set, &Attempt::primary()).await;
+}
