@@ -69,11 +69,6 @@ pub enum Settle {
     /// It failed before its first token (transport error, retryable status, in-band error,
     /// junk).
     Failed,
-    /// Its stream ended cleanly without a token: an empty answer, or a single-slot server that
-    /// ends the running stream when a newer request arrives (llama.cpp's bare `[DONE]`). A
-    /// placer may read it as a failure, or, when it sent the replica a newer attempt meanwhile,
-    /// as the replica's word on how many attempts it serves at once.
-    Empty,
     /// The sender committed to it without a token (an answer about the request itself, such as
     /// a `400`): no sample.
     Answered,
@@ -83,6 +78,11 @@ pub enum Settle {
     /// Its stream ended with nobody settling it (the request went around the sender): no
     /// sample.
     Ended,
+    /// Its stream ended cleanly without a token: an empty answer, or a single-slot server that
+    /// ends the running stream when a newer request arrives (llama.cpp's bare `[DONE]`). A
+    /// placer may read it as a failure, or, when it sent the replica a newer attempt meanwhile,
+    /// as the replica's word on how many attempts it serves at once.
+    Empty,
 }
 
 /// A placer's claim on one attempt: told how the attempt ended before (or at) its first token.
