@@ -23,7 +23,7 @@ use tailguard::phases::{LatencyPhaseRecorderLayer, MetricsSink, PhaseReport};
 use tailguard::timeout::SseIdleTimeoutLayer;
 use tailguard_mock::{MockServer, SCRIPT_HEADER, Script};
 use tailguard_test_support::{CHAT, HttpClient, Recorded, client, client_of, ms, snapshot};
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Layer, ServiceBuilder, ServiceExt};
 
 fn recorder() -> (
     LatencyPhaseRecorderLayer,
@@ -718,4 +718,36 @@ async fn client_closing_right_after_done_is_completed() {
     tokio::time::timeout(wait, released.notified())
         .await
         .expect("the upstream request is released");
+}
+
+/// Issue 31: the stream is read once. Behind the timeout the recorder follows the timeout's
+/// reading (in the timeout's dialect) instead of scanning the stream in its own: a recorder
+/// told to read Anthropic events, which would find no token in this OpenAI stream, reports the
+/// tokens the timeout found; alone, it reads the stream itself, in its own dialect.
+#[tokio::test(start_paused = true)]
+async fn the_recorder_follows_the_timeouts_reading_of_the_stream() {
+    use tailguard::core::Dialect;
+    let server = MockServer::start(Script::new().ttft(ms(100)).tokens(3).gap(ms(10)))
+        .await
+        .unwrap();
+    // Behind the timeout: its reading, in its dialect (`Auto`: OpenAI's chunks).
+    let (layer, reports, _snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer.with_dialect(Dialect::Anthropic))
+        .layer(SseIdleTimeoutLayer::new().with_idle_timeout(ms(500)))
+        .service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    let r = reports.one();
+    assert_eq!(r.time_to_first_token, Some(ms(100)));
+    assert_eq!(r.output_events, 3);
+    // Alone: its own reading, in its own dialect.
+    let (layer, reports, _snap) = recorder();
+    let svc = layer.with_dialect(Dialect::Anthropic).layer(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    let r = reports.one();
+    assert_eq!(r.time_to_first_token, None);
+    assert_eq!(r.output_events, 0);
+    server.shutdown().await;
 }

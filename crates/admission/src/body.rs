@@ -8,7 +8,8 @@ use bytes::Buf;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tailguard_core::{Dialect, StreamTracker};
+use tailguard_core::Dialect;
+use tailguard_core::progress::{Reading, StreamProgress};
 
 use crate::gate::Permit;
 
@@ -40,7 +41,7 @@ pin_project! {
             body: B,
             permit: Option<Permit>,
             // With an adaptive limit, until the first token: finds it.
-            tracker: Option<Box<StreamTracker>>,
+            tracker: Option<Box<Reading>>,
         },
         Local {
             data: Option<B::Data>,
@@ -50,16 +51,21 @@ pin_project! {
 
 impl<B: Body> AdmissionBody<B> {
     /// The admitted response `res`, holding `permit` until its body ends. With an adaptive
-    /// limit a 2xx stream is watched for its first token; a 2xx answer that is not a stream
+    /// limit a 2xx stream is watched for its first token (read through the request's
+    /// `progress` record); a 2xx answer that is not a stream
     /// gives no TTFT sample; anything else ends censored (see [`crate::adaptive`]).
-    pub(crate) fn response(res: Response<B>, mut permit: Option<Permit>) -> Response<Self> {
+    pub(crate) fn response(
+        res: Response<B>,
+        mut permit: Option<Permit>,
+        progress: &StreamProgress,
+    ) -> Response<Self> {
         let mut tracker = None;
         if let Some(p) = permit.as_mut().filter(|p| p.wants_ttft()) {
             let headers = res.headers();
             if !res.status().is_success() {
                 // Failed before a token: censored when the permit is released.
             } else if Dialect::Auto.resolve_stream(headers).is_some() {
-                tracker = Some(Box::new(StreamTracker::new(&Dialect::Auto, headers)));
+                tracker = Some(Box::new(progress.reading(&Dialect::Auto, headers)));
             } else {
                 p.no_ttft();
             }

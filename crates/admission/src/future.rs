@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
+use tailguard_core::progress::StreamProgress;
 use tailguard_core::render::respond;
 use tailguard_core::{
     AdmissionOutcome, EndReason, EndReport, Mode, OverloadReason, Overloaded, RenderError, Respond,
@@ -38,6 +39,8 @@ pin_project! {
         state: State<S, ReqB>,
         // A refusal of a gRPC request is a trailers-only gRPC response.
         grpc: bool,
+        // The request's progress record: the adaptive limit's first token.
+        progress: StreamProgress,
         _mode: PhantomData<fn() -> M>,
     }
 }
@@ -251,6 +254,7 @@ pub(crate) enum Failure<E> {
 
 fn poll_state<S, ReqB, ResB>(
     mut state: Pin<&mut State<S, ReqB>>,
+    progress: &StreamProgress,
     cx: &mut Context<'_>,
 ) -> Poll<Polled<ResB, S::Error>>
 where
@@ -271,7 +275,7 @@ where
                             // No body to wait for: release at once.
                             permit = None;
                         }
-                        Ok(AdmissionBody::response(res, permit))
+                        Ok(AdmissionBody::response(res, permit, progress))
                     }
                     Err(e) => {
                         drop(permit.take());
@@ -364,7 +368,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let grpc = *this.grpc;
-        Poll::Ready(match ready!(poll_state(this.state, cx)) {
+        Poll::Ready(match ready!(poll_state(this.state, this.progress, cx)) {
             Ok(res) => Ok(res),
             Err(Failure::Inner(e)) => Err(M::inner(e)),
             Err(Failure::Refused(Refusal {
@@ -379,10 +383,11 @@ impl<S, ReqB, M> ResponseFuture<S, ReqB, M>
 where
     S: Service<Request<ReqB>>,
 {
-    pub(crate) fn new(state: State<S, ReqB>, grpc: bool) -> Self {
+    pub(crate) fn new(state: State<S, ReqB>, grpc: bool, progress: StreamProgress) -> Self {
         ResponseFuture {
             state,
             grpc,
+            progress,
             _mode: PhantomData,
         }
     }

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use tailguard_core::headers::is_grpc;
+use tailguard_core::progress::StreamProgress;
 use tailguard_core::{ClassPolicy, Deadlines, EndReason, EndReport, Mode, Priority, Respond};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -137,8 +138,9 @@ where
         self.inner.poll_ready(cx).map_err(M::inner)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let grpc = is_grpc(req.headers());
-        ResponseFuture::new(self.start(req), grpc)
+        let progress = StreamProgress::of(req.extensions_mut());
+        ResponseFuture::new(self.start(req), grpc, progress)
     }
 }

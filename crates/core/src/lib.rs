@@ -63,6 +63,7 @@ pub mod headers;
 mod macros;
 mod mode;
 mod outcome;
+pub mod progress;
 pub mod render;
 pub mod replay;
 pub mod scan;

@@ -13,6 +13,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use tailguard_core::attempt::{Attempt, Settle};
+use tailguard_core::progress::StreamProgress;
 use tailguard_core::replay::Buffering;
 use tailguard_core::{BoxError, Deadlines, EndReport, HedgeOutcome, ReplayBody, deadline};
 use tokio::time::{Instant, Sleep};
@@ -142,7 +143,7 @@ where
     }
 
     /// The request of attempt `index`: a copy of the client's head, with the attempt header,
-    /// the [`Attempt`] and the attempt's own end report.
+    /// the [`Attempt`], the attempt's own end report and progress record.
     fn request(
         &self,
         index: u8,
@@ -155,6 +156,9 @@ where
                 .insert(h.clone(), HeaderValue::from(u16::from(index)));
         }
         req.extensions_mut().insert(self.record.next(index));
+        // Attempts race, and a loser's stream is not the request's: each gets a progress
+        // record of its own (core's `progress`), read by any layer below that reads it.
+        req.extensions_mut().insert(StreamProgress::detached());
         if let Some(r) = report {
             req.extensions_mut().insert(r.clone());
         }

@@ -17,8 +17,8 @@ pin_project! {
     /// `is_end_stream()` turning true after a frame), when it yields an error, or when this body
     /// is dropped before any of those: a client disconnect, or `completed` if the frame with the
     /// stream's terminal event (`[DONE]`, `message_stop`) was already handed on. Per data frame
-    /// it scans the frame with the [`StreamTracker`](tailguard_core::StreamTracker), without
-    /// allocating or locking.
+    /// it takes what the stream's reading saw (core's [`progress`](tailguard_core::progress)):
+    /// its own scan, or the record of a layer inside that reads the stream.
     pub struct LatencyPhaseRecorderBody<B> {
         #[pin]
         inner: B,

@@ -118,13 +118,16 @@ impl LatencyPhaseRecorderLayer {
         Arc::make_mut(&mut self.cfg)
     }
 
-    /// How tokens are found in response bodies.
+    /// How tokens are found in response bodies. The stream is read once per request (core's
+    /// [`progress`](tailguard_core::progress)): when a layer inside reads it (the timeout), the
+    /// recorder follows that reading, in that layer's dialect.
     pub fn with_dialect(mut self, dialect: Dialect) -> Self {
         self.cfg().dialect = dialect;
         self
     }
 
-    /// Whether to extract the usage the stream reports.
+    /// Whether to extract the usage the stream reports (asked of whichever layer reads the
+    /// stream).
     pub fn with_usage(mut self, usage: bool) -> Self {
         self.cfg().usage = usage;
         self

@@ -170,8 +170,11 @@
 //!
 //! ## Per frame
 //!
-//! A data frame is scanned incrementally by core's
-//! [`StreamTracker`](tailguard_core::StreamTracker), without a lock or an allocation. Gaps reach
+//! The stream is read once per request, by the innermost layer that reads it (core's
+//! [`progress`](tailguard_core::progress)): behind `SseIdleTimeout` the recorder follows the
+//! timeout's reading (one uncontended lock per frame, no scan); alone it scans each data frame
+//! incrementally with core's [`StreamTracker`](tailguard_core::StreamTracker), without a lock
+//! or an allocation. Gaps reach
 //! histograms as they happen, through a handle resolved once per streamed response
 //! ([`PhaseSink::gap_histogram`]); everything else is emitted once per request, at its end.
 

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use bytes::Buf;
 use http::{Extensions, HeaderMap, Response, StatusCode};
+use tailguard_core::progress::{Reading, StreamProgress};
 use tailguard_core::{
     AdmissionOutcome, Dialect, EndReason, EndReport, HedgeOutcome, Observation, Priority,
-    RequestFacts, StreamTracker, Upstream, UpstreamFailure,
+    RequestFacts, Upstream, UpstreamFailure,
 };
 use tokio::time::Instant;
 use tracing::Span;
@@ -43,7 +44,9 @@ pub(crate) struct Recording {
     time_to_headers: Option<Duration>,
     admission: Option<AdmissionOutcome>,
     hedge: Option<HedgeOutcome>,
-    tracker: Option<StreamTracker>,
+    /// The request's progress record, and this layer's reading of the stream.
+    progress: StreamProgress,
+    tracker: Option<Reading>,
     ttft: Option<Duration>,
     last_token: Instant,
     gaps: GapStats,
@@ -69,6 +72,7 @@ impl Recording {
         route: Arc<str>,
         priority: Option<Priority>,
         facts: Option<RequestFacts>,
+        progress: StreamProgress,
     ) -> Box<Self> {
         let labels = PhaseLabels {
             operation: cfg.operations.name(&route),
@@ -91,6 +95,7 @@ impl Recording {
             time_to_headers: None,
             admission: None,
             hedge: None,
+            progress,
             tracker: None,
             ttft: None,
             last_token: start,
@@ -125,7 +130,7 @@ impl Recording {
         };
         self.labels.streamed = dialect.is_some();
         if let Some(dialect) = dialect {
-            self.tracker = Some(StreamTracker::new(&dialect, headers).with_usage(self.cfg.usage));
+            self.tracker = Some(self.progress.reading(&dialect, headers));
             let sinks = &self.cfg.sinks.0;
             self.gap_hists = sinks
                 .iter()
@@ -243,7 +248,7 @@ impl Recording {
             (Some(ttft), n) if n > 1 => Some(total.saturating_sub(ttft).div_f64((n - 1) as f64)),
             _ => None,
         };
-        let usage = self.tracker.as_ref().and_then(StreamTracker::usage);
+        let usage = self.tracker.as_ref().and_then(Reading::usage);
         if self.hedge.is_none() {
             // A layer outside the hedge answered before it did (a timeout, a deadline) or the
             // client went away: the hedge reported what it did as it was dropped.

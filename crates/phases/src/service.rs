@@ -5,6 +5,7 @@ use std::task::{Context, Poll};
 
 use http::request::Parts;
 use http::{Request, Response};
+use tailguard_core::progress::StreamProgress;
 use tailguard_core::{EndReport, Priority, RequestFacts};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -81,6 +82,11 @@ where
         }
         let priority = parts.extensions.get::<Priority>().cloned();
         let facts = parts.extensions.get::<RequestFacts>().cloned();
+        // The stream is read once, by the innermost layer that reads it; usage is asked of it.
+        let progress = StreamProgress::of(&mut parts.extensions);
+        if cfg.usage {
+            progress.want_usage();
+        }
 
         let span = if cfg.span {
             request_span(request_id.as_ref(), &route, facts.as_ref())
@@ -96,6 +102,7 @@ where
             route,
             priority,
             facts,
+            progress,
         );
         let req = Request::from_parts(parts, body);
         let inner = {

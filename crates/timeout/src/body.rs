@@ -9,7 +9,8 @@ use http::response::Parts;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tailguard_core::headers::grpc_status;
-use tailguard_core::{BoxError, Dialect, EndReport, Framing, StreamTracker, TimeoutError, Wire};
+use tailguard_core::progress::{Reading, StreamProgress};
+use tailguard_core::{BoxError, Dialect, EndReport, Framing, TimeoutError, Wire};
 use tokio::time::Instant;
 
 use crate::ending::{End, Failure};
@@ -48,7 +49,7 @@ pin_project! {
         inner: Option<B>,
         #[pin]
         timers: Timers,
-        tracker: Option<StreamTracker>,
+        tracker: Option<Reading>,
         held: HeldBack<B::Data>,
         // Frames delivered in a row without waiting (for the flood check).
         streak: u8,
@@ -77,7 +78,7 @@ impl<B: Body> std::fmt::Debug for SseIdleTimeoutBody<B> {
 }
 
 impl<B: Body> SseIdleTimeoutBody<B> {
-    fn new(inner: Option<B>, timers: Timers, tracker: Option<StreamTracker>, end: End) -> Self {
+    fn new(inner: Option<B>, timers: Timers, tracker: Option<Reading>, end: End) -> Self {
         SseIdleTimeoutBody {
             inner,
             timers,
@@ -106,7 +107,9 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         Self::new(None, timers, None, end)
     }
 
-    /// The body of a response whose head (`parts`) arrived now.
+    /// The body of a response whose head (`parts`) arrived now; a watched stream is read
+    /// through the request's `progress` record (this layer reads it, unless a layer inside
+    /// already does).
     ///
     /// The stream is watched when a timer runs, or when the response is a stream (a 2xx whose
     /// `content-type` says SSE, NDJSON or gRPC) whose ending can be checked; a non-streamed
@@ -118,6 +121,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         t: &Timeouts,
         start: Instant,
         report: Option<EndReport>,
+        progress: &StreamProgress,
     ) -> Self {
         let now = Instant::now();
         let first_token_from = match config.first_token_clock {
@@ -130,7 +134,7 @@ impl<B: Body> SseIdleTimeoutBody<B> {
         let dialect = config.dialect.resolve(headers);
         let stream = parts.status.is_success() && Dialect::Auto.resolve_stream(headers).is_some();
         let watch = timers.active() || (stream && dialect.framing() != Some(Framing::Bytes));
-        let tracker = watch.then(|| StreamTracker::new(&dialect, headers));
+        let tracker = watch.then(|| progress.reading(&dialect, headers));
         let grpc = tracker.as_ref().is_some_and(|t| t.wire() == Wire::Grpc);
         let mut body = Self::new(Some(inner), timers, tracker, End::Finished);
         body.hold_back = body.tracker.is_some() && config.on_expiry != OnExpiry::BodyError;
@@ -313,7 +317,7 @@ fn on_end<B: Body>(this: &mut BodyProj<'_, B>, end: End) {
     if !*this.require_terminal {
         this.held.release_all();
     } else if !*this.terminal {
-        let events = this.tracker.as_ref().map_or(0, StreamTracker::events);
+        let events = this.tracker.as_ref().map_or(0, Reading::events);
         fail(this, Failure::truncated(events));
         return;
     } else {
@@ -325,7 +329,7 @@ fn on_end<B: Body>(this: &mut BodyProj<'_, B>, end: End) {
 /// The inner body failed. A watched stream ends with an in-band error (the client holds whole
 /// events only, so it is always at an event boundary); otherwise the error passes through.
 fn on_error<B: Body>(this: &mut BodyProj<'_, B>, err: BoxError) {
-    match this.tracker.as_ref().map(StreamTracker::events) {
+    match this.tracker.as_ref().map(Reading::events) {
         Some(events) => fail(this, Failure::transport(err, events)),
         None => finish(this, End::Error(err)),
     }
@@ -348,7 +352,7 @@ fn expire<B: Body>(this: &mut BodyProj<'_, B>, expired: Expired) {
         since,
     } = expired;
     let now = Instant::now();
-    let events = this.tracker.as_ref().map_or(0, StreamTracker::events);
+    let events = this.tracker.as_ref().map_or(0, Reading::events);
     let elapsed = now.saturating_duration_since(this.timers.start());
     let mut err = TimeoutError::new(phase, limit, elapsed)
         .with_events(events)
@@ -373,9 +377,6 @@ fn fail<B: Body>(this: &mut BodyProj<'_, B>, failure: Failure) {
         report.report(failure.reason);
     }
     tracing::debug!(reason = %failure.reason, message = failure.message(), "stream ended");
-    let wire = this
-        .tracker
-        .as_ref()
-        .map_or(Wire::Opaque, StreamTracker::wire);
+    let wire = this.tracker.as_ref().map_or(Wire::Opaque, Reading::wire);
     *this.end = failure.into_end(wire, *this.on_expiry);
 }

@@ -10,6 +10,7 @@ use std::task::{Context, Poll, ready};
 use http::Response;
 use http_body::Body;
 use pin_project_lite::pin_project;
+use tailguard_core::progress::StreamProgress;
 use tailguard_core::render::{self, RenderError};
 use tailguard_core::{EndReport, Mode, Phase, Respond, TimeoutError};
 use tokio::time::Instant;
@@ -36,6 +37,7 @@ pin_project! {
         timeouts: Timeouts,
         start: Instant,
         report: Option<EndReport>,
+        progress: StreamProgress,
         grpc: bool,
         _mode: PhantomData<fn() -> M>,
     }
@@ -48,6 +50,7 @@ impl<F, M> ResponseFuture<F, M> {
         timeouts: Timeouts,
         start: Instant,
         report: Option<EndReport>,
+        progress: StreamProgress,
         grpc: bool,
     ) -> Self {
         let (phase, clock) = head_clock(&timeouts, config.first_token_clock, start);
@@ -59,6 +62,7 @@ impl<F, M> ResponseFuture<F, M> {
             timeouts,
             start,
             report,
+            progress,
             grpc,
             _mode: PhantomData,
         }
@@ -128,6 +132,7 @@ impl<F, M> ResponseFuture<F, M> {
                 this.timeouts,
                 *this.start,
                 this.report.take(),
+                this.progress,
             );
             return Poll::Ready(Ok(Response::from_parts(parts, body)));
         }

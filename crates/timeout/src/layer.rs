@@ -446,7 +446,9 @@ impl<M> SseIdleTimeoutLayer<M> {
     }
 
     /// Sets how tokens are found in response bodies (default [`Dialect::Auto`], which chooses
-    /// per response from its `content-type`).
+    /// per response from its `content-type`). The stream is read once per request (core's
+    /// [`progress`](tailguard_core::progress)): the timeout, innermost of the layers that read
+    /// streams, usually reads it, and the recorder and admission outside follow its reading.
     pub fn with_dialect(self, dialect: Dialect) -> Self {
         self.edit(|c| c.dialect = dialect)
     }

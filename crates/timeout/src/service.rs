@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use tailguard_core::headers::is_grpc;
+use tailguard_core::progress::StreamProgress;
 use tailguard_core::{BoxError, EndReport, Mode, Respond};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -86,8 +87,17 @@ where
         let start = Instant::now();
         let timeouts = self.config.prepare(&mut req, start);
         let report = req.extensions().get::<EndReport>().cloned();
+        let progress = StreamProgress::of(req.extensions_mut());
         let grpc = is_grpc(req.headers());
         let fut = self.inner.call(req);
-        ResponseFuture::new(fut, self.config.clone(), timeouts, start, report, grpc)
+        ResponseFuture::new(
+            fut,
+            self.config.clone(),
+            timeouts,
+            start,
+            report,
+            progress,
+            grpc,
+        )
     }
 }
