@@ -265,6 +265,26 @@ pub(super) fn gateway_nginx(v: &Value, doc: Doc) -> Result<String, Error> {
     if let Some(b) = v["bare_proxy_over_nginx_sustained"].as_f64() {
         write!(t, " The bare hyper proxy sustains {b:.2}x nginx's rate.")?;
     }
+    // Issue 29's check of the defaults, in runs that made it.
+    if let Some(items) = r["do_no_harm"].as_array() {
+        let mut cells = Vec::new();
+        for p in items {
+            let x = |i: usize| p[i].as_f64().ok_or("short do_no_harm entry");
+            cells.push(format!(
+                "{:.0}/s: {:.0} not completed, TTFT p99 {:.2}x",
+                x(0)?,
+                x(1)?,
+                x(2)?
+            ));
+        }
+        write!(
+            t,
+            "\n\nDo no harm (the gateway with every default): {}. Target (every request, TTFT p99 \
+             ≤ 1.2x nginx's): {}.",
+            cells.join("; "),
+            met(r["do_no_harm_met"].as_bool() == Some(true)),
+        )?;
+    }
     Ok(t)
 }
 

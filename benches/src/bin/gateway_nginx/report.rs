@@ -5,7 +5,10 @@ use tailguard::core::BoxError;
 
 use crate::{FrontResult, Opts, RATES, REPLICAS, SCRIPT, SLO_FACTOR};
 
-const TARGETS: &str = "gateway/nginx: gap p99 <= 1.1x at 100/s and 400/s; TTFT p99 <= 1.2x at every rate up to the highest nginx sustains; sustained rate >= 0.8x";
+const TARGETS: &str = "gateway/nginx: gap p99 <= 1.1x at 100/s and 400/s; TTFT p99 <= 1.2x at every rate up to the highest nginx sustains; sustained rate >= 0.8x; do no harm: with its defaults the gateway completes every request at 100/s and 300/s, TTFT p99 <= 1.2x nginx's";
+
+/// The rates of issue 29's do-no-harm target.
+const DO_NO_HARM_RATES: [f64; 2] = [100.0, 300.0];
 
 /// The gateway's figures over nginx's, in this run.
 #[derive(Debug, Serialize)]
@@ -16,10 +19,13 @@ struct Ratios {
     /// probe, up to nginx's sustained rate: (rate, TTFT p99 ratio).
     ttft_checked: Vec<(f64, f64)>,
     sustained: f64,
+    /// At [`DO_NO_HARM_RATES`]: (rate, requests the gateway did not complete, TTFT p99 ratio).
+    do_no_harm: Vec<(f64, u64, f64)>,
     /// Each target, met or not.
     gap_target_met: bool,
     ttft_target_met: bool,
     sustained_target_met: bool,
+    do_no_harm_met: bool,
 }
 
 #[derive(Serialize)]
@@ -71,13 +77,26 @@ fn ratios(nginx: &FrontResult, gateway: &FrontResult) -> Ratios {
     ttft_checked.dedup_by(|a, b| a.0 == b.0);
     let ttft_target_met = ttft_checked.iter().all(|(_, ttft)| *ttft <= 1.2);
     let sustained = gateway.sustained / nginx.sustained;
+    let do_no_harm: Vec<(f64, u64, f64)> = DO_NO_HARM_RATES
+        .iter()
+        .filter_map(|&rate| {
+            let (n, g) = (nginx.at(rate)?, gateway.at(rate)?);
+            Some((rate, g.not_completed, g.ttft_p99_ms / n.ttft_p99_ms))
+        })
+        .collect();
+    let do_no_harm_met = do_no_harm.len() == DO_NO_HARM_RATES.len()
+        && do_no_harm
+            .iter()
+            .all(|(_, lost, ttft)| *lost == 0 && *ttft <= 1.2);
     Ratios {
         per_rate,
         ttft_checked,
         sustained,
+        do_no_harm,
         gap_target_met,
         ttft_target_met,
         sustained_target_met: sustained >= 0.8,
+        do_no_harm_met,
     }
 }
 
@@ -137,11 +156,18 @@ fn print_ratios(r: &Ratios) {
         checked.join(", ")
     );
     println!("  sustained rate {:.2}x", r.sustained);
+    for (rate, lost, ttft) in &r.do_no_harm {
+        println!("  do no harm at {rate:.0}/s: {lost} not completed, TTFT p99 {ttft:.2}x");
+    }
     println!(
         "targets: gap p99 <= 1.1x at 100/s and 400/s: {}; TTFT p99 <= 1.2x at every rate both ran up to nginx's sustained rate: {}; sustained >= 0.8x: {}",
         verdict(r.gap_target_met),
         verdict(r.ttft_target_met),
         verdict(r.sustained_target_met)
+    );
+    println!(
+        "do no harm (defaults, 100/s and 300/s: every request, TTFT p99 <= 1.2x): {}",
+        verdict(r.do_no_harm_met)
     );
 }
 
