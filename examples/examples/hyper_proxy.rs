@@ -10,9 +10,10 @@
 //! `: keepalive` comments, which would reset tower-http's body timeout forever. Through the proxy
 //! the stream ends 500 ms into the stall with an in-band OpenAI error event and `[DONE]`.
 //!
-//! No glue: the guarded client's response body keeps hyper's `Bytes` data and its error type is
-//! the client's own, so the handler returns what the guarded client returns. (An upstream that
-//! cannot be reached is the client's error, as without tailguard: hyper closes the connection.)
+//! No glue: the guarded client's response body keeps hyper's `Bytes` data, so the handler
+//! returns what the guarded client returns. Core's `BadGatewayLayer` outermost answers an
+//! upstream that cannot be reached (or resets before its headers) with a 502 in the client's
+//! protocol, where hyper alone would close the connection with no reply.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -26,7 +27,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tailguard::core::BoxError;
+use tailguard::core::{BadGatewayLayer, BoxError};
 use tailguard::timeout::SseIdleTimeoutLayer;
 use tailguard_mock::{MockServer, Script};
 use tokio::net::TcpListener;
@@ -35,8 +36,9 @@ use tower::{ServiceBuilder, ServiceExt, service_fn};
 /// Accepts connections on `listener` and proxies every request to `upstream`.
 async fn serve(listener: TcpListener, upstream: Uri) -> Result<(), BoxError> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Incoming>();
-    // The one tailguard layer: stalls end in-band even behind keepalives.
+    // The tailguard policy: stalls end in-band even behind keepalives; transport errors are 502s.
     let guarded = ServiceBuilder::new()
+        .layer(BadGatewayLayer::new())
         .layer(
             SseIdleTimeoutLayer::new()
                 .with_first_token_timeout(Duration::from_secs(30))
