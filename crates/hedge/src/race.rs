@@ -258,11 +258,10 @@ where
     /// the next attempt.
     fn fail(&mut self, index: u8, failure: Failure<RB, S::Error>, report: Option<EndReport>) {
         let fault = failure.fault();
-        let how = if fault == Fault::NO_TOKEN {
-            Settle::Empty
-        } else {
-            Settle::Failed
-        };
+        // A stream that ended without a token (an interrupting server's bare `[DONE]`): the
+        // placer may read it as an interruption, and it may take further attempts.
+        let empty = fault == Fault::NO_TOKEN;
+        let how = if empty { Settle::Empty } else { Settle::Failed };
         self.record.next(index).settle(how);
         tracing::debug!(
             attempt = index,
@@ -276,10 +275,9 @@ where
         {
             self.best = Some((index, failure, report));
         }
-        // A stream that ended without a token (an interrupting server's bare `[DONE]`) may take
-        // further attempts; every other failure stays within the attempts configured.
+        // Every other failure stays within the attempts configured.
         let c = &self.shared.config;
-        let cap = if fault == Fault::NO_TOKEN {
+        let cap = if empty {
             c.max_attempts
                 .saturating_add(c.empty_retries)
                 .min(MAX_ATTEMPTS)
