@@ -43,6 +43,8 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use tokio::time::Instant;
+
 /// The header the hedge sets on every attempt it sends: the attempt index, `0` for the primary,
 /// `1` for the first backup, and so on.
 pub const ATTEMPT_HEADER: &str = "x-tailguard-attempt";
@@ -107,6 +109,7 @@ pub trait AttemptClaim: Send + Sync {
 #[derive(Clone)]
 pub struct Attempt {
     number: u8,
+    since: Instant,
     shared: Arc<Mutex<Record>>,
 }
 
@@ -123,6 +126,7 @@ impl Attempt {
     pub fn primary() -> Self {
         Attempt {
             number: 0,
+            since: Instant::now(),
             shared: Arc::default(),
         }
     }
@@ -132,8 +136,16 @@ impl Attempt {
     pub fn next(&self, number: u8) -> Self {
         Attempt {
             number,
+            since: self.since,
             shared: self.shared.clone(),
         }
+    }
+
+    /// When the request's primary attempt was made (every attempt of the request shares it):
+    /// the request's place in a line, so that a placer that holds attempts for a slot can
+    /// serve the oldest request first, its backups included.
+    pub fn since(&self) -> Instant {
+        self.since
     }
 
     /// The attempt index: `0` for the primary, `1` for the first backup, and so on.

@@ -9,12 +9,14 @@ use std::task::{Context, Poll, ready};
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tailguard_core::Upstream;
-use tailguard_core::attempt::{AttemptClaim, Settle};
+use tailguard_core::attempt::{Attempt, AttemptClaim, Settle};
+use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 use tower::util::Oneshot;
 use tower_service::Service;
 
 use crate::body::{Guard, ReplicaBody};
+use crate::line::Spot;
 use crate::place::Placer;
 
 pin_project! {
@@ -35,6 +37,10 @@ pin_project! {
         S: Service<Request<B>>,
     {
         set: Placer<S>,
+        // Its place in the set's line while it waits for a slot.
+        spot: Spot,
+        // Wakes it when its patience for a preferred replica runs out.
+        patience: Option<Pin<Box<Sleep>>>,
         guard: Option<Guard>,
         // The replica placed on, once placed.
         replica: usize,
@@ -59,13 +65,20 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
 {
     pub(crate) fn new(set: Placer<S>, req: Request<B>) -> Self {
+        let since = req
+            .extensions()
+            .get::<Attempt>()
+            .map_or_else(Instant::now, Attempt::since);
+        let spot = Spot::new(set.health.clone(), since);
         let mut fut = ResponseFuture {
             set,
+            spot,
+            patience: None,
             guard: None,
             replica: 0,
             state: State::Waiting { req: None },
         };
-        match fut.set.place(&req, None) {
+        match fut.set.place(&req, &mut fut.spot, None) {
             Some((i, ticket)) => {
                 fut.guard = Some(Guard::new(ticket));
                 fut.replica = i;
@@ -94,9 +107,18 @@ where
                     let Some(r) = req.as_ref() else {
                         return Poll::Pending;
                     };
-                    // No free slot: parked until one is released, then placed again.
-                    let Some((i, ticket)) = this.set.place(r, Some(cx.waker())) else {
-                        return Poll::Pending;
+                    // No free slot (or one only on a replica worse than waiting): in line
+                    // until a slot is released, then placed again.
+                    let Some((i, ticket)) = this.set.place(r, this.spot, Some(cx.waker())) else {
+                        let Some(until) = this.spot.patience.filter(|t| Instant::now() < *t) else {
+                            return Poll::Pending;
+                        };
+                        let sleep = this
+                            .patience
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                        ready!(sleep.as_mut().poll(cx));
+                        // Out of patience: placed again, on any replica with room.
+                        continue;
                     };
                     let Some(r) = req.take() else {
                         return Poll::Pending;

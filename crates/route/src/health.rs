@@ -4,13 +4,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::Waker;
 use std::time::Duration;
 
 use tailguard_core::attempt::{AttemptClaim, Settle};
 use tokio::time::Instant;
 
 use crate::eject::Ejection;
+use crate::line::Line;
 use crate::score::Replica;
 
 /// How soon after the set sent a replica a newer attempt a stream that ends there counts as
@@ -23,8 +23,8 @@ const INTERRUPTION_WINDOW: Duration = Duration::from_secs(2);
 pub(crate) struct Board {
     pub(crate) replicas: Vec<Replica>,
     next_id: u64,
-    /// Calls waiting for a free slot.
-    waiters: Vec<Waker>,
+    /// Attempts waiting for a slot.
+    pub(crate) line: Line,
 }
 
 /// The shared state of a [`ReplicaSet`](crate::ReplicaSet).
@@ -49,7 +49,7 @@ impl Health {
             board: Mutex::new(Board {
                 replicas: (0..n).map(|_| Replica::new(now)).collect(),
                 next_id: 0,
-                waiters: Vec::new(),
+                line: Line::default(),
             }),
             decay,
             ejection,
@@ -84,13 +84,6 @@ impl Health {
             id,
             sent_at: now,
             released: AtomicBool::new(false),
-        }
-    }
-
-    /// Parks `waker` until a slot is released.
-    pub(crate) fn park(board: &mut Board, waker: &Waker) {
-        if !board.waiters.iter().any(|w| w.will_wake(waker)) {
-            board.waiters.push(waker.clone());
         }
     }
 }
@@ -182,11 +175,13 @@ impl Ticket {
     /// Called once, by the attempt's guard.
     pub(crate) fn release(&self) {
         self.released.store(true, Ordering::Release);
+        let held = self.sent_at.elapsed().as_secs_f64();
         let waiters = {
             let mut board = self.health.board();
             let r = &mut board.replicas[self.replica];
             r.active = r.active.saturating_sub(1);
-            std::mem::take(&mut board.waiters)
+            r.held(held);
+            board.line.wakers()
         };
         for w in waiters {
             w.wake();

@@ -72,7 +72,9 @@
 //!   the last one.
 //! * **Slots** ([`ReplicaSet::with_slots`]): an attempt is placed only on a replica with a free
 //!   slot and holds it until its body ([`ReplicaBody`]) ends or is dropped; otherwise it waits
-//!   in the set.
+//!   in the set, and the oldest request waiting takes the next slot that suits it. A primary
+//!   also waits for a full replica instead of taking a free one when the full one is expected
+//!   to give a first token sooner (slot wait included), for at most that long.
 //! * **Interruptions** ([`ReplicaSet::with_interruption_hold`]): a replica that ends a stream
 //!   (without a token, or broken off) just after the set placed a newer attempt on it (a
 //!   single-slot llama-cpp-python server) gets one attempt at a time for the next 60 s; the
@@ -89,14 +91,15 @@
 // Where things are: `set` (the service and its settings), `config` (routing and slots),
 // `place` (picking the replica of one attempt), `health` (the shared state and each attempt's
 // claim, settled through core's attempt protocol), `score` (one replica's expected wait),
-// `eject` (outlier ejection), `future` and `body` (an attempt waiting for its slot, then
-// holding it), `base_uri`.
+// `eject` (outlier ejection), `line` (attempts waiting for a slot, oldest first), `future`
+// and `body` (an attempt waiting for its slot, then holding it), `base_uri`.
 mod base_uri;
 mod body;
 mod config;
 mod eject;
 pub mod future;
 mod health;
+mod line;
 mod metrics;
 mod place;
 mod score;

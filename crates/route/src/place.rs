@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Waker;
+use std::time::Duration;
 
 use http::Request;
 use tailguard_core::Upstream;
@@ -14,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::config::{Config, Routing};
 use crate::health::{Board, Health, Ticket};
+use crate::line::Spot;
 
 /// The replicas of a set, and what it knows about them: what a set and each of its response
 /// futures share.
@@ -47,82 +49,121 @@ impl<S> Placer<S> {
         self.replicas[i].clone()
     }
 
-    /// Places the request's attempt: a replica and its ticket, or `None` (with `waker` parked)
-    /// while no suitable replica has a free slot.
+    /// Places the request's attempt: a replica and its ticket, or `None` while it waits for a
+    /// slot (in line, when `waker` is given; see [`Line`](crate::line::Line)).
     pub(crate) fn place<B>(
         &self,
         req: &Request<B>,
+        spot: &mut Spot,
         waker: Option<&Waker>,
     ) -> Option<(usize, Arc<Ticket>)> {
         let attempt = req.extensions().get::<Attempt>();
         let mut board = self.health.board();
-        let Some(i) = self.pick(&mut board, attempt) else {
-            if let Some(w) = waker {
-                Health::park(&mut board, w);
+        let placed = match self.pick(&mut board, attempt, spot) {
+            Pick::Place(i) => i,
+            Pick::Wait(wants) => {
+                if let Some(w) = waker {
+                    spot.key = Some(board.line.wait(spot.key, spot.since, w, wants));
+                }
+                return None;
             }
-            return None;
+            Pick::Prefer(i, secs) => {
+                if let Some(w) = waker {
+                    spot.key = Some(board.line.wait(spot.key, spot.since, w, vec![i]));
+                }
+                let patience = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
+                spot.patience
+                    .get_or_insert_with(|| Instant::now() + patience);
+                return None;
+            }
         };
-        let ticket = Arc::new(self.health.start(&mut board, i, attempt.is_some()));
+        let ticket = Arc::new(self.health.start(&mut board, placed, attempt.is_some()));
         drop(board);
+        spot.leave();
         if let Some(a) = attempt {
-            a.record(ReplicaId(i as u64));
+            a.record(ReplicaId(placed as u64));
             a.bind(ticket.clone());
         }
-        Some((i, ticket))
+        Some((placed, ticket))
     }
 
-    /// The replica for an attempt, among those with a free slot.
-    fn pick(&self, board: &mut Board, attempt: Option<&Attempt>) -> Option<usize> {
+    /// The replica for an attempt, among those with a free slot that no older waiter in line
+    /// is due; or the replicas it waits for.
+    fn pick(&self, board: &mut Board, attempt: Option<&Attempt>, spot: &Spot) -> Pick {
         let now = Instant::now();
-        let free: Vec<usize> = (0..self.replicas.len())
-            .filter(|&i| board.replicas[i].has_room(self.config.slots, now))
+        let n = self.replicas.len();
+        let ejected: Vec<bool> = (board.replicas.iter_mut())
+            .map(|r| r.eject.is_ejected(now))
             .collect();
+        let board = &*board;
+        let decay = self.health.decay;
+        let slots = self.config.slots;
+        let ahead = |i: usize| board.line.ahead(spot.key, spot.since, i);
+        let room = |i: usize| board.replicas[i].has_room(slots, now, ahead(i));
         let tried = attempt.map(Attempt::tried).unwrap_or_default();
-        let untried = tried.len() < self.replicas.len();
-        if attempt.is_some_and(Attempt::is_backup) && untried {
-            let decay = self.health.decay;
-            let mut key = |i: &usize| {
-                let r = &mut board.replicas[*i];
-                (r.eject.is_ejected(now), r.score(now, decay))
-            };
-            let mut best: Option<(usize, (bool, f64))> = None;
-            for i in free
+        if attempt.is_some_and(Attempt::is_backup) && tried.len() < n {
+            // A backup: the best replica not tried yet (an ejected one last).
+            let untried: Vec<usize> = (0..n)
+                .filter(|i| !tried.contains(&ReplicaId(*i as u64)))
+                .collect();
+            let key = |i: usize| (ejected[i], board.replicas[i].score(now, decay));
+            let best = untried
                 .iter()
                 .copied()
-                .filter(|i| !tried.contains(&ReplicaId(*i as u64)))
-            {
-                let k = key(&i);
-                if best.is_none_or(|(_, b)| (k.0, k.1) < (b.0, b.1)) {
-                    best = Some((i, k));
-                }
-            }
-            return best.map(|(i, _)| i);
+                .filter(|&i| room(i))
+                .min_by(|&a, &b| {
+                    let (ka, kb) = (key(a), key(b));
+                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+                });
+            return best.map_or(Pick::Wait(untried), Pick::Place);
         }
-        self.primary(board, &free, now)
-    }
-
-    /// The primary's replica among `free`: power of two choices, or round robin.
-    fn primary(&self, board: &mut Board, free: &[usize], now: Instant) -> Option<usize> {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
         if self.config.routing == Routing::RoundRobin {
-            let n = self.replicas.len();
-            return (0..n).map(|k| (seq + k) % n).find(|i| free.contains(i));
+            let seq = self.next.fetch_add(1, Ordering::Relaxed);
+            return (0..n)
+                .map(|k| (seq + k) % n)
+                .find(|&i| room(i))
+                .map_or_else(|| Pick::Wait((0..n).collect()), Pick::Place);
         }
-        let healthy: Vec<usize> = free
+        // A primary: of the replicas in selection, the better of two with room...
+        let healthy: Vec<usize> = (0..n).filter(|&i| !ejected[i]).collect();
+        let free: Vec<usize> = healthy.iter().copied().filter(|&i| room(i)).collect();
+        let chosen = self.two_choices(board, &free, now);
+        // ...unless a full one is expected to give a first token sooner, slot wait included
+        // (a single-slot replica that answers in 0.3 s beats one with room that takes 4 s):
+        // then the attempt waits for it, for at most that expected wait (its patience; the
+        // hedge may send a backup meanwhile), and takes a replica with room after that.
+        let full = healthy
             .iter()
             .copied()
-            .filter(|&i| !board.replicas[i].eject.is_ejected(now))
-            .collect();
-        // Every free replica ejected (the healthy ones are full): wait for a healthy slot.
-        let n = healthy.len();
-        if n <= 1 {
-            return healthy.first().copied();
+            .filter(|&i| !room(i))
+            .filter_map(|i| {
+                let r = &board.replicas[i];
+                r.wait_for_slot(slots, now, decay, ahead(i)).map(|w| (i, w))
+            });
+        let sooner = full.min_by(|a, b| a.1.total_cmp(&b.1));
+        let patient = spot.patience.is_none_or(|until| now < until);
+        match (chosen, sooner) {
+            (Some(c), Some((i, wait))) if patient && wait < board.replicas[c].score(now, decay) => {
+                Pick::Prefer(i, wait)
+            }
+            (Some(c), _) => Pick::Place(c),
+            // Every replica in selection is full: wait for the first slot of any of them.
+            (None, _) => Pick::Wait(healthy),
         }
+    }
+
+    /// Power of two choices among `free`, by score.
+    fn two_choices(&self, board: &Board, free: &[usize], now: Instant) -> Option<usize> {
+        let n = free.len();
+        if n <= 1 {
+            return free.first().copied();
+        }
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
         // Two distinct candidates from a Weyl sequence: evenly spread, no generator needed.
         let h = (seq as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let a = (h >> 32) as usize % n;
         let b = (a + 1 + (h as u32 as usize) % (n - 1)) % n;
-        let (a, b) = (healthy[a], healthy[b]);
+        let (a, b) = (free[a], free[b]);
         let decay = self.health.decay;
         let (sa, sb) = (
             board.replicas[a].score(now, decay),
@@ -130,6 +171,17 @@ impl<S> Placer<S> {
         );
         Some(if sb < sa { b } else { a })
     }
+}
+
+/// Where an attempt goes.
+enum Pick {
+    /// To this replica, now.
+    Place(usize),
+    /// Nowhere yet: it waits for a slot on one of these.
+    Wait(Vec<usize>),
+    /// It waits for a slot on this replica, expected in this many seconds, although another
+    /// has room.
+    Prefer(usize, f64),
 }
 
 impl<S> Clone for Placer<S> {

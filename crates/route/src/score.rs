@@ -31,6 +31,9 @@ pub(crate) struct Replica {
     pub(crate) newest: (u64, Instant),
     /// Until when it gets one attempt at a time: it ended a stream when a newer one arrived.
     pub(crate) one_at_a_time: Option<Instant>,
+    /// A moving average of how long an attempt holds a slot here (placement to the end of its
+    /// body), in seconds; zero before the first.
+    hold: f64,
     pub(crate) eject: Ejector,
 }
 
@@ -43,15 +46,50 @@ impl Replica {
             active: 0,
             newest: (0, now),
             one_at_a_time: None,
+            hold: 0.0,
             eject: Ejector::default(),
         }
     }
 
-    /// Whether one more attempt fits: under `configured` slots, and alone while it gets one
-    /// at a time.
-    pub(crate) fn has_room(&self, configured: Option<u32>, now: Instant) -> bool {
+    /// How many attempts it takes at once: `configured` slots, one while it gets one at a
+    /// time; `None`: no limit.
+    pub(crate) fn capacity(&self, configured: Option<u32>, now: Instant) -> Option<u32> {
         let alone = self.one_at_a_time.is_some_and(|until| now < until);
-        configured.is_none_or(|n| self.active < n) && (!alone || self.active == 0)
+        if alone { Some(1) } else { configured }
+    }
+
+    /// Whether `ahead` attempts and one more fit now.
+    pub(crate) fn has_room(&self, configured: Option<u32>, now: Instant, ahead: usize) -> bool {
+        self.capacity(configured, now)
+            .is_none_or(|n| u64::from(self.active) + (ahead as u64) < u64::from(n))
+    }
+
+    /// The expected wait for a slot here, when it has none free, behind `ahead` attempts
+    /// waiting for it, and then for a first token: each in turn holds a slot for the average
+    /// hold (the one running now counted whole: the estimate errs long, towards a replica with
+    /// room). `None` before the first hold was seen.
+    pub(crate) fn wait_for_slot(
+        &self,
+        configured: Option<u32>,
+        now: Instant,
+        decay: Duration,
+        ahead: usize,
+    ) -> Option<f64> {
+        let slots = f64::from(self.capacity(configured, now)?.max(1));
+        (self.hold > 0.0).then(|| {
+            self.hold * (ahead + 1) as f64 / slots + self.estimate(now, decay) + PRIOR_SECS
+        })
+    }
+
+    /// An attempt released its slot after `secs`.
+    pub(crate) fn held(&mut self, secs: f64) {
+        self.hold = if self.hold == 0.0 {
+            secs
+        } else {
+            // A plain moving average: the hold only ranks a full replica against one with
+            // room, and a few streams' worth of memory is enough for that.
+            self.hold + (secs - self.hold) * 0.2
+        };
     }
 
     /// The estimate decayed to `now`, in seconds.

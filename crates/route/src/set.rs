@@ -28,11 +28,19 @@ use crate::place::Placer;
 ///   repeated failures or slowness (see [`Ejection`]) are left out. With [`Routing::RoundRobin`], the next replica in turn.
 /// * **Backup**: the best-scored replica the request's [`Attempt`] has not recorded (an
 ///   ejected one only when no other is left); when all were tried, the primary's rule again.
-/// * **Slots** ([`with_slots`](Self::with_slots)): an attempt is placed only on a replica with
-///   a free slot, and holds it until its response body ends or is dropped. While no suitable
-///   replica has one, the attempt waits in the set (in the gateway, not in an upstream's own
-///   queue) and is placed when a slot frees; a backup waits for a slot on a replica not yet
-///   tried, and is dropped unsent if the race is decided first.
+/// * **Slots** ([`with_slots`](Self::with_slots), or one while a replica is learned to serve
+///   one at a time, see [`with_interruption_hold`](Self::with_interruption_hold)): an attempt
+///   is placed only on a replica with a free slot, and holds it until its response body ends
+///   or is dropped. While no suitable replica has one, the attempt waits in the set (in the
+///   gateway, not in an upstream's own queue) and is placed when a slot frees, **oldest request
+///   first** (a backup keeps its request's age); a backup waits for a slot on a replica not
+///   yet tried, and is dropped unsent if the race is decided first.
+/// * **Waiting for a faster replica**: a primary waits for a full replica rather than take a
+///   free one when the full one's expected first token (the attempts ahead of it times its
+///   average slot hold, plus its first-token estimate) comes sooner than the free one's
+///   expected wait; for at most that expected time (the hedge may back it up meanwhile), then
+///   it takes a replica with room. Slowness steers placement this way; it never leaves a
+///   request waiting longer than the set expects a replica with room to take.
 ///
 /// The chosen replica's index is recorded as its [`ReplicaId`]. A request without an
 /// `Attempt` (sent around the hedge) is routed the same way and holds a slot, but feeds no
@@ -227,12 +235,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::line::Spot;
     use tailguard_core::attempt::Attempt;
 
     fn place(set: &ReplicaSet<()>, attempt: &Attempt) -> Option<usize> {
         let mut req = Request::new(());
         req.extensions_mut().insert(attempt.clone());
-        set.placer.place(&req, None).map(|(i, _)| i)
+        let mut spot = Spot::new(set.placer.health.clone(), attempt.since());
+        set.placer.place(&req, &mut spot, None).map(|(i, _)| i)
     }
 
     #[tokio::test(start_paused = true)]

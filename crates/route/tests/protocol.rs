@@ -2,12 +2,15 @@
 //! (the hedge, or a user's own) drives it: no `tailguard-hedge` here.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use tailguard_core::attempt::{Attempt, Settle};
+use tailguard_core::attempt::{Attempt, ReplicaId, Settle};
 use tailguard_route::{ReplicaBody, ReplicaSet};
 use tower::{Service, ServiceExt, service_fn};
 
@@ -229,4 +232,105 @@ async fn an_empty_stream_with_no_newer_attempt_is_a_failure() {
     older.settle(Settle::Empty);
     // Not held: placed beside the newer one at once.
     let (_, _third) = send(&set, &Attempt::primary()).await;
+}
+
+fn request(attempt: &Attempt) -> Request<()> {
+    let mut req = Request::new(());
+    req.extensions_mut().insert(attempt.clone());
+    req
+}
+
+/// Polls once, as a runtime would after a wake-up.
+fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+    Pin::new(f).poll(&mut Context::from_waker(Waker::noop()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_oldest_request_takes_a_freed_slot_whatever_order_its_waiters_are_polled_in() {
+    let set = ReplicaSet::new(replicas(1)).with_slots(Some(1));
+    let (_, first) = send(&set, &Attempt::primary()).await;
+    let old = Attempt::primary();
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let young = Attempt::primary();
+    // The younger request joins the line first.
+    let mut young_f = Box::pin(set.clone().oneshot(request(&young)));
+    let mut old_f = Box::pin(set.clone().oneshot(request(&old)));
+    assert!(poll_once(&mut young_f).is_pending());
+    assert!(poll_once(&mut old_f).is_pending());
+    // The slot frees and both are woken; tokio may well poll the younger first.
+    drop(first);
+    assert!(poll_once(&mut young_f).is_pending());
+    let Poll::Ready(Ok(old_res)) = poll_once(&mut old_f) else {
+        panic!("the older request takes the slot");
+    };
+    assert!(poll_once(&mut young_f).is_pending());
+    drop(old_res);
+    assert!(matches!(poll_once(&mut young_f), Poll::Ready(Ok(_))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_goes_away_gives_up_its_place_in_line() {
+    let set = ReplicaSet::new(replicas(1)).with_slots(Some(1));
+    let (_, first) = send(&set, &Attempt::primary()).await;
+    let mut old_f = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+    assert!(poll_once(&mut old_f).is_pending());
+    let mut young_f = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+    assert!(poll_once(&mut young_f).is_pending());
+    drop(first);
+    assert!(poll_once(&mut young_f).is_pending());
+    // The older waiter's race was decided elsewhere (or its client left) before it was
+    // polled again: the slot is the younger one's.
+    drop(old_f);
+    assert!(matches!(poll_once(&mut young_f), Poll::Ready(Ok(_))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_primary_waits_for_a_much_faster_replica_for_as_long_as_it_expects_to() {
+    let set = ReplicaSet::new(replicas(2)).with_slots(Some(1));
+    // A first token takes 4 s on one replica...
+    let a = Attempt::primary();
+    let (slow, res) = send(&set, &a).await;
+    tokio::time::advance(Duration::from_secs(4)).await;
+    a.settle(Settle::Token);
+    drop(res);
+    // ...and 0.3 s on the other, whose streams hold their slot for 0.6 s.
+    let b = Attempt::primary();
+    let (fast, res) = send(&set, &b).await;
+    assert_ne!(fast, slow);
+    tokio::time::advance(Duration::from_millis(300)).await;
+    b.settle(Settle::Token);
+    tokio::time::advance(Duration::from_millis(300)).await;
+    drop(res);
+    let (busy_on, busy) = send(&set, &Attempt::primary()).await;
+    assert_eq!(busy_on, fast);
+    // The fast replica is busy, the slow one has room: a primary waits for the fast one
+    // (0.6 s for the slot, 0.3 s to a first token, against ~3.8 s)...
+    let d = Attempt::primary();
+    let mut d_f = Box::pin(set.clone().oneshot(request(&d)));
+    assert!(poll_once(&mut d_f).is_pending());
+    // ...and so do the next four; the sixth would wait 6 x 0.6 + 0.3 = 3.9 s: it takes the
+    // slow one.
+    let mut line = Vec::new();
+    for _ in 0..4 {
+        let mut f = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+        assert!(poll_once(&mut f).is_pending());
+        line.push(f);
+    }
+    let sixth = Attempt::primary();
+    let mut sixth_f = Box::pin(set.clone().oneshot(request(&sixth)));
+    assert!(matches!(poll_once(&mut sixth_f), Poll::Ready(Ok(_))));
+    assert_eq!(sixth.tried(), [ReplicaId(slow)]);
+    drop(sixth_f);
+    // The fast replica's slot frees: the oldest waiter takes it.
+    drop(busy);
+    assert!(matches!(poll_once(&mut d_f), Poll::Ready(Ok(_))));
+    assert_eq!(d.tried(), [ReplicaId(fast)]);
+    // A waiter out of patience (it expected a slot within 0.9 s + 0.6 s per waiter ahead)
+    // takes a replica with room.
+    let e = Attempt::primary();
+    let mut e_f = Box::pin(set.clone().oneshot(request(&e)));
+    assert!(poll_once(&mut e_f).is_pending());
+    tokio::time::advance(Duration::from_secs(4)).await;
+    assert!(matches!(poll_once(&mut e_f), Poll::Ready(Ok(_))));
+    assert_eq!(e.tried(), [ReplicaId(slow)]);
 }
