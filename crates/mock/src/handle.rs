@@ -12,6 +12,7 @@ use tailguard_core::render::retry_after_secs;
 use tokio::time::sleep;
 
 use crate::body::MockBody;
+use crate::continuation::{self, NotAPrefix};
 use crate::grpc::{GENERATE_PATH, decode_request};
 use crate::latency::MAX_LATENCY;
 use crate::producer::{self, Job};
@@ -118,7 +119,7 @@ pub(crate) async fn handle(
         }
     };
     guard.set_body(&body);
-    let Some(params) = parse_params(api, &body) else {
+    let Some(params) = parse_params(api, &body, script.tokens) else {
         if api == Api::Grpc {
             let outcome = Outcome::BadRequest(400);
             return Ok(grpc_trailers_only(3, "bad GenerateRequest", outcome, guard));
@@ -182,14 +183,23 @@ async fn generate(
     guard: RequestGuard,
     abort: Option<Arc<AtomicBool>>,
 ) -> Handled {
+    let offset = match params.offset {
+        Ok(k) => k,
+        Err(NotAPrefix) => {
+            let (body, outcome) = (continuation::error_body(api), Outcome::BadRequest(400));
+            let status = StatusCode::BAD_REQUEST;
+            return Ok(simple(status, "application/json", body, outcome, guard));
+        }
+    };
+    if let Some(k) = offset {
+        guard.continuation(k);
+    }
+    let offset = offset.unwrap_or(0);
     let index = guard.index();
     inner.latest.fetch_max(index, Ordering::Relaxed);
     let mut rng = SplitMix64::new(mix(script.seed, index));
-    let tokens = match params.max_tokens {
-        Some(m) if m < script.tokens => m,
-        _ => script.tokens,
-    };
-    let ctx = context(api, index, &params, &script, tokens);
+    let tokens = continuation::token_count(script.tokens, params.max_tokens, offset);
+    let ctx = context(api, index, &params, &script, tokens, offset);
     // Draw everything random up front, in a fixed order, so a request's behaviour depends only
     // on the seed and its index.
     let fail = script.status.is_some() && rng.next_f64() < script.status_fraction;
@@ -246,7 +256,14 @@ async fn generate(
     Ok(res)
 }
 
-fn context(api: Api, index: u64, params: &Params, script: &Script, tokens: u32) -> Ctx {
+fn context(
+    api: Api,
+    index: u64,
+    params: &Params,
+    script: &Script,
+    tokens: u32,
+    offset: u32,
+) -> Ctx {
     let prefix = match api {
         Api::Chat => "chatcmpl",
         Api::Completions => "cmpl",
@@ -261,7 +278,8 @@ fn context(api: Api, index: u64, params: &Params, script: &Script, tokens: u32) 
         include_usage: params.include_usage,
         tool_calls: script.tool_calls && api == Api::Chat,
         prompt_tokens: params.prompt_tokens,
-        truncated: tokens < script.tokens,
+        truncated: tokens < script.tokens.saturating_sub(offset),
+        offset,
     }
 }
 
@@ -373,9 +391,11 @@ struct Params {
     max_tokens: Option<u32>,
     model: String,
     prompt_tokens: u64,
+    /// A continuation request's offset (see [`continuation::offset`]).
+    offset: Result<Option<u32>, NotAPrefix>,
 }
 
-fn parse_params(api: Api, body: &[u8]) -> Option<Params> {
+fn parse_params(api: Api, body: &[u8], script_tokens: u32) -> Option<Params> {
     if api == Api::Grpc {
         let r = decode_request(body)?;
         return Some(Params {
@@ -388,6 +408,7 @@ fn parse_params(api: Api, body: &[u8]) -> Option<Params> {
                 r.model
             },
             prompt_tokens: r.prompt.split_whitespace().count() as u64,
+            offset: Ok(None),
         });
     }
     // An empty body is accepted as `{}` (curl -X POST with no data).
@@ -424,6 +445,7 @@ fn parse_params(api: Api, body: &[u8]) -> Option<Params> {
         max_tokens,
         model,
         prompt_tokens,
+        offset: continuation::offset(api, &v, script_tokens),
     })
 }
 

@@ -66,6 +66,52 @@
 //! # }
 //! ```
 //!
+//! # Continuation requests
+//!
+//! The mock's answer is deterministic: token *i* is word *i* of a 12-word cycle (`"Hello"`,
+//! `" there"`, `","`, ... `"\n"`). A request that carries the start of that answer gets the
+//! rest of it, so a test can check that an answer resumed on another replica (mid-stream
+//! resume) equals the uninterrupted one byte for byte. The *offset* `k` (tokens already
+//! generated) is read from the request:
+//!
+//! * `POST /v1/chat/completions`: the last message has role `assistant` (a prefill;
+//!   `"continue_final_message": true, "add_generation_prompt": false`, as vLLM and SGLang
+//!   take them, are accepted and optional; an explicit `"continue_final_message": false` asks
+//!   for a new turn and makes an ordinary request). Its content (a string, or text parts
+//!   concatenated) must be exactly the text of the first `k` tokens (`k` may be 0).
+//! * `POST /v1/messages`: the last message has role `assistant`; its content (a string, or the
+//!   `text` of its blocks of type `text`, concatenated) must be exactly the text of the first
+//!   `k` tokens. (The mock does not refuse trailing whitespace as Anthropic does: the prefix
+//!   of 12 tokens ends with `"\n"`.)
+//! * `POST /v1/completions`: `k` is the largest `k >= 1`, up to the script's token count, such
+//!   that the prompt (a string, or an array of one string) ends with the text of the first `k`
+//!   tokens; if there is none, `k = 0` and the request is an ordinary one. The mock cannot
+//!   tell where the user's prompt ends, so a prompt that itself ends with the mock's words
+//!   (`"Say Hello"`) is read as a continuation.
+//! * The Responses API, Ollama and gRPC routes never continue.
+//!
+//! A chat or Anthropic prefill that is not the text of a whole number of the mock's tokens
+//! (other words, or a cut inside a token) gets a `400` in the API's error shape
+//! (`invalid_request_error`) with the message
+//! `mock: assistant prefill is not a prefix of the mock's answer`, so a test notices.
+//!
+//! A continuation after `k` tokens sends tokens `k`, `k + 1`, ...: **the script's
+//! [`tokens`](Script::tokens) count the whole answer, prefix included, and the request's
+//! `max_tokens` the tokens of this response** (as the real APIs count them), so it sends
+//! `min(tokens - k, max_tokens)` tokens (none if `k >= tokens`). A request that uninterrupted
+//! gets `N = min(tokens, max_tokens)` tokens, resumed after `k < N` tokens with `max_tokens`
+//! lowered by `k` (if it was given), gets exactly tokens `k..N`: `N - k` tokens, and the same
+//! finish reason (`"length"` / `max_tokens` when `max_tokens` cut the script's answer short).
+//! Usage reports the `N - k` tokens of this response as completion (output) tokens and the
+//! prompt tokens as for any request (the words of all messages, the prefill included). The
+//! other knobs count the tokens of this response: `reset_after=5` on a continuation breaks
+//! the connection after 5 tokens sent, whatever `k` is; likewise `stall_after`,
+//! `error_after`, `half_event`, `junk_*` and an interrupt's count.
+//!
+//! [`Stats::continuations`] counts the continuation requests a replica served (whatever their
+//! outcome; not the refused ones), and [`RequestRecord::continued_from`] is a request's `k`,
+//! so a test can assert that a resumed attempt reached a replica as a continuation.
+//!
 //! # Pieces
 //!
 //! * [`MockServer`]: the replica (routes, script selection, [`stats`](MockServer::stats),
@@ -79,6 +125,7 @@
 //! * The `tailguard-mock` binary: `serve` (N replicas from the command line), `load`, `bench`.
 
 mod body;
+mod continuation;
 mod faults;
 pub mod grpc;
 mod handle;

@@ -288,7 +288,7 @@ fn print_stats(i: usize, server: &MockServer) {
     let s = server.stats();
     println!(
         "replica {i}: requests={} completed={} cancelled={} status_errors={} resets={} error_events={} \
-         interrupted={} truncated={} served_late={} peak_concurrent={}",
+         interrupted={} truncated={} served_late={} peak_concurrent={} continuations={}",
         s.requests,
         s.completed,
         s.cancelled,
@@ -298,6 +298,7 @@ fn print_stats(i: usize, server: &MockServer) {
         s.interrupted,
         s.truncated,
         s.served_late,
-        s.peak_concurrent
+        s.peak_concurrent,
+        s.continuations
     );
 }

@@ -158,6 +158,7 @@ mod tests {
             tool_calls: false,
             prompt_tokens: 2,
             truncated,
+            offset: 0,
         }
     }
 

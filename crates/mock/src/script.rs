@@ -152,7 +152,10 @@ impl Script {
         self
     }
 
-    /// Number of tokens (content chunks) to send (default [`DEFAULT_TOKENS`]).
+    /// Number of tokens (content chunks) to send (default [`DEFAULT_TOKENS`]), capped by the
+    /// request's `max_tokens`. For a continuation request after `k` tokens this is the length
+    /// of the whole answer, so it sends `min(n - k, max_tokens)` (see the crate docs,
+    /// "Continuation requests").
     pub fn tokens(mut self, n: u32) -> Self {
         self.tokens = n;
         self

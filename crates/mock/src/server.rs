@@ -68,7 +68,9 @@ impl Inner {
 /// | `POST /api/generate`, `POST /api/chat` | Ollama-style NDJSON (`application/x-ndjson`; streamed unless `"stream": false`); `options.num_predict` caps tokens |
 ///
 /// `max_tokens` in a request caps the script's token count (the finish reason is then
-/// `"length"`). Which script a request follows: the replica's script ([`set_script`]), or the
+/// `"length"`). A chat or Anthropic request ending with an assistant prefill, or a completions
+/// prompt ending with the mock's words, is a continuation request: it gets the rest of the
+/// answer (see the crate docs, "Continuation requests"). Which script a request follows: the replica's script ([`set_script`]), or the
 /// next one queued with [`push_scripts`] (in arrival order), then overridden by the
 /// [`SCRIPT_HEADER`](crate::SCRIPT_HEADER) header, then by `x-mock-script-<attempt>`.
 ///

@@ -63,6 +63,10 @@ pub struct RequestRecord {
     /// The client went away before the first token, yet the replica still spent the slot and
     /// the prefill on it ([`ReplicaOptions::prefill_cancelled`](crate::ReplicaOptions::prefill_cancelled)).
     pub served_late: bool,
+    /// A continuation request's offset: how many tokens of the answer it carried (an
+    /// assistant prefill, or a completions prompt ending with the mock's words) and did not
+    /// get again; `None` for an ordinary request. See the crate docs, "Continuation requests".
+    pub continued_from: Option<u32>,
     /// How it ended.
     pub outcome: Outcome,
 }
@@ -107,6 +111,9 @@ pub struct Stats {
     /// Requests cancelled before their first token that the replica still worked on
     /// ([`RequestRecord::served_late`]); they are counted in `cancelled` too.
     pub served_late: u64,
+    /// Continuation requests served: requests that carried the start of the answer and got
+    /// the rest of it ([`RequestRecord::continued_from`]), whatever their outcome.
+    pub continuations: u64,
     /// Requests being served now (from arrival until the body ends or is dropped, or, for a
     /// request served late, until the replica stops working on it).
     pub in_flight: u64,
@@ -218,6 +225,7 @@ impl Shared {
             ended: None,
             tokens_sent: 0,
             served_late: false,
+            continued_from: None,
             outcome: Outcome::InFlight,
         });
         drop(st);
@@ -295,6 +303,13 @@ impl Recorder {
 impl RequestGuard {
     pub(crate) fn set_body(&self, body: &bytes::Bytes) {
         self.recorder().with_record(|r| r.body = body.clone());
+    }
+
+    /// Marks the request as a continuation after `offset` tokens.
+    pub(crate) fn continuation(&self, offset: u32) {
+        self.shared.lock().stats.continuations += 1;
+        self.recorder()
+            .with_record(|r| r.continued_from = Some(offset));
     }
 
     pub(crate) fn index(&self) -> u64 {

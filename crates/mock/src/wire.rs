@@ -76,6 +76,8 @@ pub(crate) struct Ctx {
     pub(crate) prompt_tokens: u64,
     /// `"length"` when `max_tokens` cut the script short, else `"stop"` (or `"tool_calls"`).
     pub(crate) truncated: bool,
+    /// Tokens of the answer before this response (a continuation request's prefix).
+    pub(crate) offset: u32,
 }
 
 /// JSON text. The mock writes its events with keys in the order real servers send them (`id`
@@ -286,7 +288,7 @@ impl Ctx {
 
     /// Token `i` (0-based).
     pub(crate) fn token(&self, i: u32) -> Bytes {
-        let text = token_text(i);
+        let text = self.text(i);
         match self.api {
             Api::Chat if self.tool_calls => {
                 let call = if i == 0 {
@@ -391,7 +393,7 @@ impl Ctx {
 
     /// The non-streamed response body.
     pub(crate) fn non_streamed(&self, n: u32) -> Bytes {
-        let text = full_text(n);
+        let text = self.text_of(n);
         let v = match self.api {
             Api::Chat => self
                 .head("chat.completion")
