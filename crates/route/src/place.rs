@@ -128,8 +128,10 @@ impl<S> Placer<S> {
         let healthy: Vec<usize> = (0..n).filter(|&i| !ejected[i]).collect();
         let free: Vec<usize> = healthy.iter().copied().filter(|&i| room(i)).collect();
         let chosen = self.two_choices(board, &free, now);
-        // ...unless a full one is expected to give a first token sooner, slot wait included
-        // (a single-slot replica that answers in 0.3 s beats one with room that takes 4 s):
+        // ...unless a full one is expected to give a first token sooner, slot wait included,
+        // than the chosen one as last known (a single-slot replica that answers in 0.3 s beats
+        // one with room that took 4 s: its estimate decays with time, but only a new sample,
+        // say a backup's, says it recovered):
         // then the attempt waits for it, for at most that expected wait (its patience; the
         // hedge may send a backup meanwhile), and takes a replica with room after that.
         let full = healthy
@@ -143,7 +145,7 @@ impl<S> Placer<S> {
         let sooner = full.min_by(|a, b| a.1.total_cmp(&b.1));
         let patient = spot.patience.is_none_or(|until| now < until);
         match (chosen, sooner) {
-            (Some(c), Some((i, wait))) if patient && wait < board.replicas[c].score(now, decay) => {
+            (Some(c), Some((i, wait))) if patient && wait < board.replicas[c].last_known(now) => {
                 Pick::Prefer(i, wait)
             }
             (Some(c), _) => Pick::Place(c),

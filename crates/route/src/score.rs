@@ -102,13 +102,24 @@ impl Replica {
     /// attempt still waiting (a censored sample: it takes at least that long), times the
     /// attempts that would then be waiting.
     pub(crate) fn score(&self, now: Instant, decay: Duration) -> f64 {
+        self.expected(self.estimate(now, decay), now)
+    }
+
+    /// The expected wait of one more attempt as of the last news of the replica: the score
+    /// without the decay since. What a full replica's expected wait is weighed against: a
+    /// slow replica's estimate that has only decayed since says nothing new about it, and the
+    /// hedge's backups probe it (a fresh sample renews the estimate at once).
+    pub(crate) fn last_known(&self, now: Instant) -> f64 {
+        self.expected(self.estimate, now)
+    }
+
+    fn expected(&self, estimate: f64, now: Instant) -> f64 {
         let longest = self
             .waiting
             .iter()
             .map(|(_, t)| now.saturating_duration_since(*t).as_secs_f64())
             .fold(0.0, f64::max);
-        let expected = self.estimate(now, decay).max(longest) + PRIOR_SECS;
-        expected * (self.waiting.len() + 1) as f64
+        (estimate.max(longest) + PRIOR_SECS) * (self.waiting.len() + 1) as f64
     }
 
     /// A time to first token (or, `censored`, a wait of at least that long).

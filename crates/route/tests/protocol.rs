@@ -304,23 +304,24 @@ async fn a_primary_waits_for_a_much_faster_replica_for_as_long_as_it_expects_to(
     let (busy_on, busy) = send(&set, &Attempt::primary()).await;
     assert_eq!(busy_on, fast);
     // The fast replica is busy, the slow one has room: a primary waits for the fast one
-    // (0.6 s for the slot, 0.3 s to a first token, against ~3.8 s)...
+    // (0.6 s for the slot, 0.3 s to a first token, against the 4 s last seen on the slow
+    // one, decayed or not)...
     let d = Attempt::primary();
     let mut d_f = Box::pin(set.clone().oneshot(request(&d)));
     assert!(poll_once(&mut d_f).is_pending());
-    // ...and so do the next four; the sixth would wait 6 x 0.6 + 0.3 = 3.9 s: it takes the
-    // slow one.
+    // ...and so do the next five (the sixth waiter expects 6 x 0.6 + 0.3 = 3.9 s); the
+    // seventh would wait 4.5 s: it takes the slow one.
     let mut line = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..5 {
         let mut f = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
         assert!(poll_once(&mut f).is_pending());
         line.push(f);
     }
-    let sixth = Attempt::primary();
-    let mut sixth_f = Box::pin(set.clone().oneshot(request(&sixth)));
-    assert!(matches!(poll_once(&mut sixth_f), Poll::Ready(Ok(_))));
-    assert_eq!(sixth.tried(), [ReplicaId(slow)]);
-    drop(sixth_f);
+    let seventh = Attempt::primary();
+    let mut seventh_f = Box::pin(set.clone().oneshot(request(&seventh)));
+    assert!(matches!(poll_once(&mut seventh_f), Poll::Ready(Ok(_))));
+    assert_eq!(seventh.tried(), [ReplicaId(slow)]);
+    drop(seventh_f);
     // The fast replica's slot frees: the oldest waiter takes it.
     drop(busy);
     assert!(matches!(poll_once(&mut d_f), Poll::Ready(Ok(_))));
