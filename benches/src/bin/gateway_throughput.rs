@@ -216,7 +216,9 @@ async fn front(
                     },
                 )
                 .map_request(|req: Request<Body>| {
-                    req.map(|b| ReplayBody::passthrough(ReplayBody::passthrough(b)))
+                    req.map(|b| {
+                        ReplayBody::passthrough(ReplayBody::passthrough(ReplayBody::passthrough(b)))
+                    })
                 })
                 .service(ReplicaSet::round_robin(replicas()));
             let addr = serve_handler(BoxCloneSyncService::new(bare)).await?;

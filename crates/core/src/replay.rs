@@ -127,6 +127,25 @@ impl<B> ReplayBody<B> {
         Some((joined, body))
     }
 
+    /// For a replayable body: its bytes in one piece (copied when it was buffered in several
+    /// frames), for a layer that reads the request it replays (to build a continuation, say).
+    pub fn bytes(&self) -> Option<Bytes> {
+        let Inner::Replay { buf, .. } = &self.inner else {
+            return None;
+        };
+        Some(match buf.frames.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            frames => {
+                let mut joined = BytesMut::with_capacity(buf.len);
+                for frame in frames {
+                    joined.extend_from_slice(frame);
+                }
+                joined.freeze()
+            }
+        })
+    }
+
     /// Whether [`try_clone`](ReplayBody::try_clone) succeeds.
     pub fn is_replayable(&self) -> bool {
         matches!(self.inner, Inner::Replay { .. })

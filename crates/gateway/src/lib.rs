@@ -43,7 +43,8 @@
 //!
 //! ```text
 //! client ─▶ axum router ─▶ RequestFacts ─▶ LatencyPhaseRecorder ─▶ PriorityClass
-//!        ─▶ BoundedAdmission ─▶ SseIdleTimeout ─▶ FirstTokenHedge ─▶ ReplicaSet
+//!        ─▶ BoundedAdmission ─▶ SseIdleTimeout ─▶ Resume (off by default)
+//!        ─▶ FirstTokenHedge ─▶ ReplicaSet
 //!        ─▶ pooled hyper client ─▶ upstream replicas
 //! ```
 //!
@@ -83,7 +84,7 @@ use http::{HeaderName, Request, Response};
 use tailguard::admission::{AdaptiveLimit, BoundedAdmissionLayer};
 use tailguard::core::facts::PromptMember;
 use tailguard::core::{BoxError, ClassPolicy, Priority, RequestFacts, RequestFactsLayer};
-use tailguard::hedge::{FirstTokenHedgeLayer, HedgeBudget, HedgeDelay};
+use tailguard::hedge::{FirstTokenHedgeLayer, HedgeBudget, HedgeDelay, ResumeLayer};
 use tailguard::phases::LatencyPhaseRecorderLayer;
 use tailguard::priority::PriorityClassLayer;
 use tailguard::route::{Ejection, ReplicaSet, Routing};
@@ -232,6 +233,8 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         .layer(priority)
         .layer(shared.admission)
         .layer(timeout)
+        // Off: a pass-through (no resume, no reading, no buffering).
+        .layer(ResumeLayer::new().with_max_resumes(if h.resume { 2 } else { 0 }))
         .service(hedged);
     BoxCloneSyncService::new(stack)
 }

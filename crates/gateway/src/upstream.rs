@@ -15,9 +15,10 @@ use tailguard::core::{BoxError, ReplayBody, Upstream as UpstreamLabel};
 use tailguard::route::{BaseUri, InvalidBaseUri};
 use tower::Service;
 
-/// The request body the replicas take: the hedge's replayable body over the one that core's
-/// `RequestFactsLayer` buffered (the hedge's replays share its bytes).
-pub type UpstreamBody = ReplayBody<ReplayBody<axum::body::Body>>;
+/// The request body the replicas take: the hedge's replayable body over the resume layer's
+/// (a pass-through unless `--resume on`) over the one that core's `RequestFactsLayer`
+/// buffered (the replays share its bytes).
+pub type UpstreamBody = ReplayBody<ReplayBody<ReplayBody<axum::body::Body>>>;
 
 /// The pooled client every replica shares (its pool is keyed by authority).
 pub type HttpClient = Client<HttpConnector, UpstreamBody>;

@@ -193,14 +193,7 @@ impl Budgets {
         } else {
             &self.hedge
         };
-        let ok = bucket.withdraw(now);
-        let name = if ok {
-            "tailguard_hedge_budget_withdrawn_total"
-        } else {
-            "tailguard_hedge_budget_exhausted_total"
-        };
-        metrics::counter!(name, "budget" => bucket.label).increment(1);
-        ok
+        bucket.spend(now)
     }
 }
 
@@ -251,7 +244,7 @@ impl Bucket {
     }
 
     /// An eligible request arrived.
-    fn deposit(&self) {
+    pub(crate) fn deposit(&self) {
         if let Some(s) = &self.shared {
             s.deposit(self.per_request as f64 / UNIT as f64);
         }
@@ -262,6 +255,19 @@ impl Bucket {
     }
 
     /// Takes one token for an extra attempt; `false` when the bucket is empty.
+    /// Takes a token for an extra attempt; `false` when the bucket is empty. Both outcomes
+    /// are counted, under the bucket's label.
+    pub(crate) fn spend(&self, now: Instant) -> bool {
+        let ok = self.withdraw(now);
+        let name = if ok {
+            "tailguard_hedge_budget_withdrawn_total"
+        } else {
+            "tailguard_hedge_budget_exhausted_total"
+        };
+        metrics::counter!(name, "budget" => self.label).increment(1);
+        ok
+    }
+
     fn withdraw(&self, now: Instant) -> bool {
         if self.unlimited {
             return true;

@@ -66,6 +66,10 @@ where
     outer_report: Option<EndReport>,
     body: Option<ReplayBody<B>>,
     record: Attempt,
+    /// The number of this race's first attempt: `0`, or, for a request that came with an
+    /// [`Attempt`] of its own (a resumed stream's continuation), that attempt's number, so
+    /// that the placer below sees a later attempt of the same request.
+    base: u8,
     estimator: Option<Arc<Estimator>>,
     /// The request's deadlines, set by a layer outside (the delay stays within them).
     deadlines: Option<Deadlines>,
@@ -119,6 +123,7 @@ where
         let outer_report = parts.extensions.get::<EndReport>().cloned();
         let deadlines = parts.extensions.get::<Deadlines>().copied();
         let costs = Costs::new(&parts);
+        let adopted = parts.extensions.get::<Attempt>().cloned();
         Race {
             costs,
             deadline_skipped: false,
@@ -130,7 +135,8 @@ where
             phase: Phase::Buffering(ReplayBody::buffer(body, cap)),
             head: Template::new(parts),
             body: None,
-            record: Attempt::primary(),
+            base: adopted.as_ref().map_or(0, Attempt::number),
+            record: adopted.unwrap_or_else(Attempt::primary),
             estimator,
             delay: None,
             hedge_at: None,
@@ -144,6 +150,11 @@ where
         }
     }
 
+    /// Attempt `index` of this race, in the request's record.
+    fn attempt(&self, index: u8) -> Attempt {
+        self.record.next(self.base.saturating_add(index))
+    }
+
     /// The request of attempt `index`: a copy of the client's head, with the attempt header,
     /// the [`Attempt`], the attempt's own end report and progress record.
     fn request(
@@ -154,10 +165,12 @@ where
     ) -> Request<ReplayBody<B>> {
         let mut req = self.head.request(body);
         if let Some(h) = &self.shared.config.attempt_header {
-            req.headers_mut()
-                .insert(h.clone(), HeaderValue::from(u16::from(index)));
+            req.headers_mut().insert(
+                h.clone(),
+                HeaderValue::from(u16::from(self.base.saturating_add(index))),
+            );
         }
-        req.extensions_mut().insert(self.record.next(index));
+        req.extensions_mut().insert(self.attempt(index));
         // Attempts race, and a loser's stream is not the request's: each gets a progress
         // record of its own (core's `progress`), read by any layer below that reads it.
         req.extensions_mut().insert(StreamProgress::detached());
@@ -262,7 +275,7 @@ where
         // placer may read it as an interruption, and it may take further attempts.
         let empty = fault == Fault::NO_TOKEN;
         let how = if empty { Settle::Empty } else { Settle::Failed };
-        self.record.next(index).settle(how);
+        self.attempt(index).settle(how);
         tracing::debug!(
             attempt = index,
             failure = fault.kind.as_str(),
@@ -307,7 +320,7 @@ where
         } else {
             Settle::Answered
         };
-        self.record.next(index).settle(how);
+        self.attempt(index).settle(how);
         let now = Instant::now();
         self.cancel_all(now, token);
         self.phase = Phase::Done;

@@ -97,6 +97,11 @@ settings! {
         /// capacity then defaults to the sum of the slots; none: no limit.
         #[arg(long = "replica-slots", env = "TAILGUARD_REPLICA_SLOTS", value_name = "N")]
         replica_slots: u32 => Option<u32>, check at_least_1;
+        /// Resume a stream that breaks after its first token (reset, truncation, an in-band
+        /// error, a bare `[DONE]` with no finish reason) on another replica, as one stream for
+        /// the client (OpenAI chat and completions, Anthropic messages): `on` or `off`.
+        #[arg(long = "resume", env = "TAILGUARD_RESUME", value_name = "ON_OFF")]
+        resume: OnOff => bool = "off";
     }
 }
 

@@ -1,0 +1,385 @@
+//! The response body of [`Resume`](super::Resume): the stream as the client gets it, resumed on
+//! another replica when it breaks.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes};
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tailguard_core::BoxError;
+use tailguard_core::attempt::Attempt;
+use tokio::time::Instant;
+
+use super::layer::{Shared, attempts_of};
+use super::plan::Plan;
+use super::read::{Break, Reader};
+
+/// A continuation request on its way: its response.
+pub(crate) type Sending<RB> = Pin<Box<dyn Future<Output = Result<Response<RB>, BoxError>> + Send>>;
+
+/// Sends a continuation: its body, and its attempt in the request's record.
+pub(crate) type Sender<RB> = Box<dyn FnMut(Bytes, Attempt) -> Sending<RB> + Send>;
+
+/// What a resumable response's body needs to resume it.
+pub(crate) struct Ctx<RB> {
+    send: Sender<RB>,
+    plan: Plan,
+    /// The request's attempt record: a continuation is a later attempt of the same request,
+    /// so the placer below sends it to a replica no earlier attempt went to.
+    record: Attempt,
+    /// Attempts the request took so far (the number of the next one).
+    attempts: u8,
+    resumes: u8,
+    shared: Arc<Shared>,
+}
+
+impl<RB> Ctx<RB> {
+    pub(crate) fn new(
+        send: Sender<RB>,
+        plan: Plan,
+        record: Attempt,
+        attempts: u8,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Ctx {
+            send,
+            plan,
+            record,
+            attempts,
+            resumes: 0,
+            shared,
+        }
+    }
+}
+
+pin_project! {
+    /// The response body of [`Resume`](super::Resume).
+    ///
+    /// For a request that cannot be resumed, the inner body itself. For one that can, the
+    /// stream read event by event: complete events pass on as they came, and when the stream
+    /// breaks (see [`Resume`](super::Resume)), what the client got so far is the prefix of a
+    /// continuation sent to another replica, whose stream continues this one.
+    pub struct ResumeBody<RB: Body> {
+        #[pin]
+        inner: Inner<RB>,
+    }
+}
+
+pin_project! {
+    #[project = InnerProj]
+    enum Inner<RB: Body> {
+        Direct { #[pin] body: RB },
+        Reading { reading: Box<Reading<RB>> },
+        // An answer the layer rendered itself; `None` once yielded.
+        Local { data: Option<Bytes> },
+    }
+}
+
+/// What polling a body for its next frame gives.
+type Polled<RB> = Poll<Option<Result<Frame<<RB as Body>::Data>, <RB as Body>::Error>>>;
+
+/// A resumable stream.
+struct Reading<RB: Body> {
+    ctx: Ctx<RB>,
+    reader: Reader,
+    phase: Phase<RB>,
+    /// Bytes to hand on before anything else.
+    out: VecDeque<Bytes>,
+}
+
+enum Phase<RB: Body> {
+    /// Reading the current stream.
+    Live(Pin<Box<RB>>),
+    /// Past what the reader can read (an event over its cap): passed on as it is.
+    Raw(Pin<Box<RB>>),
+    /// A continuation on its way, for `brk`; `end`: how the stream ends if it fails.
+    Resuming {
+        sending: Sending<RB>,
+        brk: Break,
+        end: End<RB::Error>,
+    },
+    /// Ending as the broken stream ended.
+    Ending(End<RB::Error>),
+    Done,
+}
+
+/// How a stream ended that was not resumed.
+enum End<E> {
+    Clean,
+    Error(E),
+}
+
+impl<RB: Body> ResumeBody<RB> {
+    pub(crate) fn direct(body: RB) -> Self {
+        ResumeBody {
+            inner: Inner::Direct { body },
+        }
+    }
+
+    pub(crate) fn reading(body: RB, ctx: Ctx<RB>) -> Self {
+        let reader = Reader::first(ctx.plan.api());
+        ResumeBody {
+            inner: Inner::Reading {
+                reading: Box::new(Reading {
+                    ctx,
+                    reader,
+                    phase: Phase::Live(Box::pin(body)),
+                    out: VecDeque::new(),
+                }),
+            },
+        }
+    }
+
+    pub(crate) fn local(data: Option<Bytes>) -> Self {
+        ResumeBody {
+            inner: Inner::Local { data },
+        }
+    }
+
+    /// How many times the stream was resumed so far.
+    pub fn resumes(&self) -> u8 {
+        match &self.inner {
+            Inner::Reading { reading } => reading.ctx.resumes,
+            _ => 0,
+        }
+    }
+}
+
+impl<RB> Body for ResumeBody<RB>
+where
+    RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
+{
+    type Data = RB::Data;
+    type Error = RB::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<RB::Data>, RB::Error>>> {
+        match self.project().inner.project() {
+            InnerProj::Direct { body } => body.poll_frame(cx),
+            InnerProj::Local { data } => {
+                Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into()))))
+            }
+            InnerProj::Reading { reading } => reading.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Direct { body } => body.is_end_stream(),
+            Inner::Local { data } => data.is_none(),
+            Inner::Reading { reading } => {
+                reading.out.is_empty() && matches!(reading.phase, Phase::Done)
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Direct { body } => body.size_hint(),
+            Inner::Local { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            // A resumed stream's length is nobody's to promise.
+            Inner::Reading { .. } => SizeHint::default(),
+        }
+    }
+}
+
+impl<RB> Reading<RB>
+where
+    RB: Body,
+    RB::Data: From<Bytes>,
+    RB::Error: Into<BoxError>,
+{
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Polled<RB> {
+        loop {
+            if let Some(bytes) = self.out.pop_front() {
+                if !bytes.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(bytes.into()))));
+                }
+                continue;
+            }
+            match &mut self.phase {
+                Phase::Live(body) => {
+                    let next = ready!(body.as_mut().poll_frame(cx));
+                    if let Some(frame) = self.read(next) {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                }
+                Phase::Raw(body) => return body.as_mut().poll_frame(cx),
+                Phase::Resuming { sending, .. } => {
+                    let res = ready!(sending.as_mut().poll(cx));
+                    self.continued(res);
+                }
+                Phase::Ending(_) => {
+                    let Phase::Ending(end) = std::mem::replace(&mut self.phase, Phase::Done) else {
+                        continue;
+                    };
+                    return Poll::Ready(match end {
+                        End::Clean => None,
+                        End::Error(e) => Some(Err(e)),
+                    });
+                }
+                Phase::Done => return Poll::Ready(None),
+            }
+        }
+    }
+
+    /// Reads the current stream's next frame: its complete events go out; a frame that is
+    /// not data (trailers) is handed back to pass on as it is.
+    fn read(
+        &mut self,
+        next: Option<Result<Frame<RB::Data>, RB::Error>>,
+    ) -> Option<Frame<RB::Data>> {
+        match next {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(mut data) => {
+                    let bytes = data.copy_to_bytes(data.remaining());
+                    match self.reader.frame(&bytes) {
+                        Ok((out, brk)) => {
+                            self.out.push_back(out);
+                            if let Some(brk) = brk {
+                                self.broke(brk, None);
+                            }
+                        }
+                        Err(_) => self.raw(),
+                    }
+                    None
+                }
+                Err(frame) => Some(frame),
+            },
+            Some(Err(e)) => {
+                self.broke(Break::Transport, Some(End::Error(e)));
+                None
+            }
+            None => {
+                let (held, brk) = self.reader.end();
+                self.out.push_back(held);
+                match brk {
+                    Some(brk) => self.broke(brk, Some(End::Clean)),
+                    None => self.phase = Phase::Done,
+                }
+                None
+            }
+        }
+    }
+
+    /// The reader cannot follow the stream (an event over its cap): what it did not forward,
+    /// and the rest, pass on as they are; not resumable any more.
+    fn raw(&mut self) {
+        self.give_up(None);
+    }
+
+    /// The current stream broke (`brk`): a continuation goes out if the request may take
+    /// one; otherwise the stream ends as it broke, with what was held back of it: `end` when
+    /// its body ended, or (`None`, an in-band error event) the rest of its body as it is.
+    fn broke(&mut self, brk: Break, end: Option<End<RB::Error>>) {
+        let ctx = &mut self.ctx;
+        let sent = self.reader.sent();
+        let refused = if sent.tool_call {
+            Some("tool_call")
+        } else if ctx.resumes >= ctx.shared.max_resumes {
+            Some("max_resumes")
+        } else {
+            None
+        };
+        let body = match refused {
+            Some(why) => Err(why),
+            None => ctx.plan.continuation(sent).map_err(|e| e.as_str()),
+        };
+        let body = body.and_then(|b| {
+            if ctx.shared.budget.spend(Instant::now()) {
+                Ok(b)
+            } else {
+                Err("budget")
+            }
+        });
+        match body {
+            Ok(body) => {
+                ctx.resumes += 1;
+                let attempt = ctx.record.next(ctx.attempts);
+                tracing::info!(
+                    reason = brk.as_str(),
+                    resume = ctx.resumes,
+                    "tailguard-hedge: stream broke after its first token; resuming on another replica"
+                );
+                // The broken stream's body (if it still runs) is dropped: its upstream request
+                // is cancelled.
+                self.phase = Phase::Resuming {
+                    sending: (ctx.send)(body, attempt),
+                    brk,
+                    end: end.unwrap_or(End::Clean),
+                };
+            }
+            Err(why) => {
+                count(brk, why);
+                self.give_up(end);
+            }
+        }
+    }
+
+    /// A continuation's response arrived (or failed).
+    fn continued(&mut self, res: Result<Response<RB>, BoxError>) {
+        let Phase::Resuming { brk, end, .. } = std::mem::replace(&mut self.phase, Phase::Done)
+        else {
+            return;
+        };
+        match res {
+            Ok(res) if res.status().is_success() => {
+                count(brk, "resumed");
+                self.ctx.attempts = self
+                    .ctx
+                    .attempts
+                    .saturating_add(attempts_of(res.extensions()));
+                self.reader = Reader::continuing(self.ctx.plan.api(), self.reader.sent().clone());
+                self.phase = Phase::Live(Box::pin(res.into_body()));
+            }
+            _ => {
+                count(brk, "failed");
+                self.give_up(Some(end));
+            }
+        }
+    }
+
+    /// Ends the stream as it broke: what was held back of it, then its end (`None`: the rest
+    /// of the live body, as it is).
+    fn give_up(&mut self, end: Option<End<RB::Error>>) {
+        self.out.push_back(self.reader.take_held());
+        self.phase = match (end, std::mem::replace(&mut self.phase, Phase::Done)) {
+            (Some(end), _) => Phase::Ending(end),
+            (None, Phase::Live(body)) => Phase::Raw(body),
+            (None, _) => Phase::Ending(End::Clean),
+        };
+    }
+}
+
+/// A stream that broke (`brk`), and what came of it: `resumed`, `failed` (the continuation
+/// got no stream), or why none was sent (`budget`, `max_resumes`, `tool_call`, or the
+/// [`NotResumable`](super::NotResumable) reason).
+fn count(brk: Break, outcome: &'static str) {
+    metrics::counter!("tailguard_resumes_total", "reason" => brk.as_str(), "outcome" => outcome)
+        .increment(1);
+}
+
+impl<RB: Body> fmt::Debug for ResumeBody<RB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Inner::Direct { .. } => f.write_str("ResumeBody::Direct"),
+            Inner::Local { .. } => f.write_str("ResumeBody::Local"),
+            Inner::Reading { reading } => f
+                .debug_struct("ResumeBody::Reading")
+                .field("resumes", &reading.ctx.resumes)
+                .finish_non_exhaustive(),
+        }
+    }
+}
