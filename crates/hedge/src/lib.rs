@@ -121,6 +121,15 @@
 //! request carries one, so a loser's end (it is dropped) never reaches the outer
 //! report; the winner's reason is forwarded to it before the client sees the end of the body.
 //!
+//! ## Mid-stream resume
+//!
+//! [`ResumeLayer`], over the hedge: once the client has its first token, a stream that breaks
+//! (a reset, a truncation, an in-band error, a terminal event before any finish reason)
+//! continues on another replica, as one stream, from the text the client already has; off
+//! unless added (the gateway's `--resume on`). A continuation is a later attempt of the same
+//! request: the hedge adopts the [`Attempt`] the request arrives with, so a placer sends it
+//! to a replica no earlier attempt went to. See [`ResumeLayer`] for what is resumed and how.
+//!
 //! ## tonic
 //!
 //! A tonic `Channel` takes exactly `tonic::body::Body`; the replayed request body keeps the
@@ -155,7 +164,9 @@
 //! * `tailguard_hedge_all_failed_total`: requests whose every attempt failed;
 //! * `tailguard_hedge_delay_seconds{key}` (gauge): the adaptive delay in force, per estimate
 //!   key (bounded by [`AdaptiveDelay::with_max_keys`]), or `key="fixed"`;
-//! * `tailguard_hedge_delay_used_seconds` (histogram): the delay when a hedge fired.
+//! * `tailguard_hedge_delay_used_seconds` (histogram): the delay when a hedge fired;
+//! * `tailguard_resumes_total{reason, outcome}`: streams [`ResumeLayer`] saw break after
+//!   their first token, and what came of it.
 //!
 //! `tracing` debug events mark each attempt sent, failed, cancelled and committed.
 //!
@@ -169,7 +180,8 @@
 // token), `verdict` (what a head, a frame, trailers or the end say; which failure ranks
 // highest), `answer` (the rendered error, or the error, when every attempt failed), `template`
 // (the request head each attempt is copied from), `body` (the client's body: replay, then
-// live, or a rendered error), `delay`, `budget` and `shared_budget`. The attempt protocol is
+// live, or a rendered error), `delay`, `budget` and `shared_budget`; `resume` (mid-stream
+// resume: `plan`, `read`, `layer`, `body`). The attempt protocol is
 // core's (`tailguard_core::attempt`); `ReplicaSet` is in `tailguard-route`.
 mod answer;
 mod body;

@@ -30,6 +30,10 @@ pub(crate) fn describe() {
             "tailguard_hedge_budget_backend_errors_total",
             "Errors of the shared budget's backend",
         ),
+        (
+            "tailguard_resumes_total",
+            "Streams that broke after their first token, by reason, and what came of it",
+        ),
     ] {
         describe_counter!(name, Unit::Count, help);
     }

@@ -74,7 +74,8 @@
 //!   slot and holds it until its body ([`ReplicaBody`]) ends or is dropped; otherwise it waits
 //!   in the set, and the oldest request waiting takes the next slot that suits it. A primary
 //!   also waits for a full replica instead of taking a free one when the full one is expected
-//!   to give a first token sooner (slot wait included), for at most that long.
+//!   to give a first token sooner (slot wait included), for at most as long as the free one
+//!   is expected to take.
 //! * **Interruptions** ([`ReplicaSet::with_interruption_hold`]): a replica that ends a stream
 //!   (without a token, or broken off) just after the set placed a newer attempt on it (a
 //!   single-slot llama-cpp-python server) gets one attempt at a time for the next 60 s; the

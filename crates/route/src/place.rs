@@ -132,8 +132,9 @@ impl<S> Placer<S> {
         // than the chosen one as last known (a single-slot replica that answers in 0.3 s beats
         // one with room that took 4 s: its estimate decays with time, but only a new sample,
         // say a backup's, says it recovered):
-        // then the attempt waits for it, for at most that expected wait (its patience; the
-        // hedge may send a backup meanwhile), and takes a replica with room after that.
+        // then the attempt waits for it, for at most as long as the free one is expected to
+        // take (its patience: it never ends up much later than it would have there; the hedge
+        // may send a backup meanwhile), and takes a replica with room after that.
         let full = healthy
             .iter()
             .copied()
@@ -146,7 +147,7 @@ impl<S> Placer<S> {
         let patient = spot.patience.is_none_or(|until| now < until);
         match (chosen, sooner) {
             (Some(c), Some((i, wait))) if patient && wait < board.replicas[c].last_known(now) => {
-                Pick::Prefer(i, wait)
+                Pick::Prefer(i, board.replicas[c].last_known(now))
             }
             (Some(c), _) => Pick::Place(c),
             // Every replica in selection is full: wait for the first slot of any of them.
@@ -181,8 +182,8 @@ enum Pick {
     Place(usize),
     /// Nowhere yet: it waits for a slot on one of these.
     Wait(Vec<usize>),
-    /// It waits for a slot on this replica, expected in this many seconds, although another
-    /// has room.
+    /// It waits for a slot on this replica although another has room, for at most this many
+    /// seconds (what the one with room is expected to take).
     Prefer(usize, f64),
 }
 

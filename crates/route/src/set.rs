@@ -37,8 +37,8 @@ use crate::place::Placer;
 ///   yet tried, and is dropped unsent if the race is decided first.
 /// * **Waiting for a faster replica**: a primary waits for a full replica rather than take a
 ///   free one when the full one's expected first token (the attempts ahead of it times its
-///   average slot hold, plus its first-token estimate) comes sooner than the free one's
-///   expected wait; for at most that expected time (the hedge may back it up meanwhile), then
+///   average slot hold, plus its first-token estimate) comes sooner than the free one's last
+///   known wait; for at most that last known wait (the hedge may back it up meanwhile), then
 ///   it takes a replica with room. Slowness steers placement this way; it never leaves a
 ///   request waiting longer than the set expects a replica with room to take.
 ///

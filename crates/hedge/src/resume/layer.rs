@@ -150,6 +150,7 @@ impl ResumeLayer {
 
 impl Settings {
     fn into_layer(self) -> ResumeLayer {
+        crate::metrics::describe();
         let shared = Arc::new(Shared {
             max_resumes: self.max_resumes,
             budget: Bucket::new(&self.budget, "resume"),
