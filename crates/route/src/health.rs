@@ -118,7 +118,13 @@ impl AttemptClaim for Ticket {
             }
             Settle::Cancelled => r.sample(waited, true, now, h.decay),
             Settle::Empty if self.interruption(r, now) => return,
-            Settle::Failed | Settle::Empty => r.eject.failed(),
+            Settle::Failed | Settle::Empty => {
+                // No token after `waited`: for the next attempt the first token takes at
+                // least that long (a quick failure says nothing of time; a server interrupted
+                // seconds in by traffic the set cannot see looks as slow as it is).
+                r.sample(waited, true, now, h.decay);
+                r.eject.failed();
+            }
             // `Answered`, `Ended`, and any kind a later core adds: no sample.
             _ => {}
         }

@@ -234,6 +234,23 @@ async fn an_empty_stream_with_no_newer_attempt_is_a_failure() {
     let (_, _third) = send(&set, &Attempt::primary()).await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_failure_after_a_long_wait_counts_as_a_slow_first_token() {
+    let set = ReplicaSet::new(replicas(2));
+    let a = Attempt::primary();
+    let (slow, _res) = send(&set, &a).await;
+    // Interrupted 5 s in by traffic the set cannot see (no newer attempt of its own): one
+    // failure, far from an ejection, but a first token there takes at least 5 s.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    a.settle(Settle::Empty);
+    for _ in 0..10 {
+        let attempt = Attempt::primary();
+        let (replica, _res) = send(&set, &attempt).await;
+        assert_ne!(replica, slow);
+        attempt.settle(Settle::Token);
+    }
+}
+
 fn request(attempt: &Attempt) -> Request<()> {
     let mut req = Request::new(());
     req.extensions_mut().insert(attempt.clone());
