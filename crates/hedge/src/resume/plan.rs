@@ -65,7 +65,8 @@ fn ends_with_segments(path: &str, suffix: &str) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NotResumable {
-    /// The path is not one of a resumable API (see [`Api`]).
+    /// The path is not one of a resumable API (OpenAI chat completions or completions,
+    /// Anthropic messages).
     Path,
     /// The body is not a JSON object.
     NotJson,
