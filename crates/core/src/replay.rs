@@ -111,18 +111,13 @@ impl<B> ReplayBody<B> {
     /// For a replayable body: its bytes in one piece, and the body (replaying that one piece
     /// when it was buffered in several frames; trailers kept).
     pub(crate) fn contiguous(self) -> Option<(Bytes, Self)> {
+        let joined = self.bytes()?;
         let Inner::Replay { buf, .. } = &self.inner else {
             return None;
         };
         if let [] | [_] = buf.frames.as_slice() {
-            let bytes = buf.frames.first().cloned().unwrap_or_default();
-            return Some((bytes, self));
+            return Some((joined, self));
         }
-        let mut joined = BytesMut::with_capacity(buf.len);
-        for frame in &buf.frames {
-            joined.extend_from_slice(frame);
-        }
-        let joined = joined.freeze();
         let body = replay(vec![joined.clone()], buf.trailers.clone(), buf.len);
         Some((joined, body))
     }

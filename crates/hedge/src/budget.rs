@@ -254,9 +254,8 @@ impl Bucket {
         }
     }
 
-    /// Takes one token for an extra attempt; `false` when the bucket is empty.
-    /// Takes a token for an extra attempt; `false` when the bucket is empty. Both outcomes
-    /// are counted, under the bucket's label.
+    /// Takes a token for an extra attempt, as [`withdraw`](Self::withdraw) does, and counts
+    /// both outcomes under the bucket's label.
     pub(crate) fn spend(&self, now: Instant) -> bool {
         let ok = self.withdraw(now);
         let name = if ok {
@@ -268,6 +267,7 @@ impl Bucket {
         ok
     }
 
+    /// Takes one token for an extra attempt; `false` when the bucket is empty.
     fn withdraw(&self, now: Instant) -> bool {
         if self.unlimited {
             return true;

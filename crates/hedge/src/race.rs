@@ -164,13 +164,12 @@ where
         report: Option<&EndReport>,
     ) -> Request<ReplayBody<B>> {
         let mut req = self.head.request(body);
+        let attempt = self.attempt(index);
         if let Some(h) = &self.shared.config.attempt_header {
-            req.headers_mut().insert(
-                h.clone(),
-                HeaderValue::from(u16::from(self.base.saturating_add(index))),
-            );
+            req.headers_mut()
+                .insert(h.clone(), HeaderValue::from(u16::from(attempt.number())));
         }
-        req.extensions_mut().insert(self.attempt(index));
+        req.extensions_mut().insert(attempt);
         // Attempts race, and a loser's stream is not the request's: each gets a progress
         // record of its own (core's `progress`), read by any layer below that reads it.
         req.extensions_mut().insert(StreamProgress::detached());
