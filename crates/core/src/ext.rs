@@ -6,12 +6,12 @@
 
 use std::cmp::Ordering;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::outcome::HedgeOutcome;
+use crate::outcome::{HedgeOutcome, Resumption};
 
 /// The class a request belongs to: an ordered level and a name.
 ///
@@ -360,6 +360,10 @@ impl fmt::Display for EndReason {
 ///   hedge has a response (a first-token timeout, a deadline, the client going away), the hedge
 ///   [`report_hedge`](EndReport::report_hedge)s its outcome here instead, as it is dropped;
 ///   the reader takes it from [`hedge`](EndReport::hedge) when the response carried none.
+/// * **Resumes.** A stream resumed on another replica breaks while its body streams, after the
+///   response head: the resume layer [`report_resume`](EndReport::report_resume)s each break
+///   and what came of it, and the reader takes them all from
+///   [`resumes`](EndReport::resumes) at the end.
 ///
 /// Clones share one report.
 #[derive(Clone, Debug, Default)]
@@ -369,6 +373,7 @@ pub struct EndReport(Arc<Reported>);
 struct Reported {
     reason: OnceLock<EndReason>,
     hedge: OnceLock<HedgeOutcome>,
+    resumes: Mutex<Vec<Resumption>>,
 }
 
 impl EndReport {
@@ -396,6 +401,20 @@ impl EndReport {
     /// What a hedge reported through [`report_hedge`](EndReport::report_hedge), if anything.
     pub fn hedge(&self) -> Option<&HedgeOutcome> {
         self.0.hedge.get()
+    }
+
+    /// Records one break of the stream after its first token and what came of it, in order.
+    pub fn report_resume(&self, resumption: Resumption) {
+        self.lock_resumes().push(resumption);
+    }
+
+    /// The breaks recorded so far through [`report_resume`](EndReport::report_resume).
+    pub fn resumes(&self) -> Vec<Resumption> {
+        self.lock_resumes().clone()
+    }
+
+    fn lock_resumes(&self) -> MutexGuard<'_, Vec<Resumption>> {
+        self.0.resumes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Reports `reason` to the `EndReport` in `extensions`, if there is one.

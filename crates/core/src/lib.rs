@@ -81,7 +81,9 @@ pub use ext::{
 };
 pub use facts::{FactsError, RequestFactsLayer, RequestFactsService};
 pub use mode::{Fail, Mode, Respond};
-pub use outcome::{AdmissionOutcome, HedgeOutcome, LoserRun};
+pub use outcome::{
+    AdmissionOutcome, BreakReason, HedgeOutcome, LoserRun, ResumeOutcome, Resumption,
+};
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
 pub use tracker::{Observation, StreamTracker, Usage};

@@ -1,9 +1,12 @@
-//! What admission and the hedge did with a request, inserted into response extensions for an
-//! outer layer (the recorder) to read.
+//! What admission, the hedge and resume did with a request, for an outer layer (the recorder)
+//! to read: in the response extensions, or (resumes, which happen while the body streams)
+//! through the request's [`EndReport`](crate::EndReport).
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::error::OverloadReason;
+use crate::ext::Upstream;
 
 /// What admission did with a request; inserted into response extensions by `BoundedAdmission`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,5 +155,171 @@ impl HedgeOutcome {
     /// How long the losing attempts ran in all.
     pub fn loser_time(&self) -> Duration {
         self.losers.iter().map(|l| l.ran).sum()
+    }
+}
+
+/// Why a stream broke after its first token (what a resume answers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BreakReason {
+    /// The body failed: a reset, a transport error.
+    Transport,
+    /// The body ended with neither a finish reason nor a terminal event (or half an event).
+    Truncated,
+    /// The stream carried an in-band error event.
+    ErrorEvent,
+    /// A terminal event (`data: [DONE]`, `message_stop`) came before any finish reason, as
+    /// llama.cpp ends a generation a newer request interrupted.
+    DoneWithoutFinish,
+    /// No token for the resume layer's stall limit (keepalives do not count).
+    Stall,
+}
+
+impl BreakReason {
+    /// A bounded label: `transport`, `truncated`, `error_event`, `done_without_finish`,
+    /// `stall`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakReason::Transport => "transport",
+            BreakReason::Truncated => "truncated",
+            BreakReason::ErrorEvent => "error_event",
+            BreakReason::DoneWithoutFinish => "done_without_finish",
+            BreakReason::Stall => "stall",
+        }
+    }
+}
+
+/// What came of a break: the stream resumed, its continuation got no stream, the client left
+/// while it was on its way, or none was sent
+/// (why, as a bounded label: `budget`, `max_resumes`, `tool_call`, or why the request is not
+/// resumable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResumeOutcome {
+    /// A continuation's stream goes on where the broken one stopped.
+    Resumed,
+    /// A continuation was sent and got no `2xx` stream.
+    Failed,
+    /// The client went away while a continuation was on its way (the continuation is
+    /// cancelled with it).
+    Cancelled,
+    /// No continuation was sent, for this reason.
+    NotSent(&'static str),
+}
+
+impl ResumeOutcome {
+    /// A bounded label: `resumed`, `failed`, `cancelled`, or the reason none was sent.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumeOutcome::Resumed => "resumed",
+            ResumeOutcome::Failed => "failed",
+            ResumeOutcome::Cancelled => "cancelled",
+            ResumeOutcome::NotSent(why) => why,
+        }
+    }
+}
+
+/// One break of a stream after its first token and what came of it, as the resume layer of
+/// `tailguard-hedge` reports it through the request's [`EndReport`](crate::EndReport).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Resumption {
+    /// Why the stream broke.
+    pub reason: BreakReason,
+    /// What came of it.
+    pub outcome: ResumeOutcome,
+    /// The upstream whose stream broke, when its response said ([`Upstream`]).
+    pub from: Option<Upstream>,
+    /// The upstream whose stream went on, when the stream resumed and its response said.
+    pub to: Option<Upstream>,
+}
+
+impl Resumption {
+    /// A break and its outcome.
+    pub fn new(
+        reason: BreakReason,
+        outcome: ResumeOutcome,
+        from: Option<Upstream>,
+        to: Option<Upstream>,
+    ) -> Self {
+        Resumption {
+            reason,
+            outcome,
+            from,
+            to,
+        }
+    }
+}
+
+/// `replica-0>replica-1:transport` (resumed), `replica-0>-:stall:budget` (not resumed: the
+/// outcome follows the reason); `?` for an upstream no response named.
+impl fmt::Display for Resumption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let from = self.from.as_ref().map_or("?", Upstream::as_str);
+        let to = match (self.outcome, &self.to) {
+            (ResumeOutcome::Resumed, Some(u)) => u.as_str(),
+            (ResumeOutcome::Resumed, None) => "?",
+            _ => "-",
+        };
+        write!(f, "{from}>{to}:{}", self.reason.as_str())?;
+        if self.outcome != ResumeOutcome::Resumed {
+            write!(f, ":{}", self.outcome.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The labels the hedge's docs and the README list, written out here.
+    #[test]
+    fn break_and_outcome_labels() {
+        use BreakReason::*;
+        let labels =
+            [Transport, Truncated, ErrorEvent, DoneWithoutFinish, Stall].map(BreakReason::as_str);
+        assert_eq!(
+            labels,
+            [
+                "transport",
+                "truncated",
+                "error_event",
+                "done_without_finish",
+                "stall"
+            ]
+        );
+        let outcomes = [
+            ResumeOutcome::Resumed,
+            ResumeOutcome::Failed,
+            ResumeOutcome::NotSent("budget"),
+        ];
+        assert_eq!(
+            outcomes.map(ResumeOutcome::as_str),
+            ["resumed", "failed", "budget"]
+        );
+    }
+
+    #[test]
+    fn a_resumption_reads_from_to_why() {
+        let r = |outcome, to: Option<&str>| {
+            Resumption::new(
+                BreakReason::Stall,
+                outcome,
+                Some(Upstream::new("replica-0")),
+                to.map(Upstream::new),
+            )
+            .to_string()
+        };
+        assert_eq!(
+            r(ResumeOutcome::Resumed, Some("replica-1")),
+            "replica-0>replica-1:stall"
+        );
+        assert_eq!(r(ResumeOutcome::Resumed, None), "replica-0>?:stall");
+        assert_eq!(
+            r(ResumeOutcome::NotSent("budget"), None),
+            "replica-0>-:stall:budget"
+        );
+        assert_eq!(r(ResumeOutcome::Failed, None), "replica-0>-:stall:failed");
     }
 }

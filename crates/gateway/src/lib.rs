@@ -216,6 +216,12 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         .with_slots(h.replica_slots);
     let hedged = tower::Layer::layer(&hedge, set);
 
+    // Off: a pass-through (no resume, no reading, no buffering). On, a stall resumes at half
+    // the idle timeout, so the continuation has the other half for its first token.
+    let mut resume = ResumeLayer::new().with_max_resumes(if h.resume { 2 } else { 0 });
+    if let Some(idle) = t.idle {
+        resume = resume.with_stall_after(idle / 2);
+    }
     let stack = ServiceBuilder::new()
         // The boxed `Stack`'s one body type.
         .map_response(|res: Response<_>| res.map(Body::new))
@@ -233,8 +239,7 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         .layer(priority)
         .layer(shared.admission)
         .layer(timeout)
-        // Off: a pass-through (no resume, no reading, no buffering).
-        .layer(ResumeLayer::new().with_max_resumes(if h.resume { 2 } else { 0 }))
+        .layer(resume)
         .service(hedged);
     BoxCloneSyncService::new(stack)
 }

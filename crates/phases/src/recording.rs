@@ -274,6 +274,7 @@ impl Recording {
             usage,
             admission: this.admission,
             hedge: this.hedge,
+            resumes: this.end_report.resumes(),
             priority,
             facts: this.facts,
             span: span.clone(),

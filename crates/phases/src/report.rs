@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use tailguard_core::{
-    AdmissionOutcome, EndReason, HedgeOutcome, Priority, RequestFacts, UpstreamFailure, Usage,
+    AdmissionOutcome, EndReason, HedgeOutcome, Priority, RequestFacts, Resumption,
+    UpstreamFailure, Usage,
 };
 
 use crate::labels::UNKNOWN;
@@ -171,6 +172,11 @@ pub struct PhaseReport {
     /// layer outside the hedge ended the request during its race (a timeout, the client gone),
     /// from the request's [`EndReport`](tailguard_core::EndReport), with no winner.
     pub hedge: Option<HedgeOutcome>,
+    /// Each break of the stream after its first token, in order, and what came of it (why,
+    /// from which upstream to which), as the resume layer of `tailguard-hedge` reported them;
+    /// empty when none broke or no resume layer runs. A resume's pause is one of the
+    /// [`gaps`](PhaseReport::gaps).
+    pub resumes: Vec<Resumption>,
     /// The request's class, when one was assigned.
     pub priority: Option<Priority>,
     /// Facts about the request (raw model, `max_tokens`, streamed, prompt bytes).

@@ -32,7 +32,9 @@ impl<T: fmt::Display> fmt::Display for Opt<T> {
 
 /// One line of `key=value` pairs (logfmt): the request id, the bounded labels, the status,
 /// the end reason's label, the phases (seconds, `-` when the phase did not happen), the event
-/// counts and what the hedge did (`attempts/winner`, winner `-` when every attempt failed).
+/// counts, what the hedge did (`attempts/winner`, winner `-` when every attempt failed) and,
+/// when the stream broke after its first token, its breaks (`resumes=`, see
+/// [`Resumption`](tailguard_core::Resumption)).
 ///
 /// ```text
 /// request_id=req-1 route=/v1/chat/completions model=gpt-4o upstream=replica-1 priority=standard streamed=true status=200 end_reason=completed queue_wait=0.000000s time_to_headers=0.010000s ttft=0.200000s total=0.500000s output_events=8 events=11 hedge=2/1
@@ -63,8 +65,22 @@ impl fmt::Display for PhaseReport {
         if let Some(h) = &self.hedge {
             write!(f, " hedge={}/{}", h.attempts, Opt(h.winner))?;
         }
+        if let Some(resumes) = resumes(self) {
+            write!(f, " resumes={resumes}")?;
+        }
         Ok(())
     }
+}
+
+/// The report's breaks (`replica-0>replica-1:transport,...`), when the stream broke.
+pub(crate) fn resumes(r: &PhaseReport) -> Option<String> {
+    use fmt::Write as _;
+    let mut out = String::new();
+    for (i, b) in r.resumes.iter().enumerate() {
+        let sep = if i > 0 { "," } else { "" };
+        let _ = write!(out, "{sep}{b}");
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 #[cfg(feature = "serde")]
@@ -85,7 +101,7 @@ mod ser {
             let l = &self.labels;
             let usage = self.usage.unwrap_or_default();
             let facts = self.facts.as_ref();
-            let mut r = s.serialize_struct("PhaseReport", 29)?;
+            let mut r = s.serialize_struct("PhaseReport", 30)?;
             r.serialize_field(
                 "request_id",
                 &self.request_id.as_ref().map(|id| id.as_str()),
@@ -121,6 +137,7 @@ mod ser {
             r.serialize_field("requested_model", &facts.and_then(|f| f.model.as_deref()))?;
             r.serialize_field("max_tokens", &facts.and_then(|f| f.max_tokens))?;
             r.serialize_field("prompt_bytes", &facts.and_then(|f| f.prompt_bytes))?;
+            r.serialize_field("resumes", &super::resumes(self))?;
             r.end()
         }
     }

@@ -159,5 +159,6 @@ fn request_span(id: Option<&RequestId>, route: &str, facts: Option<&RequestFacts
         hedge_wasted_prompt_bytes = Empty,
         hedge_wasted_prompt_tokens = Empty,
         hedge_deadline_skipped = Empty,
+        resumes = Empty,
     )
 }

@@ -63,7 +63,9 @@ impl fmt::Debug for Sinks {
 /// `output_events`, `events`, `gaps`, `max_gap_s`, `prompt_tokens`, `completion_tokens`,
 /// `max_tokens`, `prompt_bytes`, `hedge_attempts`, `hedge_winner`, `hedge_losers_ran_s` (how
 /// long each losing attempt ran, in the order they were sent), `hedge_wasted_prompt_bytes`,
-/// `hedge_wasted_prompt_tokens`, `hedge_deadline_skipped`.
+/// `hedge_wasted_prompt_tokens`, `hedge_deadline_skipped`, `resumes` (each break after the
+/// first token: `replica-0>replica-1:transport`, comma-separated; see
+/// [`Resumption`](tailguard_core::Resumption)'s `Display`).
 ///
 /// The end event (message `"llm request finished"`) is INFO for a completed request and WARN
 /// otherwise.
@@ -158,5 +160,8 @@ fn record_span(r: &PhaseReport) {
         if h.deadline_skipped {
             span.record("hedge_deadline_skipped", true);
         }
+    }
+    if let Some(resumes) = crate::report_fmt::resumes(r) {
+        span.record("resumes", resumes);
     }
 }

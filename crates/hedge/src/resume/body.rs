@@ -12,9 +12,9 @@ use bytes::{Buf, Bytes};
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tailguard_core::BoxError;
 use tailguard_core::attempt::Attempt;
-use tokio::time::Instant;
+use tailguard_core::{BoxError, EndReport, ResumeOutcome, Resumption, Upstream};
+use tokio::time::{Instant, Sleep, sleep_until};
 
 use super::layer::{Shared, attempts_of};
 use super::plan::Plan;
@@ -37,6 +37,10 @@ pub(crate) struct Ctx<RB> {
     attempts: u8,
     resumes: u8,
     shared: Arc<Shared>,
+    /// Where each break and its outcome are reported (the recorder's), if anywhere.
+    report: Option<EndReport>,
+    /// The upstream of the stream being read, when its response named it.
+    from: Option<Upstream>,
 }
 
 impl<RB> Ctx<RB> {
@@ -54,7 +58,16 @@ impl<RB> Ctx<RB> {
             attempts,
             resumes: 0,
             shared,
+            report: None,
+            from: None,
         }
+    }
+
+    /// Reports breaks to `report`, the first stream's coming from `from`.
+    pub(crate) fn reporting(mut self, report: Option<EndReport>, from: Option<Upstream>) -> Self {
+        self.report = report;
+        self.from = from;
+        self
     }
 }
 
@@ -91,6 +104,11 @@ struct Reading<RB: Body> {
     phase: Phase<RB>,
     /// Bytes to hand on before anything else.
     out: VecDeque<Bytes>,
+    /// When the client last got a token (the stall limit counts from it).
+    last_token: Instant,
+    /// Fires at the stall limit (re-armed lazily from `last_token`); `None` until the client
+    /// has a token of the current stream, or with no stall limit.
+    stall: Option<Pin<Box<Sleep>>>,
 }
 
 enum Phase<RB: Body> {
@@ -98,15 +116,23 @@ enum Phase<RB: Body> {
     Live(Pin<Box<RB>>),
     /// Past what the reader can read (an event over its cap): passed on as it is.
     Raw(Pin<Box<RB>>),
-    /// A continuation on its way, for `brk`; `end`: how the stream ends if it fails.
+    /// A continuation on its way, for `brk`; `fallback`: what happens if it fails.
     Resuming {
         sending: Sending<RB>,
         brk: Break,
-        end: End<RB::Error>,
+        fallback: Fallback<RB>,
     },
     /// Ending as the broken stream ended.
     Ending(End<RB::Error>),
     Done,
+}
+
+/// What a stream whose continuation failed does.
+enum Fallback<RB: Body> {
+    /// Ends as it broke.
+    End(End<RB::Error>),
+    /// Goes on: a stalled stream, kept while its continuation was on its way.
+    Live(Pin<Box<RB>>),
 }
 
 /// How a stream ended that was not resumed.
@@ -131,6 +157,8 @@ impl<RB: Body> ResumeBody<RB> {
                     reader,
                     phase: Phase::Live(Box::pin(body)),
                     out: VecDeque::new(),
+                    last_token: Instant::now(),
+                    stall: None,
                 }),
             },
         }
@@ -210,12 +238,18 @@ where
                 continue;
             }
             match &mut self.phase {
-                Phase::Live(body) => {
-                    let next = ready!(body.as_mut().poll_frame(cx));
-                    if let Some(frame) = self.read(next) {
-                        return Poll::Ready(Some(Ok(frame)));
+                Phase::Live(body) => match body.as_mut().poll_frame(cx) {
+                    Poll::Ready(next) => {
+                        let before = self.reader.sent().output_tokens;
+                        let frame = self.read(next);
+                        self.progressed(before);
+                        if let Some(frame) = frame {
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
                     }
-                }
+                    Poll::Pending if self.stalled(cx) => {}
+                    Poll::Pending => return Poll::Pending,
+                },
                 Phase::Raw(body) => return body.as_mut().poll_frame(cx),
                 Phase::Resuming { sending, .. } => {
                     let res = ready!(sending.as_mut().poll(cx));
@@ -280,73 +314,139 @@ where
         self.give_up(None);
     }
 
+    /// The client got a token since `before` tokens: the stall limit counts from now, and its
+    /// timer is armed if it was not.
+    fn progressed(&mut self, before: u64) {
+        if self.reader.sent().output_tokens == before {
+            return;
+        }
+        self.last_token = Instant::now();
+        if let (None, Some(limit), Phase::Live(_)) =
+            (&self.stall, self.ctx.shared.stall_after, &self.phase)
+        {
+            self.stall = Some(Box::pin(sleep_until(self.last_token + limit)));
+        }
+    }
+
+    /// Whether the live stream stalled (no token for the stall limit) and a continuation went
+    /// out for it; the stalled stream is kept, to go on with if the continuation fails. A
+    /// stall no continuation answers is the idle timeout's to end: the stream goes on.
+    fn stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(limit) = self.ctx.shared.stall_after else {
+            return false;
+        };
+        loop {
+            let Some(timer) = self.stall.as_mut() else {
+                return false;
+            };
+            if timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let due = self.last_token + limit;
+            if due <= Instant::now() {
+                break;
+            }
+            timer.as_mut().reset(due);
+        }
+        self.stall = None;
+        let Phase::Live(body) = std::mem::replace(&mut self.phase, Phase::Done) else {
+            return false;
+        };
+        match self.resume(Break::Stall) {
+            Ok(sending) => {
+                self.phase = Phase::Resuming {
+                    sending,
+                    brk: Break::Stall,
+                    fallback: Fallback::Live(body),
+                };
+                true
+            }
+            Err(why) => {
+                self.outcome(Break::Stall, ResumeOutcome::NotSent(why), None);
+                self.phase = Phase::Live(body);
+                false
+            }
+        }
+    }
+
     /// The current stream broke (`brk`): a continuation goes out if the request may take
     /// one; otherwise the stream ends as it broke, with what was held back of it: `end` when
     /// its body ended, or (`None`, an in-band error event) the rest of its body as it is.
     fn broke(&mut self, brk: Break, end: Option<End<RB::Error>>) {
-        let ctx = &mut self.ctx;
-        let sent = self.reader.sent();
-        let refused = if sent.tool_call {
-            Some("tool_call")
-        } else if ctx.resumes >= ctx.shared.max_resumes {
-            Some("max_resumes")
-        } else {
-            None
-        };
-        let body = match refused {
-            Some(why) => Err(why),
-            None => ctx.plan.continuation(sent).map_err(|e| e.as_str()),
-        };
-        let body = body.and_then(|b| {
-            if ctx.shared.budget.spend(Instant::now()) {
-                Ok(b)
-            } else {
-                Err("budget")
-            }
-        });
-        match body {
-            Ok(body) => {
-                ctx.resumes += 1;
-                let attempt = ctx.record.next(ctx.attempts);
-                tracing::info!(
-                    reason = brk.as_str(),
-                    resume = ctx.resumes,
-                    "tailguard-hedge: stream broke after its first token; resuming on another replica"
-                );
+        match self.resume(brk) {
+            Ok(sending) => {
                 // The broken stream's body (if it still runs) is dropped: its upstream request
                 // is cancelled.
                 self.phase = Phase::Resuming {
-                    sending: (ctx.send)(body, attempt),
+                    sending,
                     brk,
-                    end: end.unwrap_or(End::Clean),
+                    fallback: Fallback::End(end.unwrap_or(End::Clean)),
                 };
             }
             Err(why) => {
-                count(brk, why);
+                self.outcome(brk, ResumeOutcome::NotSent(why), None);
                 self.give_up(end);
             }
         }
     }
 
+    /// Sends a continuation for `brk` if the request may take one, or says why not.
+    fn resume(&mut self, brk: Break) -> Result<Sending<RB>, &'static str> {
+        let ctx = &mut self.ctx;
+        let sent = self.reader.sent();
+        if sent.tool_call {
+            return Err("tool_call");
+        }
+        if ctx.resumes >= ctx.shared.max_resumes {
+            return Err("max_resumes");
+        }
+        let body = ctx.plan.continuation(sent).map_err(|e| e.as_str())?;
+        if !ctx.shared.budget.spend(Instant::now()) {
+            return Err("budget");
+        }
+        ctx.resumes += 1;
+        let attempt = ctx.record.next(ctx.attempts);
+        tracing::info!(
+            reason = brk.as_str(),
+            resume = ctx.resumes,
+            "tailguard-hedge: stream broke after its first token; resuming on another replica"
+        );
+        Ok((ctx.send)(body, attempt))
+    }
+
     /// A continuation's response arrived (or failed).
     fn continued(&mut self, res: Result<Response<RB>, BoxError>) {
-        let Phase::Resuming { brk, end, .. } = std::mem::replace(&mut self.phase, Phase::Done)
+        let Phase::Resuming { brk, fallback, .. } = std::mem::replace(&mut self.phase, Phase::Done)
         else {
             return;
         };
         match res {
             Ok(res) if res.status().is_success() => {
-                count(brk, "resumed");
+                let to = res.extensions().get::<Upstream>().cloned();
+                self.outcome(brk, ResumeOutcome::Resumed, to.clone());
+                self.ctx.from = to;
                 self.ctx.attempts = self
                     .ctx
                     .attempts
                     .saturating_add(attempts_of(res.extensions()));
                 self.reader = Reader::continuing(self.ctx.plan.api(), self.reader.sent().clone());
                 self.phase = Phase::Live(Box::pin(res.into_body()));
+                // The continuation has the stall limit for its first token.
+                self.last_token = Instant::now();
+                self.stall = self
+                    .ctx
+                    .shared
+                    .stall_after
+                    .map(|limit| Box::pin(sleep_until(self.last_token + limit)));
             }
             _ => {
-                count(brk, "failed");
-                self.give_up(Some(end));
+                self.outcome(brk, ResumeOutcome::Failed, None);
+                // Its attempt number is spent.
+                self.ctx.attempts = self.ctx.attempts.saturating_add(1);
+                match fallback {
+                    Fallback::End(end) => self.give_up(Some(end)),
+                    Fallback::Live(body) => self.phase = Phase::Live(body),
+                }
             }
         }
     }
@@ -361,14 +461,34 @@ where
             (None, _) => Phase::Ending(End::Clean),
         };
     }
+
+    /// A stream broke (`brk`), and what came of it: counted and reported.
+    fn outcome(&self, brk: Break, outcome: ResumeOutcome, to: Option<Upstream>) {
+        count(brk, outcome);
+        if let Some(report) = &self.ctx.report {
+            report.report_resume(Resumption::new(brk, outcome, self.ctx.from.clone(), to));
+        }
+    }
 }
 
-/// A stream that broke (`brk`), and what came of it: `resumed`, `failed` (the continuation
-/// got no stream), or why none was sent (`budget`, `max_resumes`, `tool_call`, or the
-/// [`NotResumable`](super::NotResumable) reason).
-fn count(brk: Break, outcome: &'static str) {
-    metrics::counter!("tailguard_resumes_total", "reason" => brk.as_str(), "outcome" => outcome)
-        .increment(1);
+/// `tailguard_resumes_total{reason, outcome}`.
+fn count(brk: Break, outcome: ResumeOutcome) {
+    metrics::counter!(
+        "tailguard_resumes_total",
+        "reason" => brk.as_str(),
+        "outcome" => outcome.as_str()
+    )
+    .increment(1);
+}
+
+impl<RB: Body> Drop for Reading<RB> {
+    /// The client went away while a continuation was on its way: counted as `cancelled` (the
+    /// continuation's request is cancelled with it).
+    fn drop(&mut self) {
+        if let Phase::Resuming { brk, .. } = self.phase {
+            count(brk, ResumeOutcome::Cancelled);
+        }
+    }
 }
 
 impl<RB: Body> fmt::Debug for ResumeBody<RB> {

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -14,7 +15,9 @@ use pin_project_lite::pin_project;
 use tailguard_core::attempt::Attempt;
 use tailguard_core::render;
 use tailguard_core::replay::Buffering;
-use tailguard_core::{BoxError, Deadlines, ErrorInfo, HedgeOutcome, ReplayBody};
+use tailguard_core::{
+    BoxError, Deadlines, EndReport, ErrorInfo, HedgeOutcome, ReplayBody, Upstream,
+};
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -68,8 +71,8 @@ const MAX_RESUMES: u8 = 2;
 /// without a finish reason (truncated, or half an event); it carries an in-band error event
 /// (held back from the client); or it sends a terminal event (`data: [DONE]`,
 /// `message_stop`) before any finish reason, as llama-cpp-python does when a newer request
-/// interrupts a stream (held back until the body's end says). A stall is the idle timeout's to
-/// end, not a trigger here. At most [`with_max_resumes`](Self::with_max_resumes) per request
+/// interrupts a stream (held back until the body's end says); or, with
+/// [`with_stall_after`](Self::with_stall_after), it stalls. At most [`with_max_resumes`](Self::with_max_resumes) per request
 /// (2), within a budget across requests ([`with_budget`](Self::with_budget)); otherwise, and
 /// when the continuation gets no `2xx` stream, the stream ends as it broke, with what was held
 /// back of it.
@@ -86,10 +89,15 @@ const MAX_RESUMES: u8 = 2;
 /// buffered once more; off ([`with_max_resumes(0)`](Self::with_max_resumes)) the layer passes
 /// requests and responses through untouched.
 ///
+/// **Records.** Each break and what came of it goes to the request's
+/// [`EndReport`](tailguard_core::EndReport) (a [`Resumption`](tailguard_core::Resumption):
+/// why, from which upstream to which), which the recorder's phase report carries.
+///
 /// **Metrics.** `tailguard_resumes_total{reason, outcome}`: each break after a first token
-/// (`reason`: `transport`, `truncated`, `error_event`, `done_without_finish`) and what came
-/// of it (`resumed`, `failed`: the continuation got no stream, or why none was sent:
-/// `budget`, `max_resumes`, `tool_call`, a [`NotResumable`](crate::NotResumable) label);
+/// (`reason`: `transport`, `truncated`, `error_event`, `done_without_finish`, `stall`) and
+/// what came of it (`resumed`; `failed`: the continuation got no stream; `cancelled`: the
+/// client left while it was on its way; or why none was sent: `budget`, `max_resumes`,
+/// `tool_call`, a [`NotResumable`](crate::NotResumable) label);
 /// the budget's `tailguard_hedge_budget_withdrawn_total{budget="resume"}` and
 /// `..._exhausted_total`. A `tracing` info event marks each resume.
 #[derive(Clone)]
@@ -103,6 +111,7 @@ struct Settings {
     max_resumes: u8,
     budget: HedgeBudget,
     replay_cap: usize,
+    stall_after: Option<Duration>,
 }
 
 /// What every service of one layer shares.
@@ -110,6 +119,7 @@ pub(crate) struct Shared {
     pub(crate) max_resumes: u8,
     pub(crate) budget: Bucket,
     replay_cap: usize,
+    pub(crate) stall_after: Option<Duration>,
 }
 
 impl ResumeLayer {
@@ -123,6 +133,7 @@ impl ResumeLayer {
             max_resumes: MAX_RESUMES,
             budget: HedgeBudget::failover(),
             replay_cap: tailguard_core::replay::DEFAULT_REPLAY_CAP,
+            stall_after: None,
         }
         .into_layer()
     }
@@ -137,6 +148,18 @@ impl ResumeLayer {
     /// resume deposits its share).
     pub fn with_budget(mut self, budget: HedgeBudget) -> Self {
         self.settings.budget = budget;
+        self.settings.into_layer()
+    }
+
+    /// Resumes a stream that stalls: no token for `limit` after the client's last one
+    /// (keepalives, pings and other events that carry no token do not count), or, for a
+    /// continuation, after its response head. The stalled stream is kept while the
+    /// continuation is on its way and goes on if the continuation fails or none may be sent:
+    /// a stall is the idle timeout's to end, this only gets there first. Set it below the idle
+    /// timeout, which goes on counting through the pause (the gateway sets half of it). Off by
+    /// default.
+    pub fn with_stall_after(mut self, limit: Duration) -> Self {
+        self.settings.stall_after = Some(limit);
         self.settings.into_layer()
     }
 
@@ -155,6 +178,7 @@ impl Settings {
             max_resumes: self.max_resumes,
             budget: Bucket::new(&self.budget, "resume"),
             replay_cap: self.replay_cap,
+            stall_after: self.stall_after,
         });
         ResumeLayer {
             settings: self,
@@ -175,6 +199,7 @@ impl fmt::Debug for ResumeLayer {
             .field("max_resumes", &self.settings.max_resumes)
             .field("budget", &self.settings.budget)
             .field("replay_cap", &self.settings.replay_cap)
+            .field("stall_after", &self.settings.stall_after)
             .finish()
     }
 }
@@ -306,6 +331,7 @@ struct Resumable<S> {
     service: S,
     record: Attempt,
     shared: Arc<Shared>,
+    report: Option<EndReport>,
 }
 
 impl<S, B> ResponseFuture<S, B>
@@ -376,7 +402,9 @@ where
                     let (req, resumable) = match plan(&parts, &body) {
                         Some(plan) => {
                             shared.budget.deposit();
+                            let report = parts.extensions.get::<EndReport>().cloned();
                             let r = Resumable {
+                                report,
                                 plan,
                                 template: Template::new(parts),
                                 service: service.clone(),
@@ -426,12 +454,16 @@ impl<S> Resumable<S> {
             service,
             record,
             shared,
+            report,
         } = self;
         let send: Sender<RB> = Box::new(move |body: Bytes, attempt: Attempt| {
             let mut req = template.request(ReplayBody::from_bytes(body.clone()));
             req.headers_mut()
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
             req.extensions_mut().insert(attempt);
+            // What came of a continuation is this layer's to report (a failed one leaves the
+            // stream as it was): the layers below report to nobody.
+            req.extensions_mut().remove::<EndReport>();
             // The client has had its first token: only the total deadline still applies.
             if let Some(d) = req.extensions_mut().get_mut::<Deadlines>() {
                 d.first_token = None;
@@ -439,7 +471,8 @@ impl<S> Resumable<S> {
             let fut = service.clone().oneshot(req);
             Box::pin(async move { fut.await.map_err(Into::into) })
         });
-        Ctx::new(send, plan, record, attempts_of(&head.extensions), shared)
+        let from = head.extensions.get::<Upstream>().cloned();
+        Ctx::new(send, plan, record, attempts_of(&head.extensions), shared).reporting(report, from)
     }
 }
 

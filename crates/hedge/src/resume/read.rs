@@ -59,32 +59,8 @@ pub(crate) struct Sent {
     pub(crate) anthropic_blocks: u64,
 }
 
-/// Why a stream should be resumed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Break {
-    /// An in-band error event (chat/completions: a JSON object with a top-level `error`;
-    /// Anthropic: an `error` event).
-    ErrorEvent,
-    /// The body ended with neither a finish reason nor a terminal event.
-    Truncated,
-    /// A terminal event (`data: [DONE]`, Anthropic `message_stop`) came without a finish
-    /// reason: llama.cpp ends an interrupted generation so.
-    DoneWithoutFinish,
-    /// The body failed (decided by the layer, not the reader).
-    Transport,
-}
-
-impl Break {
-    /// A bounded snake_case label, for metrics.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Break::ErrorEvent => "error_event",
-            Break::Truncated => "truncated",
-            Break::DoneWithoutFinish => "done_without_finish",
-            Break::Transport => "transport",
-        }
-    }
-}
+/// Why a stream should be resumed (core's [`BreakReason`]: the recorder reports it).
+pub(crate) use tailguard_core::BreakReason as Break;
 
 /// What to do with one complete event.
 #[derive(Debug)]
@@ -1153,26 +1129,6 @@ mod tests {
         assert_eq!(
             *usage,
             json!({"prompt_tokens": 30, "completion_tokens": 9, "total_tokens": 39})
-        );
-    }
-
-    #[test]
-    fn break_labels() {
-        let labels = [
-            Break::ErrorEvent,
-            Break::Truncated,
-            Break::DoneWithoutFinish,
-            Break::Transport,
-        ]
-        .map(Break::as_str);
-        assert_eq!(
-            labels,
-            [
-                "error_event",
-                "truncated",
-                "done_without_finish",
-                "transport"
-            ]
         );
     }
 }
