@@ -414,7 +414,10 @@ impl EndReport {
     }
 
     fn lock_resumes(&self) -> MutexGuard<'_, Vec<Resumption>> {
-        self.0.resumes.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0
+            .resumes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Reports `reason` to the `EndReport` in `extensions`, if there is one.

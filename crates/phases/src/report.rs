@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use tailguard_core::{
-    AdmissionOutcome, EndReason, HedgeOutcome, Priority, RequestFacts, Resumption,
-    UpstreamFailure, Usage,
+    AdmissionOutcome, EndReason, HedgeOutcome, Priority, RequestFacts, Resumption, UpstreamFailure,
+    Usage,
 };
 
 use crate::labels::UNKNOWN;
