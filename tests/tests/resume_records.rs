@@ -159,6 +159,23 @@ async fn a_stall_no_continuation_takes_over_goes_on_as_it_was() {
         outcomes,
         [(BreakReason::Stall, ResumeOutcome::NotSent("budget"), true)]
     );
+    // Any other break without budget ends as it broke (in-band, from the timeout layer).
+    let (text, whole) = send(&svc, &mocks, &[("x-mock-script-0", "reset_after=5")]).await;
+    assert!(!whole && text.len() < expected.len(), "{text}");
+    let report = reports.all().pop().unwrap();
+    assert_eq!(
+        report.end_reason,
+        EndReason::UpstreamError(tailguard::core::UpstreamFailure::Transport)
+    );
+    let outcomes: Vec<_> = report
+        .resumes
+        .iter()
+        .map(|r| (r.reason, r.outcome))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [(BreakReason::Transport, ResumeOutcome::NotSent("budget"))]
+    );
 
     // A continuation that fails (a 503, and on the hedge's failover too): the stalled stream
     // goes on.
