@@ -117,6 +117,8 @@ pub struct Attempt {
 #[derive(Default)]
 struct Record {
     tried: Vec<ReplicaId>,
+    /// The placer sent the primary on a stale estimate (see [`Attempt::mark_probe`]).
+    probe: bool,
     /// The claims bound to each attempt number, settled by the sender.
     claims: Vec<(u8, Arc<dyn AttemptClaim>)>,
 }
@@ -178,6 +180,20 @@ impl Attempt {
     /// The replicas attempts of this request went to, in the order they were recorded.
     pub fn tried(&self) -> Vec<ReplicaId> {
         self.lock().tried.clone()
+    }
+
+    /// Marks the request a probe: the placer sent its primary to a replica chosen on an
+    /// estimate that only decayed with time since the replica was last seen slow (what it
+    /// last knew would have sent the attempt elsewhere). That is how a placer learns that a
+    /// replica recovered, and the risk of it is the placer's, not the request's: a hedge backs
+    /// a probe up at its delay even when its budget is spent.
+    pub fn mark_probe(&self) {
+        self.lock().probe = true;
+    }
+
+    /// Whether the request is a probe (see [`mark_probe`](Self::mark_probe)).
+    pub fn is_probe(&self) -> bool {
+        self.lock().probe
     }
 
     /// Binds a placer's `claim` to this attempt, to be told how it ends (see

@@ -161,7 +161,9 @@ impl<M> FirstTokenHedgeLayer<M> {
         })
     }
 
-    /// Sets the budget of delay-triggered hedges.
+    /// Sets the budget of delay-triggered hedges. A request its placer marked a probe (core's
+    /// `Attempt::mark_probe`: its primary went to a replica chosen on a decayed estimate) is
+    /// backed up at the delay whatever the budget.
     pub fn with_budget(self, budget: HedgeBudget) -> Self {
         self.with(|c| {
             c.budget = budget;

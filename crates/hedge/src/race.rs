@@ -249,9 +249,12 @@ where
             );
             return;
         }
-        // Failovers draw on a budget of their own (counted there).
+        // Failovers draw on a budget of their own (counted there). A probe's backup draws on
+        // none: the placer chose the primary's replica to learn about it (core's
+        // `Attempt::mark_probe`), and only a slow probe gets one.
         let failover = trigger == Trigger::Failure;
-        if !self.shared.budget.withdraw(failover, now) {
+        let probe = trigger == Trigger::Delay && self.record.is_probe();
+        if !probe && !self.shared.budget.withdraw(failover, now) {
             self.budget_exhausted = true;
             tracing::debug!(
                 trigger = trigger.as_str(),

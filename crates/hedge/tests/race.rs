@@ -1140,3 +1140,28 @@ async fn the_outcome_header_says_what_the_hedge_did() {
     let res = layer().layer(up).oneshot(chat_request()).await.unwrap();
     assert!(!res.headers().contains_key("x-hedge"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_is_backed_up_whatever_the_budget() {
+    // The primary's first token takes 2 s, a backup's 20 ms; no hedge budget at all.
+    let up = Upstream::with(|_, attempt| Plan::sse(ms(if attempt == 0 { 2_000 } else { 20 })));
+    let hedge = FirstTokenHedgeLayer::new()
+        .with_delay(ms(200))
+        .with_budget(HedgeBudget::none());
+    for probe in [false, true] {
+        // A placer that marks the request a probe when it places its primary.
+        let placer = tower::ServiceBuilder::new()
+            .map_request(move |req: Request<_>| {
+                let a = req.extensions().get::<tailguard_core::attempt::Attempt>();
+                if let Some(a) = a.filter(|a| probe && !a.is_backup()) {
+                    a.mark_probe();
+                }
+                req
+            })
+            .service(up.clone());
+        let res = hedge.layer(placer).oneshot(chat_request()).await.unwrap();
+        let o = outcome(&res).unwrap();
+        let want = if probe { (2, Some(1)) } else { (1, Some(0)) };
+        assert_eq!((o.attempts, o.winner), want, "probe: {probe}");
+    }
+}

@@ -65,7 +65,10 @@
 //!   expected wait for a first token: the attempts on it still waiting for one, times a
 //!   peak-EWMA of its recent times to first token (10 s decay) in which an attempt still
 //!   waiting, or cancelled before its token, counts at least as long as it waited. With
-//!   [`Routing::RoundRobin`], the next replica in turn.
+//!   [`Routing::RoundRobin`], the next replica in turn. A primary placed on a replica only
+//!   because its estimate decayed (what was last known of it is over twice the other
+//!   choice's) is marked a probe ([`Attempt::mark_probe`](tailguard_core::attempt::Attempt::mark_probe)):
+//!   the hedge backs a slow probe up whatever its budget.
 //! * **Backup**: the best-scored replica the request's `Attempt` has not recorded.
 //! * **Ejection** ([`Ejection`]): consecutive failures before a first token, or a first-token
 //!   estimate far over the others', take a replica out of primary selection for a while; never

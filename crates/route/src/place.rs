@@ -61,6 +61,12 @@ impl<S> Placer<S> {
         let mut board = self.health.board();
         let placed = match self.pick(&mut board, attempt, spot) {
             Pick::Place(i) => i,
+            Pick::Probe(i) => {
+                if let Some(a) = attempt {
+                    a.mark_probe();
+                }
+                i
+            }
             Pick::Wait(wants) => {
                 if let Some(w) = waker {
                     spot.key = Some(board.line.wait(spot.key, spot.since, w, wants));
@@ -127,7 +133,10 @@ impl<S> Placer<S> {
         // A primary: of the replicas in selection, the better of two with room...
         let healthy: Vec<usize> = (0..n).filter(|&i| !ejected[i]).collect();
         let free: Vec<usize> = healthy.iter().copied().filter(|&i| room(i)).collect();
-        let chosen = self.two_choices(board, &free, now);
+        let (chosen, probe) = match self.two_choices(board, &free, now) {
+            Some((c, probe)) => (Some(c), probe),
+            None => (None, false),
+        };
         // ...unless a full one is expected to give a first token sooner, slot wait included,
         // than the chosen one as last known (a single-slot replica that answers in 0.3 s beats
         // one with room that took 4 s: its estimate decays with time, but only a new sample,
@@ -149,17 +158,20 @@ impl<S> Placer<S> {
             (Some(c), Some((i, wait))) if patient && wait < board.replicas[c].last_known(now) => {
                 Pick::Prefer(i, board.replicas[c].last_known(now))
             }
+            (Some(c), _) if probe => Pick::Probe(c),
             (Some(c), _) => Pick::Place(c),
             // Every replica in selection is full: wait for the first slot of any of them.
             (None, _) => Pick::Wait(healthy),
         }
     }
 
-    /// Power of two choices among `free`, by score.
-    fn two_choices(&self, board: &Board, free: &[usize], now: Instant) -> Option<usize> {
+    /// Power of two choices among `free`, by score; and whether the choice is a probe: what was
+    /// last known of the chosen one (its estimate before it decayed) is more than twice the
+    /// other's score.
+    fn two_choices(&self, board: &Board, free: &[usize], now: Instant) -> Option<(usize, bool)> {
         let n = free.len();
         if n <= 1 {
-            return free.first().copied();
+            return free.first().map(|&i| (i, false));
         }
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         // Two distinct candidates from a Weyl sequence: evenly spread, no generator needed.
@@ -172,7 +184,9 @@ impl<S> Placer<S> {
             board.replicas[a].score(now, decay),
             board.replicas[b].score(now, decay),
         );
-        Some(if sb < sa { b } else { a })
+        let (chosen, other) = if sb < sa { (b, sa) } else { (a, sb) };
+        // Twice: near-equal replicas trade places as their estimates decay, which is no probe.
+        Some((chosen, board.replicas[chosen].last_known(now) > 2.0 * other))
     }
 }
 
@@ -180,6 +194,8 @@ impl<S> Placer<S> {
 enum Pick {
     /// To this replica, now.
     Place(usize),
+    /// To this replica, now, as a probe (see [`Attempt::mark_probe`]).
+    Probe(usize),
     /// Nowhere yet: it waits for a slot on one of these.
     Wait(Vec<usize>),
     /// It waits for a slot on this replica although another has room, for at most this many

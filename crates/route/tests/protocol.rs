@@ -354,3 +354,37 @@ async fn a_primary_waits_for_a_much_faster_replica_no_longer_than_a_free_one_wou
     assert!(matches!(poll_once(&mut e_f), Poll::Ready(Ok(_))));
     assert_eq!(e.tried(), [ReplicaId(slow)]);
 }
+
+/// One replica took `slow` seconds to a first token; the other takes 0.8 s, one request at
+/// a time. How long until a primary goes to the slow one again (its estimate decays, 10 s),
+/// and whether that primary is a probe; no earlier one is.
+async fn back_on_the_slow_one(slow: f64) -> (f64, bool) {
+    let set = ReplicaSet::new(replicas(2));
+    let a = Attempt::primary();
+    let (slow_one, _res) = send(&set, &a).await;
+    tokio::time::advance(Duration::from_secs_f64(slow)).await;
+    a.settle(Settle::Token);
+    let start = tokio::time::Instant::now();
+    loop {
+        let attempt = Attempt::primary();
+        let (replica, _res) = send(&set, &attempt).await;
+        if replica == slow_one {
+            return (start.elapsed().as_secs_f64(), attempt.is_probe());
+        }
+        assert!(!attempt.is_probe());
+        tokio::time::advance(Duration::from_millis(800)).await;
+        attempt.settle(Settle::Token);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_primary_sent_on_an_estimate_that_only_decayed_is_a_probe() {
+    // 4 s x e^(-t/10) < 0.8 s from t = 16.1 s; what was last known of it (4 s) is over twice
+    // the other's 0.8 s: a probe, which a hedge backs up whatever its budget.
+    let (t, probe) = back_on_the_slow_one(4.0).await;
+    assert!((16.0..17.0).contains(&t) && probe, "{t} {probe}");
+    // 1.5 s, back from t = 6.3 s: less than twice the other's, near-equal replicas trading
+    // places as they decay, no probe.
+    let (t, probe) = back_on_the_slow_one(1.5).await;
+    assert!((6.0..7.0).contains(&t) && !probe, "{t} {probe}");
+}
