@@ -192,8 +192,8 @@ impl std::error::Error for FactsError {}
 impl RequestFacts {
     /// Reads the facts from a request body of the OpenAI (chat, completions, responses) or
     /// Anthropic (messages) API: `model`; `stream` (`false` when absent, as these APIs
-    /// default); `max_completion_tokens`, else `max_tokens`,
-    /// else `max_output_tokens` (saturated to `u32`); and as prompt bytes the text of
+    /// default); the largest of `max_completion_tokens`, `max_tokens` and `max_output_tokens`
+    /// (saturated to `u32`: servers differ on which wins when several are set); and as prompt bytes the text of
     /// `messages`, `prompt`, `input`, `system` and `instructions` together, or the body's length
     /// when it has none of them.
     ///
@@ -230,10 +230,12 @@ impl RequestFacts {
         facts.model = f.model.map(Cow::into_owned);
         // Every one of these APIs streams only when asked to.
         facts.stream = Some(f.stream.unwrap_or(false));
-        facts.max_tokens = f
-            .max_completion_tokens
-            .or(f.max_tokens)
-            .or(f.max_output_tokens)
+        // The largest of the fields that set it: servers differ on which one wins when a body
+        // has several, and a limit read from one of them must hold whichever the server reads.
+        facts.max_tokens = [f.max_completion_tokens, f.max_tokens, f.max_output_tokens]
+            .into_iter()
+            .flatten()
+            .max()
             .map(|m| u32::try_from(m).unwrap_or(u32::MAX));
         let present = Present {
             messages: f.messages.is_some(),
@@ -262,6 +264,8 @@ mod tests {
 
     #[test]
     fn openai_chat_completions_and_responses() {
+        let conflicting = facts(r#"{"max_tokens":738,"max_completion_tokens":60}"#);
+        assert_eq!(conflicting.max_tokens, Some(738));
         let chat = facts(
             r#"{"model":"gpt-4o","stream":true,"max_tokens":10,"max_completion_tokens":20,
             "messages":[{"role":"system","content":"abc"},{"role":"user","content":[

@@ -67,6 +67,7 @@ pub mod progress;
 pub mod render;
 pub mod replay;
 pub mod scan;
+mod tenant;
 pub mod tracker;
 
 pub use answer::AnswerBody;
@@ -86,4 +87,5 @@ pub use outcome::{
 };
 pub use render::{ErrorInfo, GrpcCode, RenderError};
 pub use replay::{DEFAULT_REPLAY_CAP, ReplayBody};
+pub use tenant::Tenant;
 pub use tracker::{Observation, StreamTracker, Usage};
