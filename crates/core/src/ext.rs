@@ -203,7 +203,8 @@ impl ClassPolicy {
 pub struct RequestFacts {
     /// The requested model, as the client sent it (normalise before using it as a label).
     pub model: Option<String>,
-    /// The `max_tokens` (or `max_completion_tokens`) the client asked for.
+    /// The output limit the client asked for: the largest of `max_tokens`,
+    /// `max_completion_tokens` and `max_output_tokens` it sent.
     pub max_tokens: Option<u32>,
     /// Whether the client asked for a streamed response.
     pub stream: Option<bool>,

@@ -135,7 +135,10 @@ mod tests {
             Tenant::new("a").with_label("x")
         );
         assert_eq!(
-            format!("{:?}", Tenant::new("a").with_label("other").with_weight(2.0)),
+            format!(
+                "{:?}",
+                Tenant::new("a").with_label("other").with_weight(2.0)
+            ),
             "Tenant(a, label other, weight 2)"
         );
     }
