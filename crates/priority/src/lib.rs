@@ -58,6 +58,12 @@
 //! default every class but `critical` may be named) and capped by an optional ceiling, and the
 //! default class (`standard`). See [`PriorityClassLayer`].
 //!
+//! ## Tenants
+//!
+//! [`TenantLayer`] says who each request is for: core's [`Tenant`](tailguard_core::Tenant),
+//! from a configured header (`x-tenant`) or a hash of the API key, with a bounded metric
+//! label, for admission's fair queueing and the token budgets of `tailguard-tenant`.
+//!
 //! ## Metrics
 //!
 //! `tailguard_priority_classified_total` (counter; labels `priority`, the class name, and
@@ -68,7 +74,9 @@ pub mod future;
 mod layer;
 mod service;
 mod table;
+mod tenant;
 
 pub use layer::{Classification, DEFAULT_HEADER, PriorityClassLayer, Source};
 pub use service::PriorityClass;
 pub use table::PolicyTable;
+pub use tenant::{TENANT_HEADER, TenantLayer, TenantService};
