@@ -7,7 +7,8 @@
 //! first token (fixed or drawn from a seeded [`Latency`] distribution), the number of tokens
 //! and the gaps between them, stalls, keepalive comments, error statuses with `Retry-After`,
 //! connection resets (FIN or RST), in-band error events, broken streams (half an event, an
-//! endless line, garbage data lines, no terminal event) and head-of-line blocking
+//! endless line, garbage data lines, no terminal event, a
+//! llama.cpp-style interrupt) and head-of-line blocking
 //! (single-slot mode). A request can carry its own script in the [`SCRIPT_HEADER`] header.
 //! [`ReplicaOptions`] add what real servers do across requests: a response head that waits for
 //! the slot, llama.cpp-style interrupts, uvicorn's idle keep-alive close, cancelled
@@ -106,7 +107,7 @@
 //! prompt tokens as for any request (the words of all messages, the prefill included). The
 //! other knobs count the tokens of this response: `reset_after=5` on a continuation breaks
 //! the connection after 5 tokens sent, whatever `k` is; likewise `stall_after`,
-//! `error_after`, `half_event`, `junk_*` and an interrupt's count.
+//! `error_after`, `half_event`, `interrupt_after`, `junk_*` and an interrupt's count.
 //!
 //! [`Stats::continuations`] counts the continuation requests a replica served (whatever their
 //! outcome; not the refused ones), and [`RequestRecord::continued_from`] is a request's `k`,

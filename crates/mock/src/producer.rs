@@ -169,10 +169,11 @@ impl Producer {
     }
 
     /// Ends the stream after `i` tokens if something scripted (or a newer request) says so.
+    /// An interrupt (scripted, or by a newer request) comes first.
     async fn ended_at(&mut self, i: u32) -> Result<bool, Gone> {
         let script = &self.job.script;
         let reset = script.reset == Reset::AfterTokens(i);
-        let end = if self.interrupted() {
+        let end = if self.interrupted() || script.interrupt_after == Some(i) {
             if let Some(b) = self.job.ctx.terminal(i) {
                 self.send(Item::Data(b)).await?;
             }

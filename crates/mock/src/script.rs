@@ -61,7 +61,8 @@ pub const DEFAULT_LINE_BYTES: u64 = 2 << 20;
 /// a reset after *N* tokens breaks the connection before the head, and no keepalives are sent.
 /// The stream faults ([`half_event_after`](Self::half_event_after),
 /// [`endless_line_after`](Self::endless_line_after), [`garbage`](Self::garbage),
-/// [`no_done`](Self::no_done), [`junk_before`](Self::junk_before),
+/// [`no_done`](Self::no_done), [`interrupt_after`](Self::interrupt_after),
+/// [`junk_before`](Self::junk_before),
 /// [`junk_after`](Self::junk_after)) apply to streamed responses only;
 /// [`json_reply`](Self::json_reply) answers a streamed request as a non-streamed one.
 ///
@@ -89,6 +90,7 @@ pub struct Script {
     pub(crate) line_bytes: u64,
     pub(crate) garbage: Option<Garbage>,
     pub(crate) no_done: bool,
+    pub(crate) interrupt_after: Option<u32>,
     pub(crate) junk_before: u32,
     pub(crate) junk_after: u32,
     pub(crate) json_reply: bool,
@@ -133,6 +135,7 @@ impl Script {
             line_bytes: DEFAULT_LINE_BYTES,
             garbage: None,
             no_done: false,
+            interrupt_after: None,
             junk_before: 0,
             junk_after: 0,
             json_reply: false,
@@ -271,6 +274,19 @@ impl Script {
     /// everything before it as usual. Off by default.
     pub fn no_done(mut self, on: bool) -> Self {
         self.no_done = on;
+        self
+    }
+
+    /// After `n` tokens, end the stream as an interrupted llama.cpp stream ends (what
+    /// [`ReplicaOptions::interrupt`](crate::ReplicaOptions::interrupt) does when a newer request
+    /// arrives, here on command): the stream's terminal event with no finish reason before it
+    /// (OpenAI: a bare `data: [DONE]`; Anthropic: `message_stop`; Ollama: the `done: true`
+    /// line; gRPC: none), then the connection breaks as with
+    /// [`reset_after_tokens`](Self::reset_after_tokens) (HTTP/1.1: a FIN without the
+    /// terminating chunk). Recorded as [`Outcome::Interrupted`](crate::Outcome::Interrupted).
+    /// Off by default.
+    pub fn interrupt_after(mut self, n: u32) -> Self {
+        self.interrupt_after = Some(n);
         self
     }
 

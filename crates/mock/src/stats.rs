@@ -28,7 +28,8 @@ pub enum Outcome {
     /// The request was not understood (unknown route, bad JSON, bad script header): 4xx.
     BadRequest(u16),
     /// The stream was interrupted after this many tokens because a newer request arrived
-    /// ([`ReplicaOptions::interrupt`](crate::ReplicaOptions::interrupt)).
+    /// ([`ReplicaOptions::interrupt`](crate::ReplicaOptions::interrupt)), or on command
+    /// ([`Script::interrupt_after`](crate::Script::interrupt_after)).
     Interrupted(u32),
     /// The body ended cleanly but cut short on purpose after this many tokens: half an event,
     /// an endless line, or no terminal event.
@@ -104,7 +105,7 @@ pub struct Stats {
     pub resets: u64,
     /// Streams ended with a scripted in-band error event.
     pub error_events: u64,
-    /// Streams interrupted by a newer request ([`Outcome::Interrupted`]).
+    /// Streams interrupted by a newer request or on command ([`Outcome::Interrupted`]).
     pub interrupted: u64,
     /// Streams cut short with a clean end ([`Outcome::Truncated`]).
     pub truncated: u64,

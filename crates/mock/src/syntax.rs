@@ -39,6 +39,7 @@ impl Script {
     /// | `line_bytes` | integer | [`line_bytes`](Self::line_bytes) |
     /// | `garbage` | `not_json`, `bad_utf8` or `none` | [`garbage`](Self::garbage) |
     /// | `no_done` | bool | [`no_done`](Self::no_done) |
+    /// | `interrupt_after` | integer or `none` | [`interrupt_after`](Self::interrupt_after) |
     /// | `junk_before` | integer | [`junk_before`](Self::junk_before) |
     /// | `junk_after` | integer | [`junk_after`](Self::junk_after) |
     /// | `json_reply` | bool | [`json_reply`](Self::json_reply) |
@@ -169,6 +170,7 @@ impl Script {
                 }
             }
             "no_done" => self.no_done = parse_bool(value)?,
+            "interrupt_after" => self.interrupt_after = opt_value(value, parse_u32)?,
             "junk_before" => self.junk_before = parse_u32(value)?,
             "junk_after" => self.junk_after = parse_u32(value)?,
             "json_reply" => self.json_reply = parse_bool(value)?,
@@ -245,6 +247,7 @@ impl fmt::Display for Script {
         }
         write!(f, ",line_bytes={}", self.line_bytes)?;
         opt(f, "garbage", self.garbage.map(garbage_name))?;
+        opt(f, "interrupt_after", self.interrupt_after)?;
         write!(
             f,
             ",no_done={},junk_before={},junk_after={},json_reply={}",
@@ -448,6 +451,7 @@ mod tests {
             .line_bytes(4096)
             .garbage(Garbage::BadUtf8)
             .no_done(true)
+            .interrupt_after(4)
             .junk_before(2)
             .junk_after(3)
             .json_reply(true);
@@ -488,6 +492,7 @@ mod tests {
             "line_bytes=1MiB",
             "garbage=some",
             "rst=2",
+            "interrupt_after=-1",
         ] {
             assert!(bad.parse::<Script>().is_err(), "{bad}");
         }

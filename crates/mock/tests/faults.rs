@@ -446,6 +446,48 @@ async fn interrupt_mid_stream_at_the_next_token() {
     assert_eq!(server.stats().log[0].outcome, Outcome::Interrupted(3));
 }
 
+/// `interrupt_after=N`: the interrupt of a newer request, on command: N tokens, a bare
+/// `[DONE]` with no finish reason before it, and a close without the terminating chunk.
+#[tokio::test(start_paused = true)]
+async fn interrupt_after_n_tokens_on_command() {
+    let server = MockServer::start(Script::new().tokens(6).gap(MS(10)))
+        .await
+        .unwrap();
+    let c = chat(&server, "interrupt_after=2").await;
+    assert!(c.error, "HTTP/1.1 closed without the terminating chunk");
+    let events = c.data_events();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.contains("\"content\":\""))
+            .count(),
+        2,
+        "{events:?}"
+    );
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert!(
+        !c.text().contains("\"finish_reason\":\""),
+        "no finish reason"
+    );
+    assert_eq!(outcome(&server, 0).await, Outcome::Interrupted(2));
+    // On the wire: the bare [DONE] is the last thing before the FIN.
+    let (bytes, err) = raw(
+        server.addr(),
+        "/v1/chat/completions",
+        CHAT_STREAM,
+        "interrupt_after=2",
+    )
+    .await;
+    assert_eq!(err, None);
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.ends_with("data: [DONE]\n\n\r\n"), "{text:?}");
+    // A request without the key completes.
+    let c = chat(&server, "").await;
+    assert!(!c.error && c.text().contains("\"finish_reason\":\"stop\""));
+    server.wait_idle().await;
+    assert_eq!(server.stats().interrupted, 2);
+}
+
 async fn chat_at(url: &str) -> Collected {
     collect(
         &client(),

@@ -84,6 +84,7 @@ impl Health {
             id,
             sent_at: now,
             released: AtomicBool::new(false),
+            streamed: AtomicBool::new(false),
         }
     }
 }
@@ -97,6 +98,8 @@ pub(crate) struct Ticket {
     id: u64,
     sent_at: Instant,
     released: AtomicBool,
+    /// The attempt got its first token (it counts in its replica's `streaming`).
+    streamed: AtomicBool,
 }
 
 impl AttemptClaim for Ticket {
@@ -115,6 +118,16 @@ impl AttemptClaim for Ticket {
             Settle::Token => {
                 r.sample(waited, false, now, h.decay);
                 r.eject.succeeded();
+                if !self.released.load(Ordering::Acquire) {
+                    self.streamed.store(true, Ordering::Release);
+                    r.streaming += 1;
+                    if r.streaming >= 2 {
+                        // Two streams at once: whatever ends one of them, it is no
+                        // single-slot server making room for a newer request.
+                        r.concurrent_at = Some(now);
+                        r.one_at_a_time = None;
+                    }
+                }
             }
             Settle::Cancelled => r.sample(waited, true, now, h.decay),
             Settle::Empty if self.interruption(r, now) => return,
@@ -148,13 +161,20 @@ impl Ticket {
     /// have served. An interruption is not a failure of the replica.
     ///
     /// An end with no newer attempt just before it (an empty answer, a reset, an interruption
-    /// by traffic the set does not see) says nothing of slots.
+    /// by traffic the set does not see) says nothing of slots, nor does one on a replica seen
+    /// streaming two attempts at once within the hold (it serves several at a time; under load
+    /// a newer attempt is always just placed when one of its streams breaks).
     fn interruption(&self, r: &mut Replica, now: Instant) -> bool {
         let hold = self.health.interruption_hold;
         let mine = u32::from(!self.released.load(Ordering::Acquire));
         let (newest, at) = r.newest;
         let recent = now.saturating_duration_since(at) <= INTERRUPTION_WINDOW;
-        if hold.is_zero() || newest <= self.id || !recent || r.active <= mine {
+        // A replica seen streaming two attempts at once within the hold serves several at
+        // a time: under load, some newer attempt is always just placed when a stream breaks.
+        let concurrent = r
+            .concurrent_at
+            .is_some_and(|t| now.saturating_duration_since(t) < hold);
+        if hold.is_zero() || concurrent || newest <= self.id || !recent || r.active <= mine {
             return false;
         }
         r.one_at_a_time = Some(now + hold);
@@ -186,6 +206,9 @@ impl Ticket {
             let mut board = self.health.board();
             let r = &mut board.replicas[self.replica];
             r.active = r.active.saturating_sub(1);
+            if self.streamed.load(Ordering::Acquire) {
+                r.streaming = r.streaming.saturating_sub(1);
+            }
             r.held(held);
             board.line.wakers()
         };

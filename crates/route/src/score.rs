@@ -31,6 +31,10 @@ pub(crate) struct Replica {
     pub(crate) newest: (u64, Instant),
     /// Until when it gets one attempt at a time: it ended a stream when a newer one arrived.
     pub(crate) one_at_a_time: Option<Instant>,
+    /// Attempts past their first token that still hold their slot.
+    pub(crate) streaming: u32,
+    /// When it last streamed two attempts at once: it serves more than one at a time.
+    pub(crate) concurrent_at: Option<Instant>,
     /// A moving average of how long an attempt holds a slot here (placement to the end of its
     /// body), in seconds; zero before the first.
     hold: f64,
@@ -46,6 +50,8 @@ impl Replica {
             active: 0,
             newest: (0, now),
             one_at_a_time: None,
+            streaming: 0,
+            concurrent_at: None,
             hold: 0.0,
             eject: Ejector::default(),
         }
