@@ -224,3 +224,41 @@ async fn a_json_reply_to_a_streaming_request_fails_over_and_is_a_502_when_every_
     assert_eq!(v["choices"][0]["message"]["content"], EIGHT_TOKENS);
     gw.shutdown().await.unwrap();
 }
+
+/// An answer that ends empty (a finish reason, no text, `[DONE]`: a model that has nothing to
+/// say) is an answer: a plain proxy passes it on, and so does the gateway, from the one
+/// attempt. Only a terminal event with no finish reason (an interrupting server's bare
+/// `[DONE]`) is an attempt that failed.
+#[tokio::test(start_paused = true)]
+async fn an_empty_answer_is_passed_on_not_failed_over() {
+    let gw = Gateway::start(test_config(2)).await.unwrap();
+    for body in [
+        CHAT,
+        r#"{"model":"mock-llm","stream":true,"prompt":"Hello"}"#,
+        r#"{"model":"mock-llm","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"Hello"}]}"#,
+    ] {
+        let path = if body.contains("prompt") {
+            "/v1/completions"
+        } else if body.contains("max_tokens") {
+            "/v1/messages"
+        } else {
+            "/v1/chat/completions"
+        };
+        let res = client()
+            .request(post(&gw, path, body, &[("x-mock-script", "tokens=0")]))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+        let sse = text(res).await;
+        let end = if path == "/v1/messages" {
+            "message_stop"
+        } else {
+            "[DONE]"
+        };
+        assert!(sse.contains(end), "{path}: {sse}");
+        assert!(!sse.contains("error"), "{path}: {sse}");
+    }
+    let requests: u64 = gw.mocks().iter().map(|m| m.stats().requests).sum();
+    assert_eq!(requests, 3, "one attempt each");
+    gw.shutdown().await.unwrap();
+}

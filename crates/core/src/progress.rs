@@ -83,6 +83,7 @@ struct Seen {
     error: bool,
     malformed: bool,
     first_token: bool,
+    finished: bool,
     scan_error: Option<ScanError>,
     usage: Option<Usage>,
     wire: Option<Wire>,
@@ -102,6 +103,7 @@ impl Seen {
             error: self.error && !before.error,
             malformed: self.malformed && !before.malformed,
             first_token: self.first_token && !before.first_token,
+            finished: self.finished && !before.finished,
             scan_error: self.scan_error.filter(|_| before.scan_error.is_none()),
         }
     }
@@ -211,6 +213,7 @@ impl Reading {
                 s.error |= obs.error;
                 s.malformed |= obs.malformed;
                 s.first_token = tracker.first_token_seen();
+                s.finished = tracker.finished_empty();
                 s.scan_error = s.scan_error.or(obs.scan_error);
                 s.usage = tracker.usage();
                 s.wire = Some(tracker.wire());

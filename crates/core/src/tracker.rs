@@ -42,6 +42,11 @@ pub struct Observation {
     pub malformed: bool,
     /// This frame carried the stream's first token.
     pub first_token: bool,
+    /// The frame completed an event that ends the answer before any token: a finish reason
+    /// (OpenAI `finish_reason`, Anthropic `stop_reason`) with no output. A terminal event after
+    /// it ends an answer that is empty, not one cut short (an interrupting server's bare
+    /// `[DONE]` comes with no finish reason).
+    pub finished: bool,
     /// The scanner met an item over its cap; the tracker scans nothing more after this.
     pub scan_error: Option<ScanError>,
 }
@@ -127,6 +132,8 @@ struct State {
     detect_anthropic: bool,
     wire: Wire,
     first_token_seen: bool,
+    /// A finish reason came before any token (see [`Observation::finished`]).
+    finished_empty: bool,
     events: u64,
     tokens: u64,
     failed: bool,
@@ -168,6 +175,7 @@ impl StreamTracker {
                 dialect,
                 wire,
                 first_token_seen: false,
+                finished_empty: false,
                 events: 0,
                 tokens: 0,
                 failed: false,
@@ -279,6 +287,12 @@ impl StreamTracker {
         self.state.first_token_seen
     }
 
+    /// Whether a finish reason came before any token: the answer ended empty (see
+    /// [`Observation::finished`]).
+    pub fn finished_empty(&self) -> bool {
+        self.state.finished_empty
+    }
+
     /// Events seen so far (all classes).
     pub fn events(&self) -> u64 {
         self.state.events
@@ -354,7 +368,17 @@ impl State {
                     obs.first_token = true;
                 }
             }
-            Class::Meta => obs.meta += 1,
+            Class::Meta => {
+                obs.meta += 1;
+                if !self.first_token_seen
+                    && let Event::Sse { data, .. } | Event::Line { data } = event
+                    && data.is_complete()
+                    && (may_be_a_finish(data.bytes) || may_be_a_stop(data.bytes))
+                {
+                    obs.finished = true;
+                    self.finished_empty = true;
+                }
+            }
             Class::Keepalive => obs.keepalives += 1,
             Class::Done => obs.done = true,
             Class::Error => obs.error = true,
@@ -427,6 +451,14 @@ fn may_carry_usage(bytes: &[u8]) -> bool {
 fn may_be_a_finish(bytes: &[u8]) -> bool {
     static FINDER: LazyLock<memmem::Finder<'static>> =
         LazyLock::new(|| memmem::Finder::new(b"\"finish_reason\""));
+    has_member_starting(bytes, &FINDER, b'"')
+}
+
+/// `"stop_reason"` with a string value somewhere in `bytes`: an Anthropic `message_delta` that
+/// ends the message (`message_start` carries `null`).
+fn may_be_a_stop(bytes: &[u8]) -> bool {
+    static FINDER: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"stop_reason\""));
     has_member_starting(bytes, &FINDER, b'"')
 }
 
@@ -736,5 +768,47 @@ mod tests {
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5}}\n\n",
         ));
         assert_eq!(t.usage(), None);
+    }
+
+    #[test]
+    fn a_finish_reason_before_any_token_is_an_empty_answer() {
+        let sse = headers("text/event-stream");
+        let cases = [
+            (
+                "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+                true,
+            ),
+            (
+                "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+                true,
+            ),
+            (
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"stop_reason\":null}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+                true,
+            ),
+            // An interrupting server's bare `[DONE]`; a role chunk; `null` finish reasons.
+            (
+                "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n",
+                false,
+            ),
+            (
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"stop_reason\":null}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+                false,
+            ),
+        ];
+        for (stream, finished) in cases {
+            let mut t = StreamTracker::new(&Dialect::Auto, &sse);
+            let obs = t.observe(&b(stream));
+            assert!(obs.done && !t.first_token_seen(), "{stream}");
+            assert_eq!(
+                (obs.finished, t.finished_empty()),
+                (finished, finished),
+                "{stream}"
+            );
+        }
+        // After a token, a finish is no empty answer.
+        let mut t = StreamTracker::new(&Dialect::Auto, &sse);
+        t.observe(&b("data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"));
+        assert!(!t.finished_empty());
     }
 }

@@ -156,13 +156,13 @@ fn read_until_token<RB: Body>(
     };
     loop {
         let Some(inner) = body.as_mut().as_pin_mut() else {
-            return (verdict::of_end(&tracker.finish()), None);
+            return (verdict::of_end(&tracker.finish(), tracker.finished_empty()), None);
         };
         let frame = match inner.poll_frame(cx) {
             Poll::Pending => return (Verdict::ReadOn, None),
             Poll::Ready(None) => {
                 body.set(None);
-                return (verdict::of_end(&tracker.finish()), None);
+                return (verdict::of_end(&tracker.finish(), tracker.finished_empty()), None);
             }
             Poll::Ready(Some(Err(e))) => {
                 body.set(None);
@@ -178,7 +178,7 @@ fn read_until_token<RB: Body>(
         let verdict = if let Some(data) = frame.data_ref() {
             let obs = tracker.observe(data);
             *replay_bytes += data.remaining() as u64;
-            verdict::of_data(cfg, &obs, *replay_bytes)
+            verdict::of_data(cfg, &obs, *replay_bytes, tracker.finished_empty())
         } else if let Some(trailers) = frame.trailers_ref() {
             // Trailers end the body: they always decide.
             body.set(None);
@@ -192,7 +192,7 @@ fn read_until_token<RB: Body>(
         }
         if end_stream {
             body.set(None);
-            return (verdict::of_end(&tracker.finish()), None);
+            return (verdict::of_end(&tracker.finish(), tracker.finished_empty()), None);
         }
     }
 }

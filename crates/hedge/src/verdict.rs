@@ -169,10 +169,12 @@ fn not_a_stream(headers: &HeaderMap) -> bool {
 
 /// A data frame the tracker observed, with `held` bytes read before the first token so far
 /// (this frame included). Junk fails the attempt, even in the frame of its first token (none
-/// of it reached the client yet). A terminal event before any token ends the attempt (it
-/// completed with no token). A stream that can no longer be judged (an event over the
+/// of it reached the client yet). A terminal event before any token ends the attempt: an
+/// answer that ended empty (`finished`: a finish reason came first) is committed to, as a
+/// plain proxy would pass it on; one with no finish reason (an interrupting server's bare
+/// `[DONE]`) failed. A stream that can no longer be judged (an event over the
 /// scanner's cap) or held (over the pre-token cap) fails open: it is committed to.
-pub(crate) fn of_data(cfg: &Config, obs: &Observation, held: u64) -> Verdict {
+pub(crate) fn of_data(cfg: &Config, obs: &Observation, held: u64, finished: bool) -> Verdict {
     if obs.malformed {
         Verdict::Fail(Fault::MALFORMED)
     } else if obs.first_token {
@@ -180,7 +182,7 @@ pub(crate) fn of_data(cfg: &Config, obs: &Observation, held: u64) -> Verdict {
     } else if obs.error {
         Verdict::Fail(Fault::IN_BAND)
     } else if obs.done {
-        Verdict::Fail(Fault::NO_TOKEN)
+        no_token(finished)
     } else if obs.scan_error.is_some() || held > cfg.pre_token_cap as u64 {
         Verdict::Commit { token: false }
     } else {
@@ -208,8 +210,8 @@ pub(crate) fn of_trailers(cfg: &Config, obs: &Observation, trailers: &HeaderMap)
 
 /// The end of the body, with what the tracker's last flush observed (a last NDJSON line may
 /// have had no line end): junk fails the attempt; with no token and no terminal event, the
-/// stream was cut short.
-pub(crate) fn of_end(obs: &Observation) -> Verdict {
+/// stream was cut short; with a terminal event, as in [`of_data`].
+pub(crate) fn of_end(obs: &Observation, finished: bool) -> Verdict {
     if obs.malformed {
         Verdict::Fail(Fault::MALFORMED)
     } else if obs.first_token {
@@ -217,9 +219,19 @@ pub(crate) fn of_end(obs: &Observation) -> Verdict {
     } else if obs.error {
         Verdict::Fail(Fault::IN_BAND)
     } else if obs.done {
-        Verdict::Fail(Fault::NO_TOKEN)
+        no_token(finished)
     } else {
         Verdict::Fail(Fault::TRUNCATED)
+    }
+}
+
+/// A terminal event with no token before it: an empty answer when a finish reason came first,
+/// else a stream that ended with nothing in it.
+fn no_token(finished: bool) -> Verdict {
+    if finished {
+        Verdict::Commit { token: false }
+    } else {
+        Verdict::Fail(Fault::NO_TOKEN)
     }
 }
 
@@ -352,13 +364,13 @@ mod tests {
         let mut junk = obs(false, false);
         junk.malformed = true;
         let fail = Verdict::Fail(Fault::MALFORMED);
-        assert_eq!(of_data(&cfg, &junk, 10), fail);
+        assert_eq!(of_data(&cfg, &junk, 10, false), fail);
         // Over the pre-token cap too: the junk is known.
-        assert_eq!(of_data(&cfg, &junk, u64::MAX), fail);
+        assert_eq!(of_data(&cfg, &junk, u64::MAX, false), fail);
         let mut with_token = obs(true, false);
         with_token.malformed = true;
-        assert_eq!(of_data(&cfg, &with_token, 10), fail);
-        assert_eq!(of_end(&junk), fail);
+        assert_eq!(of_data(&cfg, &with_token, 10, false), fail);
+        assert_eq!(of_end(&junk, false), fail);
         assert_eq!(of_trailers(&cfg, &with_token, &grpc("0")), fail);
         assert!(!Fault::MALFORMED.replayed());
         assert_eq!(Fault::MALFORMED.kind, UpstreamFailure::Protocol);
@@ -370,24 +382,26 @@ mod tests {
             pre_token_cap: 100,
             ..Config::default()
         };
-        assert_eq!(of_data(&cfg, &obs(false, false), 100), Verdict::ReadOn);
-        assert_eq!(of_data(&cfg, &obs(true, false), 10), TOKEN);
+        assert_eq!(of_data(&cfg, &obs(false, false), 100, false), Verdict::ReadOn);
+        assert_eq!(of_data(&cfg, &obs(true, false), 10, false), TOKEN);
         // A token in the frame wins over an error event after it, and over the cap.
-        assert_eq!(of_data(&cfg, &obs(true, true), 10), TOKEN);
-        assert_eq!(of_data(&cfg, &obs(true, false), 1000), TOKEN);
+        assert_eq!(of_data(&cfg, &obs(true, true), 10, false), TOKEN);
+        assert_eq!(of_data(&cfg, &obs(true, false), 1000, false), TOKEN);
         assert_eq!(
-            of_data(&cfg, &obs(false, true), 10),
+            of_data(&cfg, &obs(false, true), 10, false),
             Verdict::Fail(Fault::IN_BAND)
         );
         // Over the pre-token cap, or past what the scanner can judge: fail open.
-        assert_eq!(of_data(&cfg, &obs(false, false), 101), COMMIT);
+        assert_eq!(of_data(&cfg, &obs(false, false), 101, false), COMMIT);
         let mut unjudged = obs(false, false);
         unjudged.scan_error = Some(tailguard_core::ScanError::too_long("sse event", 10));
-        assert_eq!(of_data(&cfg, &unjudged, 10), COMMIT);
+        assert_eq!(of_data(&cfg, &unjudged, 10, false), COMMIT);
         // A terminal event before any token: the attempt completed with none.
         let mut done = obs(false, false);
         done.done = true;
-        assert_eq!(of_data(&cfg, &done, 10), Verdict::Fail(Fault::NO_TOKEN));
+        assert_eq!(of_data(&cfg, &done, 10, false), Verdict::Fail(Fault::NO_TOKEN));
+        // ...after a finish reason: an empty answer, passed on as it is.
+        assert_eq!(of_data(&cfg, &done, 10, true), COMMIT);
     }
 
     #[test]
@@ -417,13 +431,14 @@ mod tests {
 
     #[test]
     fn ends() {
-        assert_eq!(of_end(&obs(true, false)), TOKEN);
-        assert_eq!(of_end(&obs(false, true)), Verdict::Fail(Fault::IN_BAND));
+        assert_eq!(of_end(&obs(true, false), false), TOKEN);
+        assert_eq!(of_end(&obs(false, true), false), Verdict::Fail(Fault::IN_BAND));
         // No terminal event: cut short; a terminal event in the last flush: no token.
-        assert_eq!(of_end(&obs(false, false)), Verdict::Fail(Fault::TRUNCATED));
+        assert_eq!(of_end(&obs(false, false), false), Verdict::Fail(Fault::TRUNCATED));
         let mut done = obs(false, false);
         done.done = true;
-        assert_eq!(of_end(&done), Verdict::Fail(Fault::NO_TOKEN));
+        assert_eq!(of_end(&done, false), Verdict::Fail(Fault::NO_TOKEN));
+        assert_eq!(of_end(&done, true), COMMIT);
     }
 
     #[test]
