@@ -156,13 +156,19 @@ fn read_until_token<RB: Body>(
     };
     loop {
         let Some(inner) = body.as_mut().as_pin_mut() else {
-            return (verdict::of_end(&tracker.finish(), tracker.finished_empty()), None);
+            return (
+                verdict::of_end(&tracker.finish(), tracker.finished_empty()),
+                None,
+            );
         };
         let frame = match inner.poll_frame(cx) {
             Poll::Pending => return (Verdict::ReadOn, None),
             Poll::Ready(None) => {
                 body.set(None);
-                return (verdict::of_end(&tracker.finish(), tracker.finished_empty()), None);
+                return (
+                    verdict::of_end(&tracker.finish(), tracker.finished_empty()),
+                    None,
+                );
             }
             Poll::Ready(Some(Err(e))) => {
                 body.set(None);
@@ -192,7 +198,10 @@ fn read_until_token<RB: Body>(
         }
         if end_stream {
             body.set(None);
-            return (verdict::of_end(&tracker.finish(), tracker.finished_empty()), None);
+            return (
+                verdict::of_end(&tracker.finish(), tracker.finished_empty()),
+                None,
+            );
         }
     }
 }

@@ -382,7 +382,10 @@ mod tests {
             pre_token_cap: 100,
             ..Config::default()
         };
-        assert_eq!(of_data(&cfg, &obs(false, false), 100, false), Verdict::ReadOn);
+        assert_eq!(
+            of_data(&cfg, &obs(false, false), 100, false),
+            Verdict::ReadOn
+        );
         assert_eq!(of_data(&cfg, &obs(true, false), 10, false), TOKEN);
         // A token in the frame wins over an error event after it, and over the cap.
         assert_eq!(of_data(&cfg, &obs(true, true), 10, false), TOKEN);
@@ -399,7 +402,10 @@ mod tests {
         // A terminal event before any token: the attempt completed with none.
         let mut done = obs(false, false);
         done.done = true;
-        assert_eq!(of_data(&cfg, &done, 10, false), Verdict::Fail(Fault::NO_TOKEN));
+        assert_eq!(
+            of_data(&cfg, &done, 10, false),
+            Verdict::Fail(Fault::NO_TOKEN)
+        );
         // ...after a finish reason: an empty answer, passed on as it is.
         assert_eq!(of_data(&cfg, &done, 10, true), COMMIT);
     }
@@ -432,9 +438,15 @@ mod tests {
     #[test]
     fn ends() {
         assert_eq!(of_end(&obs(true, false), false), TOKEN);
-        assert_eq!(of_end(&obs(false, true), false), Verdict::Fail(Fault::IN_BAND));
+        assert_eq!(
+            of_end(&obs(false, true), false),
+            Verdict::Fail(Fault::IN_BAND)
+        );
         // No terminal event: cut short; a terminal event in the last flush: no token.
-        assert_eq!(of_end(&obs(false, false), false), Verdict::Fail(Fault::TRUNCATED));
+        assert_eq!(
+            of_end(&obs(false, false), false),
+            Verdict::Fail(Fault::TRUNCATED)
+        );
         let mut done = obs(false, false);
         done.done = true;
         assert_eq!(of_end(&done, false), Verdict::Fail(Fault::NO_TOKEN));
