@@ -183,6 +183,57 @@ def test_admission_rejects_with_retry_after():
     assert got
 
 
+# ---- issue 34: usage in the stream, and a tenant's token budget -----------------------------
+
+
+def test_stream_options_include_usage_reports_the_streams_usage():
+    out = client(GATEWAY).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"x-mock-script": SCRIPT},
+    )
+    usage = [chunk.usage for chunk in out if chunk.usage]
+    assert len(usage) == 1
+    assert usage[0].completion_tokens == 8
+
+
+def test_a_tenant_over_its_token_budget_gets_429_with_retry_after():
+    # Tenant `tiny` may use 30 output tokens a minute (tests/python/gateway.toml).
+    c = client(GATEWAY)
+    tiny = {"x-tenant": "tiny"}
+    # More than the whole budget never fits: 429, no Retry-After.
+    with pytest.raises(openai.RateLimitError) as err:
+        c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, stream=True, max_tokens=100, extra_headers=tiny
+        )
+    assert "retry-after" not in err.value.response.headers
+    # A slow stream holds 28 of the 30 while it runs: 10 more wait for 8 to refill (0.5/s).
+    slow = {**tiny, "x-mock-script": "ttft=10ms,tokens=8,gap=300ms"}
+    held = c.chat.completions.create(
+        model=MODEL, messages=MESSAGES, stream=True, max_tokens=28, extra_headers=slow
+    )
+    try:
+        next(iter(held))
+        with pytest.raises(openai.RateLimitError) as err:
+            c.chat.completions.create(
+                model=MODEL,
+                messages=MESSAGES,
+                stream=True,
+                max_tokens=10,
+                extra_headers={**tiny, "x-mock-script": SCRIPT},
+            )
+        assert err.value.response.status_code == 429
+        assert 1 <= int(err.value.response.headers["retry-after"]) <= 16
+        assert err.value.body["code"] == "token_budget_exceeded"
+    finally:
+        held.close()
+    # Another tenant is not held back by tiny's budget.
+    got, _, _ = stream_text(GATEWAY, {"x-tenant": "another", "x-mock-script": SCRIPT})
+    assert got
+
+
 # ---- issue 15: every stream ends truthfully, and the SDK raises its own error type ---------
 
 

@@ -100,8 +100,8 @@ pub use cluster::Shared;
 pub use config::{
     AdmissionArgs, AdmissionConfig, Args, ClusterArgs, ClusterConfig, Config, ConfigError, Dur,
     FileConfig, HedgeArgs, HedgeConfig, HedgeDelaySetting, MOCK_MODEL, MockArgs, MockConfig, OnOff,
-    PriorityArgs, PriorityConfig, Setting, TimeoutArgs, TimeoutConfig, Timer, parse_duration,
-    parse_priority,
+    PriorityArgs, PriorityConfig, Setting, TenantArgs, TenantConfig, TenantSpec, TimeoutArgs,
+    TimeoutConfig, Timer, parse_duration, parse_priority,
 };
 pub use metrics::{metrics_handle, prometheus_recorder};
 pub use serve::{Limits, serve};
@@ -237,6 +237,10 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         // PriorityClass also copies the class into the response, where the recorder (which
         // runs before classification) reads it for its `priority` label.
         .layer(priority)
+        // Who each request is for, then its tenant's token budget: a request refused for its
+        // budget takes no admission slot.
+        .layer(config.tenant.identity())
+        .layer(config.tenant.budgets())
         .layer(shared.admission)
         .layer(timeout)
         .layer(resume)

@@ -18,7 +18,7 @@
 )]
 //!
 //! This facade re-exports [`tailguard_core`] as [`core`], and each layer crate (and the
-//! balancer, `route`) behind a feature of the same name (`full` enables all six):
+//! balancer, `route`) behind a feature of the same name (`full` enables all seven):
 //!
 //! | feature | module | layer |
 //! |---|---|---|
@@ -28,6 +28,7 @@
 //! | `timeout` | `timeout` | `SseIdleTimeoutLayer`: head, first-token, idle and total timeouts keepalives cannot fool |
 //! | `hedge` | `hedge` | `FirstTokenHedgeLayer`: a backup attempt when the first token is late; first token wins |
 //! | `route` | `route` | `ReplicaSet`: places each attempt by the replicas' first tokens, with slots, ejection and base URIs |
+//! | `tenant` | `tenant` | `TokenBudgetLayer`: token budgets per tenant (`priority`'s `TenantLayer` says who), reserved at admission, settled from the stream |
 //!
 //! ```
 //! use tailguard::core::{EndReason, Priority};
@@ -158,6 +159,10 @@ pub use tailguard_priority as priority;
 /// `LatencyPhaseRecorder`: every phase of every request (feature `phases`).
 #[cfg(feature = "phases")]
 pub use tailguard_phases as phases;
+
+/// `TokenBudgetLayer`: token budgets per tenant (feature `tenant`).
+#[cfg(feature = "tenant")]
+pub use tailguard_tenant as tenant;
 
 /// The README snippets of the workspace, compiled and run as doctests where users copy them.
 #[cfg(all(doctest, feature = "full"))]

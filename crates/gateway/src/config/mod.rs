@@ -12,6 +12,7 @@
 #[macro_use]
 mod macros;
 mod sections;
+mod tenants;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -22,6 +23,7 @@ use clap::{CommandFactory, FromArgMatches};
 use tailguard::core::ClientDeadline;
 
 pub use sections::*;
+pub use tenants::TenantSpec;
 pub use values::{Dur, HedgeDelaySetting, OnOff, Timer, parse_duration, parse_priority};
 
 /// The model name the gateway lists when it runs over embedded mocks.

@@ -9,6 +9,7 @@ use http::{HeaderName, Uri};
 use tailguard::admission::FailMode;
 use tailguard::core::Priority;
 
+use super::tenants::{TenantSpec, tenant_specs};
 use super::values::*;
 use crate::Routing;
 
@@ -62,6 +63,7 @@ settings! {
         [timeout]: TimeoutArgs => TimeoutConfig;
         [admission]: AdmissionArgs => AdmissionConfig;
         [priority]: PriorityArgs => PriorityConfig;
+        [tenant]: TenantArgs => TenantConfig;
         [mock]: MockArgs => MockConfig;
         [cluster]: ClusterArgs => ClusterConfig;
     }
@@ -180,6 +182,51 @@ settings! {
         /// Share of capacity reserved for `interactive` under contention, 0 for none.
         #[arg(long = "priority-interactive-share", env = "TAILGUARD_PRIORITY_INTERACTIVE_SHARE", value_name = "SHARE")]
         interactive_share: f64 = "0.5", check share;
+    }
+}
+
+settings! {
+    /// `[tenant]`: who each request is for (a header, else a hash of its API key), and the
+    /// tenants' token budgets (none by default).
+    #[derive(clap::Args)]
+    pub struct TenantArgs => TenantConfig, keys "tenant." {
+        /// Header naming the tenant, or `off` (API keys decide). Trust it only where clients
+        /// cannot set it (an authenticating proxy in front sets it).
+        #[arg(long = "tenant-header", env = "TAILGUARD_TENANT_HEADER", value_name = "NAME")]
+        header: String => Option<HeaderName> = "x-tenant", check priority_header;
+        /// A request the header names no tenant for is the tenant of its API key (a hash of
+        /// it, never the key): `on` or `off`.
+        #[arg(long = "tenant-api-key", env = "TAILGUARD_TENANT_API_KEY", value_name = "ON_OFF")]
+        api_key: OnOff => bool = "on";
+        /// Unnamed tenants labelled by their own id in metrics (the first seen); the rest share
+        /// the label `other`, so the label set stays bounded.
+        #[arg(long = "tenant-label-limit", env = "TAILGUARD_TENANT_LABEL_LIMIT", value_name = "N")]
+        label_limit: usize = "0";
+        /// Output tokens a budget reserves for a request that sets no output limit.
+        #[arg(long = "tenant-default-max-tokens", env = "TAILGUARD_TENANT_DEFAULT_MAX_TOKENS", value_name = "N")]
+        default_max_tokens: u32 = "1024", check at_least_1;
+        /// Every tenant's budget of prompt tokens per minute; none: no limit.
+        #[arg(long = "tenant-input-tokens-per-minute", env = "TAILGUARD_TENANT_INPUT_TOKENS_PER_MINUTE", value_name = "N")]
+        input_tokens_per_minute: u64 => Option<u64>;
+        /// Every tenant's budget of output tokens per minute; none: no limit.
+        #[arg(long = "tenant-output-tokens-per-minute", env = "TAILGUARD_TENANT_OUTPUT_TOKENS_PER_MINUTE", value_name = "N")]
+        output_tokens_per_minute: u64 => Option<u64>;
+        /// Every tenant's budget of prompt and output tokens per minute; none: no limit.
+        #[arg(long = "tenant-total-tokens-per-minute", env = "TAILGUARD_TENANT_TOTAL_TOKENS_PER_MINUTE", value_name = "N")]
+        total_tokens_per_minute: u64 => Option<u64>;
+        /// Every tenant's budget of prompt tokens per day; none: no limit.
+        #[arg(long = "tenant-input-tokens-per-day", env = "TAILGUARD_TENANT_INPUT_TOKENS_PER_DAY", value_name = "N")]
+        input_tokens_per_day: u64 => Option<u64>;
+        /// Every tenant's budget of output tokens per day; none: no limit.
+        #[arg(long = "tenant-output-tokens-per-day", env = "TAILGUARD_TENANT_OUTPUT_TOKENS_PER_DAY", value_name = "N")]
+        output_tokens_per_day: u64 => Option<u64>;
+        /// Every tenant's budget of prompt and output tokens per day; none: no limit.
+        #[arg(long = "tenant-total-tokens-per-day", env = "TAILGUARD_TENANT_TOTAL_TOKENS_PER_DAY", value_name = "N")]
+        total_tokens_per_day: u64 => Option<u64>;
+        /// Named tenants (repeatable; env: `;`-separated): `NAME:weight=2,output_tokens_per_minute=1000`;
+        /// a weight is a share of contended capacity, named limits replace the defaults.
+        #[arg(long = "tenant", env = "TAILGUARD_TENANTS", value_name = "SPEC", value_delimiter = ';')]
+        named: Vec<String> => Vec<TenantSpec>, check tenant_specs;
     }
 }
 

@@ -241,3 +241,26 @@ fn the_default_admission_refuses_nothing_a_plain_proxy_serves() {
     assert!(!c.admission.adaptive);
     assert_eq!(Some(c.admission.queue_timeout), c.timeout.first_token);
 }
+
+#[test]
+fn the_shipped_file_resolves_and_named_tenants_replace_the_default_limits() {
+    use tailguard::tenant::{Kind, Limit};
+    let file = Config::parse_file(include_str!("../../gateway.toml")).unwrap();
+    Config::resolve(file, &Args::default()).unwrap();
+    let text = "[tenant]\noutput_tokens_per_minute = 100\n\
+        named = [\"acme:weight=2\", \"vip:output_tokens_per_minute=1000\"]\n";
+    let c = Config::resolve(Config::parse_file(text).unwrap(), &Args::default()).unwrap();
+    let budgets = c.tenant.budgets();
+    assert_eq!(
+        budgets.limits("acme"),
+        [Limit::per_minute(Kind::Output, 100)]
+    );
+    assert_eq!(
+        budgets.limits("vip"),
+        [Limit::per_minute(Kind::Output, 1000)]
+    );
+    let e = Config::parse_file("[tenant]\nnamed = [\"vip:tokens=5\"]\n")
+        .and_then(|f| Config::resolve(f, &Args::default()))
+        .unwrap_err();
+    assert!(e.0.contains("tenant.named (--tenant)"), "{e}");
+}
