@@ -12,6 +12,7 @@
 //! written before benches recorded their load says "load not recorded".
 
 mod render;
+mod resume;
 mod summary;
 
 use std::path::{Path, PathBuf};
@@ -81,6 +82,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
     let nginx = json("gateway_nginx.json")?;
     let adaptive = json("adaptive_limit.json")?;
     let tail = json("tail_latency.json")?;
+    let resume = json("resume_broken.json")?;
     let b = Doc::Benches;
     let table = |name, body| Table { doc: b, name, body };
     Ok(vec![
@@ -92,6 +94,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
         table("cluster_admission", render::cluster_admission(&cluster, b)?),
         table("gateway_nginx", render::gateway_nginx(&nginx, b)?),
         table("adaptive_limit", render::adaptive_limit(&adaptive, b)?),
+        table("resume_broken", resume::resume_broken(&resume, b)?),
         Table {
             doc: Doc::Root,
             name: "summary",
@@ -108,6 +111,16 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
             )?,
         },
     ])
+}
+
+/// The `resume_broken` table from that bench's JSON, as `benches/README.md` shows it (the
+/// bench prints it too).
+///
+/// # Errors
+///
+/// A field the table shows is missing.
+pub fn resume_broken_table(json: &Value) -> Result<String, Error> {
+    resume::resume_broken(json, Doc::Benches)
 }
 
 fn markers(name: &str) -> (String, String) {

@@ -55,21 +55,7 @@ impl Cost {
     /// a gateway recorded it, else the `Content-Length` header; 1 unit when neither is known.
     pub fn prompt_bytes(bytes_per_unit: u64) -> Self {
         let per = bytes_per_unit.max(1);
-        Cost::from_fn(move |parts| {
-            let bytes = parts
-                .extensions
-                .get::<RequestFacts>()
-                .and_then(|f| f.prompt_bytes)
-                .or_else(|| {
-                    parts
-                        .headers
-                        .get(CONTENT_LENGTH)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|s| s.trim().parse::<u64>().ok())
-                })
-                .unwrap_or(0);
-            saturate(bytes.div_ceil(per))
-        })
+        Cost::from_fn(move |parts| saturate(prompt_bytes(parts).unwrap_or(0).div_ceil(per)))
     }
 
     /// One unit per started `tokens_per_unit` tokens of [`RequestFacts::max_tokens`]; 1 unit
@@ -98,6 +84,37 @@ impl Cost {
             Kind::Fn(f) => f(parts).max(1),
         }
     }
+}
+
+/// Bytes per prompt token in the estimate of a prompt's tokens from its size: about 4 for
+/// English text under the usual BPE tokenizers (JSON framing counts as prompt).
+pub(crate) const BYTES_PER_TOKEN: u64 = 4;
+
+/// The prompt's size in bytes: [`RequestFacts::prompt_bytes`] when a gateway recorded it, else
+/// the `Content-Length` header.
+fn prompt_bytes(parts: &Parts) -> Option<u64> {
+    parts
+        .extensions
+        .get::<RequestFacts>()
+        .and_then(|f| f.prompt_bytes)
+        .or_else(|| {
+            parts
+                .headers
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|s| s.trim().parse::<u64>().ok())
+        })
+}
+
+/// The prompt's tokens: [`RequestFacts::prompt_tokens`] when counted, else its size in bytes
+/// (as [`Cost::prompt_bytes`] reads it) over [`BYTES_PER_TOKEN`], rounded up; 0 when neither is
+/// known.
+pub(crate) fn prompt_tokens(parts: &Parts) -> u64 {
+    parts
+        .extensions
+        .get::<RequestFacts>()
+        .and_then(|f| f.prompt_tokens)
+        .unwrap_or_else(|| prompt_bytes(parts).unwrap_or(0).div_ceil(BYTES_PER_TOKEN))
 }
 
 fn saturate(v: u64) -> u32 {
@@ -150,6 +167,27 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(c.units(&p), 1);
+    }
+
+    #[test]
+    fn prompt_tokens_are_counted_or_estimated_from_bytes() {
+        let mut p = parts(
+            http::Request::builder()
+                .header("content-length", "401")
+                .body(())
+                .unwrap(),
+        );
+        assert_eq!(prompt_tokens(&p), 101);
+        p.extensions
+            .insert(RequestFacts::new().with_prompt_bytes(40));
+        assert_eq!(prompt_tokens(&p), 10);
+        p.extensions.insert(
+            RequestFacts::new()
+                .with_prompt_bytes(40)
+                .with_prompt_tokens(7),
+        );
+        assert_eq!(prompt_tokens(&p), 7);
+        assert_eq!(prompt_tokens(&parts(http::Request::new(()))), 0);
     }
 
     #[test]

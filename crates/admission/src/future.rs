@@ -21,6 +21,7 @@ use tower_service::Service;
 
 use crate::body::AdmissionBody;
 use crate::cluster::LeaseFuture;
+use crate::fair::Served;
 use crate::gate::{Grant, Permit, Queued, Rejection};
 use crate::layer::Config;
 
@@ -272,13 +273,18 @@ where
                                 .insert(AdmissionOutcome::admitted(w, p.units()));
                         }
                         if res.body().is_end_stream() {
-                            // No body to wait for: release at once.
+                            // No body to wait for (no output): release at once.
+                            if let Some(p) = permit.as_mut() {
+                                p.served(Served::Output(0));
+                            }
                             permit = None;
                         }
                         Ok(AdmissionBody::response(res, permit, progress))
                     }
                     Err(e) => {
-                        drop(permit.take());
+                        if let Some(mut p) = permit.take() {
+                            p.served(Served::Output(0));
+                        }
                         Err(Failure::Inner(e))
                     }
                 });
@@ -335,7 +341,7 @@ where
     S: Service<Request<ReqB>>,
 {
     let outcome = ready!(step.lease.as_mut().poll(cx));
-    let (Some(permit), Some(mut svc), Some(req)) =
+    let (Some(mut permit), Some(mut svc), Some(req)) =
         (step.permit.take(), step.svc.take(), step.req.take())
     else {
         panic!("ResponseFuture polled after completion");
@@ -349,6 +355,8 @@ where
         ),
         Err(reason) => {
             let r = permit.refusal(reason);
+            // Never sent: its tenant is charged nothing.
+            permit.served(Served::Nothing);
             drop(permit);
             EndReport::report_to(req.extensions(), EndReason::Rejected);
             State::refused(Refusal::new(step.full_status, r, waited))

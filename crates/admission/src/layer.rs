@@ -12,6 +12,7 @@ use tower_layer::Layer;
 use crate::adaptive::AdaptiveLimit;
 use crate::cluster::Cluster;
 use crate::cost::Cost;
+use crate::fair::Fairness;
 use crate::gate::Shared;
 use crate::queue::Aging;
 use crate::service::BoundedAdmission;
@@ -69,6 +70,9 @@ pub(crate) struct Config {
     pub(crate) cluster: Option<Cluster>,
     pub(crate) client_deadline: ClientDeadline,
     pub(crate) adaptive: Option<AdaptiveLimit>,
+    /// Fair queueing across tenants is on.
+    pub(crate) tenant_fairness: bool,
+    pub(crate) fairness: Fairness,
 }
 
 impl Config {
@@ -128,7 +132,11 @@ impl BoundedAdmissionLayer<Respond> {
     /// [`DEFAULT_AGING`]; one request holds at most [`DEFAULT_MAX_REQUEST_SHARE`] of the
     /// capacity; a full queue answers 429 (the client sent more than we take now); requests
     /// without a [`Priority`] count as [`Priority::standard`]; no reserved shares; responses carry
-    /// an `AdmissionOutcome`.
+    /// an `AdmissionOutcome`; fair queueing across tenants on (it only reorders waiters within a
+    /// class, and with one tenant, or none, the order is FIFO as without it), with token weights
+    /// [`DEFAULT_INPUT_TOKEN_WEIGHT`](crate::DEFAULT_INPUT_TOKEN_WEIGHT) and
+    /// [`DEFAULT_OUTPUT_TOKEN_WEIGHT`](crate::DEFAULT_OUTPUT_TOKEN_WEIGHT) and
+    /// [`DEFAULT_EXPECTED_OUTPUT_TOKENS`](crate::DEFAULT_EXPECTED_OUTPUT_TOKENS).
     pub fn new(capacity: u32) -> Self {
         let capacity = capacity.max(1);
         BoundedAdmissionLayer {
@@ -148,6 +156,8 @@ impl BoundedAdmissionLayer<Respond> {
                 cluster: None,
                 client_deadline: ClientDeadline::new(),
                 adaptive: None,
+                tenant_fairness: true,
+                fairness: Fairness::default(),
             },
             gate: Arc::default(),
             _flavour: PhantomData,
@@ -275,6 +285,42 @@ impl<M> BoundedAdmissionLayer<M> {
         self.with(|c| c.adaptive = adaptive)
     }
 
+    /// Turns fair queueing across tenants on (the default) or off. On, the waiters of a class
+    /// are served by tenant ([`Tenant`](tailguard_core::Tenant) in the request extensions;
+    /// requests without one are one anonymous tenant): the tenant that has received the least
+    /// weighted service in tokens goes next (see [Fair queueing](crate#fair-queueing)). Off, a
+    /// class is served oldest first, whoever the tenants. Either way nothing is refused or held
+    /// back that the other would admit: only the order of waiters changes.
+    pub fn with_tenant_fairness(self, on: bool) -> Self {
+        self.with(|c| c.tenant_fairness = on)
+    }
+
+    /// Sets the weights of a prompt (input) token and of an output token in a tenant's service
+    /// (defaults [`DEFAULT_INPUT_TOKEN_WEIGHT`](crate::DEFAULT_INPUT_TOKEN_WEIGHT) = 1,
+    /// [`DEFAULT_OUTPUT_TOKEN_WEIGHT`](crate::DEFAULT_OUTPUT_TOKEN_WEIGHT) = 2). A weight that
+    /// is negative or not finite keeps its default.
+    pub fn with_tenant_token_weights(self, input: f64, output: f64) -> Self {
+        let ok = |w: f64, default: f64| {
+            if w.is_finite() && w >= 0.0 {
+                w
+            } else {
+                default
+            }
+        };
+        self.with(|c| {
+            c.fairness.input_weight = ok(input, crate::DEFAULT_INPUT_TOKEN_WEIGHT);
+            c.fairness.output_weight = ok(output, crate::DEFAULT_OUTPUT_TOKEN_WEIGHT);
+        })
+    }
+
+    /// Sets the output a request is charged for at admission, before its real output is known:
+    /// its `max_tokens` ([`RequestFacts`](tailguard_core::RequestFacts)) capped at `tokens`, or
+    /// `tokens` when it carries none (default
+    /// [`DEFAULT_EXPECTED_OUTPUT_TOKENS`](crate::DEFAULT_EXPECTED_OUTPUT_TOKENS) = 256).
+    pub fn with_expected_output_tokens(self, tokens: u32) -> Self {
+        self.with(|c| c.fairness.expected_output = tokens)
+    }
+
     /// The configured capacity in units (the ceiling of an adaptive limit).
     pub fn capacity(&self) -> u32 {
         self.cfg.capacity
@@ -359,6 +405,19 @@ impl AdmissionHandle {
     /// Units held by requests of class `priority`.
     pub fn in_flight_units_of(&self, priority: &Priority) -> u32 {
         self.class(priority).map_or(0, |c| c.3)
+    }
+
+    /// Under fair queueing, the weighted service the gate counts for the tenant of id `tenant`
+    /// (`None`: requests without a [`Tenant`](tailguard_core::Tenant)), in tokens over the
+    /// tenant's weight: its virtual counter. `None` when the gate keeps no counter for it (fair
+    /// queueing off, or nothing of the tenant waiting or in flight).
+    pub fn tenant_service(&self, tenant: Option<&str>) -> Option<f64> {
+        self.shared.tenant_counter(tenant)
+    }
+
+    /// Tenants the gate keeps a counter for: those with requests waiting or in flight.
+    pub fn tenants(&self) -> usize {
+        self.shared.tenants_known()
     }
 
     fn class(&self, priority: &Priority) -> Option<(Priority, usize, usize, u32)> {

@@ -84,6 +84,14 @@
 //!   waiter of the lowest class below its own, which gets the refusal (`evicted`) instead.
 //!   The queue is served head-of-line: if the next waiter in order does not fit, later ones
 //!   wait too, so large requests are not starved by small ones.
+//! * **Fair queueing across tenants.** Within a class, waiters are served by tenant
+//!   ([`Tenant`](tailguard_core::Tenant) in the request extensions; requests without one are
+//!   one anonymous tenant): the tenant that has received the least weighted service in tokens
+//!   goes next, its oldest waiter first (see [Fair queueing](#fair-queueing)). Classes still
+//!   come first, exactly as above. On by default
+//!   ([`with_tenant_fairness`](BoundedAdmissionLayer::with_tenant_fairness)): it only reorders
+//!   waiters — nothing is refused or held back that FIFO would admit — and with one tenant, or
+//!   none, the order is FIFO as without it.
 //! * **Outcome and metrics.** [`AdmissionOutcome`](tailguard_core::AdmissionOutcome) (queue
 //!   wait, units, refusal reason) goes into the response extensions. Metrics (`metrics` crate,
 //!   label `priority` = class name, bounded by configuration):
@@ -91,7 +99,11 @@
 //!   `tailguard_admission_admitted_total` (counter, label `path` = `immediate`|`queued`),
 //!   `tailguard_admission_rejected_total` (counter, label `reason` = `queue_full`|
 //!   `queue_timeout`|`evicted`), `tailguard_admission_queue_wait_seconds` (histogram, admitted
-//!   requests). Handles are registered when a class is first seen, so install the recorder
+//!   requests). Under fair queueing, per tenant (label `tenant` = the tenant's bounded
+//!   [`label`](tailguard_core::Tenant::label); requests without a tenant are not counted):
+//!   `tailguard_admission_tenant_admitted_total` (counter) and
+//!   `tailguard_admission_tenant_queue_wait_seconds` (histogram, 0 for an admission at once).
+//!   Handles are registered when a class (a tenant label) is first seen, so install the recorder
 //!   before the first request.
 //!
 //! * **Cluster mode.** [`with_cluster`](BoundedAdmissionLayer::with_cluster) shares a
@@ -125,6 +137,56 @@
 //! instead of timing out in the queue; one that is queued waits at most the time its deadline
 //! leaves (then it is refused as `queue_timeout`). A request admitted at once is never refused
 //! for its deadline: the timeout layer inside ends it on time.
+//!
+//! ## Fair queueing
+//!
+//! After the virtual token counter (VTC) of Sheng et al., "Fairness in Serving Large Language
+//! Models" (OSDI 2024). The gate keeps a counter per tenant id: the weighted service the tenant
+//! received, in tokens over its [`weight`](tailguard_core::Tenant::weight).
+//!
+//! * **Order.** Classes are ranked as always (reserved share, effective level with aging, age of
+//!   the class's oldest waiter, or newest under adaptive LIFO). Of the class that goes, the
+//!   waiter of the tenant with the least counter goes; ties (equal counters, as a lift makes)
+//!   go to the tenant holding fewer units in flight per weight, then to the oldest waiter. Within
+//!   a tenant, its oldest waiter goes (its newest under adaptive LIFO). Head-of-line as always:
+//!   if that waiter does not fit, nobody passes it.
+//! * **Charge.** At admission a tenant's counter grows by `(input tokens × w_in + expected
+//!   output × w_out) / weight`. Input tokens are
+//!   [`RequestFacts::prompt_tokens`](tailguard_core::RequestFacts) when counted, else the prompt's
+//!   bytes (`RequestFacts::prompt_bytes`, else `Content-Length`, as [`Cost::prompt_bytes`] reads
+//!   them) over 4. Expected output is the request's `max_tokens` capped at
+//!   [`with_expected_output_tokens`](BoundedAdmissionLayer::with_expected_output_tokens) (256),
+//!   or that cap without one. `w_in` = 1 and `w_out` = 2 by default
+//!   ([`with_tenant_token_weights`](BoundedAdmissionLayer::with_tenant_token_weights)).
+//! * **Correction.** When the response body ends (or fails, or is dropped) the charge is
+//!   corrected with the real output: the usage the stream reported when a layer asked for it
+//!   (the phase recorder does), else its token events, as the request's shared progress record
+//!   ([`StreamProgress`](tailguard_core::progress::StreamProgress)) holds them. The gate follows
+//!   the record once, at the end, and reads no byte itself: exact when a layer inside it reads
+//!   the stream (`SseIdleTimeout` in the usual stack), short of the last frame when the reader
+//!   is outside it, and unknown — the expected output stands — when no layer reads the stream
+//!   (with an adaptive limit the gate reads it itself, so the count is exact). An error status,
+//!   an empty body or a failed call counts no output; a 2xx answer that is not a stream keeps
+//!   the expected output; a request refused after admission (a failed cluster lease) is charged
+//!   nothing.
+//! * **Lift.** When a tenant that had no waiter gets one, its counter becomes at least the least
+//!   counter among tenants with waiters, so a tenant that was idle cannot bank credit and then
+//!   take a burst ahead of the others. When nobody waits, it is lifted to the gate's floor
+//!   instead, a virtual time that never falls: the largest of the counters of tenants admitted
+//!   while nobody waited, of the least counter among waiters whenever a tenant joined them, and
+//!   of the last waiter to leave the queue. So service taken while nobody else wanted it is
+//!   neither credit nor debt for later (a newly seen tenant starts at the floor too).
+//! * **Work-conserving.** Fair queueing only reorders waiters: whenever capacity is free, the
+//!   next waiter is admitted whoever its tenant, so an idle tenant's share goes to the others.
+//!   It refuses nothing: queue bounds, deadlines, eviction (the newest waiter of the lowest
+//!   class) and `Retry-After` are per class and gate as without it.
+//! * **Memory.** A tenant with nothing waiting and nothing in flight is forgotten, so the gate
+//!   keeps at most one counter per waiter or request in flight. A forgotten tenant that returns
+//!   starts at the floor and is lifted like any other: the debt it had (service beyond the other
+//!   tenants') is forgiven, so a tenant that sends one large request at a time, with pauses in
+//!   between, is not held back for its past requests (it holds at most what it has in flight).
+//! * **Per gate.** Counters are local to the gate, also in cluster mode: each gateway orders its
+//!   own waiters by the service it admitted itself.
 //!
 //! ## Retry-After
 //!
@@ -169,8 +231,10 @@ mod controller;
 mod cost;
 mod drain;
 pub mod error;
+mod fair;
 pub mod future;
 mod gate;
+mod lanes;
 mod layer;
 mod metrics;
 mod queue;
@@ -183,6 +247,9 @@ pub use cluster::{
     DEFAULT_POLL_INTERVAL, FailMode, LeaseBackend, LeaseId, LeaseSpec,
 };
 pub use cost::Cost;
+pub use fair::{
+    DEFAULT_EXPECTED_OUTPUT_TOKENS, DEFAULT_INPUT_TOKEN_WEIGHT, DEFAULT_OUTPUT_TOKEN_WEIGHT,
+};
 pub use layer::{
     AdmissionHandle, BoundedAdmissionLayer, Codel, DEFAULT_AGING, DEFAULT_CODEL_INTERVAL,
     DEFAULT_CODEL_TARGET, DEFAULT_MAX_REQUEST_SHARE, DEFAULT_QUEUE_TIMEOUT,

@@ -1,7 +1,7 @@
-//! The metric handles of one priority class of a gate.
+//! The metric handles of one priority class, and of one tenant label, of a gate.
 //!
 //! Names and labels are listed in the crate docs; the handles are registered once, when the
-//! gate first sees the class.
+//! gate first sees the class (the label).
 
 use metrics::{Counter, Gauge, Histogram};
 use tailguard_core::OverloadReason;
@@ -48,6 +48,16 @@ fn describe() {
         "tailguard_admission_queue_wait_seconds",
         Unit::Seconds,
         "Time admitted requests waited in the admission queue"
+    );
+    describe_counter!(
+        "tailguard_admission_tenant_admitted_total",
+        Unit::Count,
+        "Requests admitted under fair queueing, by tenant label"
+    );
+    describe_histogram!(
+        "tailguard_admission_tenant_queue_wait_seconds",
+        Unit::Seconds,
+        "Time admitted requests waited in the admission queue under fair queueing, by tenant label"
     );
     describe_counter!(
         "tailguard_admission_cluster_errors_total",
@@ -101,5 +111,34 @@ impl ClassMetrics {
             OverloadReason::ClusterUnavailable => self.rejected_cluster.increment(1),
             _ => {}
         }
+    }
+}
+
+/// The handles of one tenant label (fair queueing), labelled `tenant`: the tenant's bounded
+/// [`label`](tailguard_core::Tenant::label), so the series stay bounded however many tenants
+/// there are.
+#[derive(Clone)]
+pub(crate) struct TenantMetrics {
+    admitted: Counter,
+    queue_wait: Histogram,
+}
+
+impl TenantMetrics {
+    pub(crate) fn new(label: &str) -> Self {
+        describe();
+        let l = label.to_owned();
+        TenantMetrics {
+            admitted: metrics::counter!("tailguard_admission_tenant_admitted_total", "tenant" => l.clone()),
+            queue_wait: metrics::histogram!(
+                "tailguard_admission_tenant_queue_wait_seconds",
+                "tenant" => l
+            ),
+        }
+    }
+
+    /// Counts an admission after `waited` in the queue (zero: admitted at once).
+    pub(crate) fn admitted(&self, waited: std::time::Duration) {
+        self.admitted.increment(1);
+        self.queue_wait.record(waited.as_secs_f64());
     }
 }

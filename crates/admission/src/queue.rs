@@ -1,12 +1,16 @@
 //! The wait queue of a gate and its disciplines: per-class order, reserved shares, aging,
-//! adaptive LIFO, CoDel deadlines and eviction.
+//! adaptive LIFO, CoDel deadlines, eviction, and fair queueing across tenants within a class.
 //!
 //! The queue only orders and bookkeeps; the gate decides whether the chosen waiter fits and
 //! admits it. The queue is served head-of-line: the gate asks for the next waiter in order and
 //! stops when that one does not fit, so large requests are not starved by small ones.
+//!
+//! Classes are ranked by their head waiter (the oldest, or the newest under adaptive LIFO)
+//! exactly as without fair queueing; fair queueing only chooses which of the winning class's
+//! waiters goes: the head of the lane ([`crate::lanes`]) of the tenant with the least virtual
+//! counter ([`crate::fair`]).
 
 use std::cmp::Reverse;
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use tailguard_core::Priority;
@@ -14,7 +18,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::drain::Holds;
+use crate::fair::{Fair, Tenants};
 use crate::gate::Grant;
+use crate::lanes::{Lane, Lanes, NO_TENANT};
 use crate::layer::Config;
 use crate::metrics::ClassMetrics;
 
@@ -60,6 +66,15 @@ pub(crate) struct Waiter {
     pub(crate) units: u32,
     pub(crate) enqueued: Instant,
     pub(crate) tx: oneshot::Sender<Grant>,
+    /// Its tenant and charge, under fair queueing.
+    pub(crate) fair: Option<Fair>,
+}
+
+impl Waiter {
+    /// Its tenant's slot ([`NO_TENANT`] without fair queueing).
+    pub(crate) fn tenant(&self) -> usize {
+        self.fair.map_or(NO_TENANT, |f| f.tenant)
+    }
 }
 
 /// One priority class: what it holds and for how long, what it reserves, who of it waits.
@@ -72,8 +87,8 @@ pub(crate) struct Class {
     /// Units reserved for the class under contention: `share` of the gate's limit.
     pub(crate) reserved: u32,
     share: f64,
-    /// Oldest first; `seq` increases front to back.
-    pub(crate) waiters: VecDeque<Waiter>,
+    /// By tenant, each lane oldest first.
+    pub(crate) waiters: Lanes,
     /// Units waiting in the class.
     pub(crate) queued_units: u64,
     /// When the class's waiters last went from none to some (`None` while it has none).
@@ -85,7 +100,9 @@ pub(crate) struct Class {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pick {
     pub(crate) class: usize,
-    /// The newest waiter of the class (adaptive LIFO) instead of the oldest.
+    /// The lane (tenant) of the class.
+    lane: usize,
+    /// The newest waiter of the lane (adaptive LIFO) instead of the oldest.
     newest: bool,
     pub(crate) units: u32,
 }
@@ -96,6 +113,8 @@ type OrderKey = (bool, u128, Reverse<u64>);
 /// The classes of a gate and the waiters across them.
 pub(crate) struct Queue {
     pub(crate) classes: Vec<Class>,
+    /// The virtual token counters (untouched without fair queueing).
+    pub(crate) tenants: Tenants,
     len: usize,
     next_seq: u64,
 }
@@ -104,6 +123,7 @@ impl Queue {
     pub(crate) fn new() -> Self {
         Queue {
             classes: Vec::new(),
+            tenants: Tenants::default(),
             len: 0,
             next_seq: 0,
         }
@@ -141,7 +161,7 @@ impl Queue {
                     holds: Holds::new(now),
                     reserved: cfg.reserved_units(share, limit),
                     share,
-                    waiters: VecDeque::new(),
+                    waiters: Lanes::default(),
                     queued_units: 0,
                     nonempty_since: None,
                     metrics: ClassMetrics::new(priority.name()),
@@ -189,35 +209,41 @@ impl Queue {
         }
     }
 
-    /// Queues a request of `units` in `class`; its sequence number and the receiving end of
-    /// its outcome.
+    /// Queues a request of `units` in `class` (of a tenant, under fair queueing: lifted if it
+    /// had no waiter); its sequence number and the receiving end of its outcome.
     pub(crate) fn push(
         &mut self,
         class: usize,
         units: u32,
+        fair: Option<Fair>,
         now: Instant,
     ) -> (u64, oneshot::Receiver<Grant>) {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.len += 1;
+        if let Some(f) = fair {
+            self.tenants.enqueue(f.tenant);
+        }
         let (tx, rx) = oneshot::channel();
         let c = &mut self.classes[class];
         if c.waiters.is_empty() {
             c.nonempty_since = Some(now);
         }
         c.queued_units += u64::from(units);
-        c.waiters.push_back(Waiter {
+        c.waiters.push(Waiter {
             seq,
             units,
             enqueued: now,
             tx,
+            fair,
         });
         c.metrics.queued.increment(1.0);
         (seq, rx)
     }
 
-    /// Bookkeeping after a waiter of `class` left the queue.
-    fn left(&mut self, class: usize, w: Waiter) -> Waiter {
+    /// Bookkeeping after a waiter of `class` left the queue, to be admitted or not (then its
+    /// tenant is forgotten if it has nothing else waiting or in flight).
+    fn left(&mut self, class: usize, w: Waiter, admitted: bool) -> Waiter {
         self.len -= 1;
         let c = &mut self.classes[class];
         if c.waiters.is_empty() {
@@ -225,17 +251,24 @@ impl Queue {
         }
         c.queued_units -= u64::from(w.units);
         c.metrics.queued.decrement(1.0);
+        if let Some(f) = w.fair {
+            self.tenants.dequeue(f.tenant, self.len == 0);
+            if !admitted {
+                self.tenants.forget_if_idle(f.tenant);
+            }
+        }
         w
     }
 
     /// The next waiter in order. Each class offers its oldest waiter (its newest under adaptive
-    /// LIFO while the queue stands ahead of it, unless the oldest has aged a full period); among those,
-    /// a class below its reserved share goes first, then the highest effective level, then the
-    /// oldest arrival.
+    /// LIFO while the queue stands ahead of it, unless the oldest has aged a full period); among
+    /// those, a class below its reserved share goes first, then the highest effective level,
+    /// then the oldest arrival. Of the chosen class goes the head (oldest, or newest under
+    /// LIFO) of the lane of its [fairest tenant](Self::fairest).
     pub(crate) fn next(&self, now: Instant, cfg: &Config) -> Option<Pick> {
-        let mut best: Option<(Pick, OrderKey)> = None;
+        let mut best: Option<(usize, bool, OrderKey)> = None;
         for (i, c) in self.classes.iter().enumerate() {
-            let Some(oldest) = c.waiters.front() else {
+            let Some(oldest) = c.waiters.oldest() else {
                 continue;
             };
             let waited = |w: &Waiter| now.saturating_duration_since(w.enqueued);
@@ -243,7 +276,7 @@ impl Queue {
             let lifo = cfg.lifo && self.standing(level, now, cfg);
             let newest = lifo && !cfg.aging.is_some_and(|a| a.aged(waited(oldest)));
             let w = if newest {
-                c.waiters.back()
+                c.waiters.newest()
             } else {
                 Some(oldest)
             }
@@ -252,41 +285,58 @@ impl Queue {
                 .aging
                 .map_or(u128::from(level), |a| a.effective(level, waited(w)));
             let key = (c.in_use < c.reserved, effective, Reverse(w.seq));
-            if best.as_ref().is_none_or(|(_, k)| key > *k) {
-                let pick = Pick {
-                    class: i,
-                    newest,
-                    units: w.units,
-                };
-                best = Some((pick, key));
+            if best.as_ref().is_none_or(|(_, _, k)| key > *k) {
+                best = Some((i, newest, key));
             }
         }
-        best.map(|(pick, _)| pick)
+        let (class, newest, _) = best?;
+        let lanes = self.classes[class].waiters.lanes();
+        let lane = self.fairest(lanes);
+        let l = &lanes[lane];
+        let w = if newest { l.newest() } else { l.oldest() };
+        Some(Pick {
+            class,
+            lane,
+            newest,
+            units: w.units,
+        })
     }
 
-    /// Takes the waiter `pick` chose out of the queue.
-    pub(crate) fn take(&mut self, pick: Pick) -> Waiter {
-        let waiters = &mut self.classes[pick.class].waiters;
-        let w = if pick.newest {
-            waiters.pop_back()
-        } else {
-            waiters.pop_front()
+    /// The lane of a class whose tenant goes next: the least virtual counter, then the fewest
+    /// units in flight per weight, then the oldest waiter. Without fair queueing there is one
+    /// lane.
+    fn fairest(&self, lanes: &[Lane]) -> usize {
+        if lanes.len() == 1 {
+            return 0;
+        }
+        let key = |l: &Lane| (self.tenants.rank(l.tenant), l.oldest().seq);
+        let order = |a: &Lane, b: &Lane| {
+            let ((ca, ua), sa) = key(a);
+            let ((cb, ub), sb) = key(b);
+            ca.total_cmp(&cb).then(ua.total_cmp(&ub)).then(sa.cmp(&sb))
         };
-        self.left(pick.class, w.expect("picked from a non-empty class"))
+        (0..lanes.len())
+            .min_by(|&a, &b| order(&lanes[a], &lanes[b]))
+            .unwrap_or(0)
     }
 
-    /// Takes the newest waiter of `class` out of the queue.
+    /// Takes the waiter `pick` chose out of the queue, to be admitted.
+    pub(crate) fn take(&mut self, pick: Pick) -> Waiter {
+        let w = self.classes[pick.class].waiters.pop(pick.lane, pick.newest);
+        self.left(pick.class, w, true)
+    }
+
+    /// Takes the newest waiter of `class` out of the queue, refused.
     pub(crate) fn take_newest(&mut self, class: usize) -> Option<Waiter> {
-        let w = self.classes[class].waiters.pop_back()?;
-        Some(self.left(class, w))
+        let w = self.classes[class].waiters.pop_newest()?;
+        Some(self.left(class, w, false))
     }
 
-    /// Takes the waiter `seq` of `class` out of the queue; `None` if it is not queued.
-    pub(crate) fn remove(&mut self, class: usize, seq: u64) -> Option<Waiter> {
-        let waiters = &mut self.classes[class].waiters;
-        let pos = waiters.binary_search_by_key(&seq, |w| w.seq).ok()?;
-        let w = waiters.remove(pos)?;
-        Some(self.left(class, w))
+    /// Takes the waiter `seq` of `tenant` in `class` out of the queue, refused; `None` if it is
+    /// not queued.
+    pub(crate) fn remove(&mut self, class: usize, tenant: usize, seq: u64) -> Option<Waiter> {
+        let w = self.classes[class].waiters.remove(tenant, seq)?;
+        Some(self.left(class, w, false))
     }
 
     /// Eviction: the lowest class below `level` that has waiters (its newest waiter is the one

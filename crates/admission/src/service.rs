@@ -86,6 +86,7 @@ impl<S, M> BoundedAdmission<S, M> {
         cfg.client_deadline.accept(&mut req, now);
         let (parts, body) = req.into_parts();
         let units = self.shared.units_for(cfg.cost.units(&parts));
+        let demand = cfg.tenant_fairness.then(|| cfg.fairness.demand(&parts));
         let req = Request::from_parts(parts, body);
         let ext = req.extensions();
         let left = ext.get::<Deadlines>().and_then(|d| d.total_left(now));
@@ -94,6 +95,7 @@ impl<S, M> BoundedAdmission<S, M> {
             ext.get::<ClassPolicy>().and_then(|p| p.reserved_share),
             units,
             left,
+            demand,
         );
         match acquired {
             Acquire::Admitted(permit) if cfg.cluster.is_none() => State::called(

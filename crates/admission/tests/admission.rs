@@ -570,3 +570,37 @@ async fn a_refused_grpc_request_gets_a_trailers_only_grpc_response() {
     let body = res.into_body().collect().await.unwrap().to_bytes();
     assert!(body.is_empty());
 }
+
+/// Admission reads the stream when no layer inside it does (here for the adaptive limit's first
+/// token, fair queueing off): it reads it to the end, so a layer outside that follows the
+/// request's progress record (the phase recorder) sees every token, not only the first.
+#[tokio::test(start_paused = true)]
+async fn as_the_streams_reader_admission_reads_it_to_the_end() {
+    use tailguard_core::Dialect;
+    use tailguard_core::progress::StreamProgress;
+    let (up, mut ctl) = upstream();
+    let layer = BoundedAdmissionLayer::new(4)
+        .with_adaptive_limit(Some(tailguard_admission::AdaptiveLimit::new()))
+        .with_tenant_fairness(false);
+    let svc = layer.layer(up);
+    let mut r = request("a");
+    r.headers_mut()
+        .insert("x-sse", http::HeaderValue::from_static("1"));
+    let outer = StreamProgress::of(r.extensions_mut());
+    let res = svc.oneshot(r).await.unwrap();
+    let mut follows = outer.reading(&Dialect::Auto, res.headers());
+    assert!(
+        !follows.is_reader(),
+        "admission reads, the outer layer follows"
+    );
+    let feed = arrived(&mut ctl).remove(0).1;
+    for _ in 0..5 {
+        feed.send(data(TOKEN)).unwrap();
+    }
+    drop(feed);
+    let mut body = res.into_body();
+    while let Some(frame) = body.frame().await {
+        follows.observe(frame.unwrap().data_ref().unwrap());
+    }
+    assert_eq!(follows.tokens(), 5);
+}

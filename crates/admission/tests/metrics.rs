@@ -1,4 +1,5 @@
-//! Metrics: gauges per class, counters by reason and class, queue-wait histogram in seconds.
+//! Metrics: gauges per class, counters by reason and class, queue-wait histogram in seconds;
+//! admissions and queue wait per tenant label.
 //! Its own test binary, because it installs the global recorder.
 
 mod common;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tailguard_admission::BoundedAdmissionLayer;
-use tailguard_core::Priority;
+use tailguard_core::{Priority, Tenant};
 use tokio::time::advance;
 use tower::{Layer, ServiceExt};
 
@@ -73,7 +74,11 @@ async fn gauges_counters_and_queue_wait() {
         .oneshot(request_of("a", Priority::interactive()))
         .await
         .unwrap();
-    let b = tokio::spawn(svc.clone().oneshot(request_of("b", Priority::batch())));
+    // b is of a tenant (its label is what the series carry); a and c are of none.
+    let mut b = request_of("b", Priority::batch());
+    b.extensions_mut()
+        .insert(Tenant::new("key-1f2e").with_label("acme"));
+    let b = tokio::spawn(svc.clone().oneshot(b));
     settle().await;
     let c = svc
         .clone()
@@ -131,6 +136,18 @@ async fn gauges_counters_and_queue_wait() {
         &[("priority", "batch")],
     );
     assert_eq!(waits, [0.25]);
+    let tenant = [("tenant", "acme")];
+    let admitted = "tailguard_admission_tenant_admitted_total";
+    assert_eq!(acc.get(&snap, admitted, &tenant).0, 1.0);
+    let wait = "tailguard_admission_tenant_queue_wait_seconds";
+    assert_eq!(acc.get(&snap, wait, &tenant).1, [0.25]);
+    let series: Vec<String> = acc.values.keys().cloned().collect();
+    assert!(
+        !series
+            .iter()
+            .any(|k| k.contains("tenant") && !k.contains("acme")),
+        "requests without a tenant are not counted per tenant: {series:?}"
+    );
     drop(b);
     assert_eq!(acc.get(&snap, inflight, &[("priority", "batch")]).0, 0.0);
 }

@@ -24,6 +24,8 @@ pub(crate) use permit::{Permit, WaitGuard};
 use crate::cluster::ClusterGate;
 use crate::controller::{Controller, Sample};
 use crate::drain::{self, Holds};
+use crate::fair::{Demand, Fair};
+use crate::lanes::NO_TENANT;
 use crate::layer::Config;
 use crate::queue::Queue;
 
@@ -73,8 +75,19 @@ struct State {
 }
 
 impl State {
-    /// Counts an admission of `units` in `class` at `now`.
-    fn admit(&mut self, class: usize, units: u32, now: Instant) {
+    /// Counts an admission of `units` in `class` at `now`, charged to its tenant under fair
+    /// queueing, after waiting `waited` (`None`: admitted at once).
+    fn admit(
+        &mut self,
+        class: usize,
+        units: u32,
+        fair: Option<Fair>,
+        waited: Option<Duration>,
+        now: Instant,
+    ) {
+        if let Some(f) = fair {
+            self.queue.tenants.admit(f.tenant, &f.charge, units, waited);
+        }
         self.in_use += units;
         self.in_flight += 1;
         self.holds.admit(now, units);
@@ -88,8 +101,19 @@ impl State {
         }
     }
 
-    /// Counts the release at `now` of an admission of `units` in `class` made at `admitted`.
-    fn release(&mut self, class: usize, units: u32, admitted: Instant, now: Instant) {
+    /// Counts the release at `now` of an admission of `units` in `class` made at `admitted`;
+    /// under fair queueing its tenant's charge is corrected by `fair`'s second member.
+    fn release(
+        &mut self,
+        class: usize,
+        units: u32,
+        admitted: Instant,
+        now: Instant,
+        fair: Option<(usize, f64)>,
+    ) {
+        if let Some((tenant, correction)) = fair {
+            self.queue.tenants.release(tenant, correction, units);
+        }
         self.in_use -= units;
         self.in_flight -= 1;
         self.holds.release(now, admitted, units);
@@ -192,13 +216,15 @@ impl Shared {
     }
 
     /// Decides on an arriving request of class `priority` (the default class when `None`)
-    /// carrying an optional reserved `share` for its class, with `left` until its deadline.
+    /// carrying an optional reserved `share` for its class, with `left` until its deadline, and
+    /// under fair queueing its tenant's `demand`.
     pub(crate) fn acquire(
         self: &Arc<Self>,
         priority: Option<&Priority>,
         share: Option<f64>,
         units: u32,
         left: Option<Duration>,
+        demand: Option<Demand>,
     ) -> Acquire {
         self.locked(|st, deferred| {
             // An arrival ends a probe that ran out of time.
@@ -207,42 +233,50 @@ impl Shared {
             let priority = priority.unwrap_or(&self.cfg.default_priority);
             let class = st.queue.class(priority, share, &self.cfg, st.limit, now);
             let units = units.min(self.cfg.max_units(st.limit));
+            let fair = demand.map(|d| Fair {
+                tenant: st.queue.tenants.slot(d.tenant.as_ref()),
+                charge: d.charge,
+            });
             if st.queue.len() == 0 && self.fits(st, units) {
-                st.admit(class, units, now);
+                st.admit(class, units, fair, None, now);
                 let m = &st.queue.classes[class].metrics;
                 m.admitted_immediate.increment(1);
                 m.queue_wait.record(0.0);
-                return Acquire::Admitted(Permit::new(self, class, units, now));
+                return Acquire::Admitted(Permit::new(self, class, units, fair, now));
             }
-            if self.cfg.queue_len == 0 {
-                let r = self.refuse(st, class, OverloadReason::QueueFull, now, units);
-                return Acquire::Rejected(r);
+            let refused = if self.cfg.queue_len == 0 {
+                Some(OverloadReason::QueueFull)
+            } else {
+                left.filter(|&l| l.is_zero() || self.expected_wait(st, class, now, units) > l)
+                    .map(|_| OverloadReason::DeadlineTooShort)
+            };
+            if let Some(reason) = refused {
+                if let Some(f) = fair {
+                    st.queue.tenants.forget_if_idle(f.tenant);
+                }
+                return Acquire::Rejected(self.refuse(st, class, reason, now, units));
             }
-            if let Some(left) = left
-                && (left.is_zero() || self.expected_wait(st, class, now, units) > left)
-            {
-                let r = self.refuse(st, class, OverloadReason::DeadlineTooShort, now, units);
-                return Acquire::Rejected(r);
-            }
-            self.enqueue(st, class, units, now, left, deferred)
+            self.enqueue(st, class, units, fair, now, left, deferred)
         })
     }
 
     /// Queues an arrival that does not fit at once, waiting at most `left` (its deadline); when
     /// that overfills the queue, evicts the newest waiter of a lower class or refuses the
     /// arrival.
+    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         self: &Arc<Self>,
         st: &mut State,
         class: usize,
         units: u32,
+        fair: Option<Fair>,
         now: Instant,
         left: Option<Duration>,
         deferred: &mut Deferred,
     ) -> Acquire {
         let allowed = st.queue.allowed_wait(class, now, &self.cfg);
         let deadline = now + left.map_or(allowed, |l| l.min(allowed));
-        let (seq, rx) = st.queue.push(class, units, now);
+        let (seq, rx) = st.queue.push(class, units, fair, now);
         // The arrival is queued first so that it competes in order: if it is admitted at once
         // (it outranks every waiter and fits), nobody is evicted.
         self.dispatch(st, now, deferred);
@@ -266,7 +300,12 @@ impl Shared {
         }
         Acquire::Queued(Queued {
             rx,
-            guard: WaitGuard::new(self.clone(), class, seq),
+            guard: WaitGuard::new(
+                self.clone(),
+                class,
+                fair.map_or(NO_TENANT, |f| f.tenant),
+                seq,
+            ),
             deadline,
             enqueued: now,
         })
@@ -313,26 +352,27 @@ impl Shared {
             let m = &st.queue.classes[pick.class].metrics;
             m.admitted_queued.increment(1);
             m.queue_wait.record(waited.as_secs_f64());
-            st.admit(pick.class, w.units, now);
-            let permit = Permit::new(self, pick.class, w.units, now);
+            st.admit(pick.class, w.units, w.fair, Some(waited), now);
+            let permit = Permit::new(self, pick.class, w.units, w.fair, now);
             if let Err(g) = w.tx.send(Ok((permit, waited))) {
                 deferred.push(g);
             }
         }
     }
 
-    /// Gives back a permit's units (with its censored TTFT `sample`, if any) and admits the
-    /// waiters they make room for.
+    /// Gives back a permit's units (with its censored TTFT `sample`, if any, and under fair
+    /// queueing its tenant's correction) and admits the waiters they make room for.
     fn release(
         self: &Arc<Self>,
         class: usize,
         units: u32,
         admitted: Instant,
         sample: Option<Sample>,
+        fair: Option<(usize, f64)>,
     ) {
         self.locked(|st, deferred| {
             let now = Instant::now();
-            st.release(class, units, admitted, now);
+            st.release(class, units, admitted, now, fair);
             if sample.is_some() {
                 self.observe(st, sample, deferred);
             }
@@ -340,15 +380,16 @@ impl Shared {
         });
     }
 
-    /// Removes a waiter by sequence number; `Some` if it was still queued.
+    /// Removes a waiter of `tenant` by sequence number; `Some` if it was still queued.
     fn remove_waiter(
         self: &Arc<Self>,
         class: usize,
+        tenant: usize,
         seq: u64,
         timed_out: bool,
     ) -> Option<Rejection> {
         self.locked(|st, deferred| {
-            let w = st.queue.remove(class, seq)?;
+            let w = st.queue.remove(class, tenant, seq)?;
             let reason = OverloadReason::QueueTimeout;
             if timed_out {
                 st.queue.classes[class].metrics.rejected(reason);
@@ -363,6 +404,16 @@ impl Shared {
                 units: w.units,
             })
         })
+    }
+
+    /// The virtual counter of tenant `id` (`None`: the anonymous tenant), if the gate knows it.
+    pub(crate) fn tenant_counter(&self, id: Option<&str>) -> Option<f64> {
+        self.lock().queue.tenants.counter_of(id)
+    }
+
+    /// Tenants the gate keeps a counter for.
+    pub(crate) fn tenants_known(&self) -> usize {
+        self.lock().queue.tenants.known()
     }
 
     pub(crate) fn snapshot(&self) -> Snapshot {
@@ -440,7 +491,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..5_000 {
                         let p = (i % 7 == t).then_some(&batch);
-                        let permit = match g.acquire(p, None, 1, None) {
+                        let permit = match g.acquire(p, None, 1, None, None) {
                             Acquire::Admitted(permit) => permit,
                             Acquire::Queued(q) => {
                                 queued.fetch_add(1, Ordering::Relaxed);

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::{Rejection, Shared};
 use crate::cluster::{Lease, LeaseFuture};
 use crate::controller::TtftClock;
+use crate::fair::{Fair, Served};
 
 /// Capacity held by one admitted request; releases it when dropped.
 pub(crate) struct Permit {
@@ -21,16 +22,29 @@ pub(crate) struct Permit {
     lease: Option<Lease>,
     /// Runs from the grant to the first token, with an adaptive limit.
     ttft: TtftClock,
+    /// Its tenant and charge, under fair queueing.
+    fair: Option<Fair>,
+    /// What the request was served, for the correction of its charge.
+    served: Served,
 }
 
 impl Permit {
-    /// A permit for `units` in `class` of `shared`, admitted at `admitted`.
-    pub(super) fn new(shared: &Arc<Shared>, class: usize, units: u32, admitted: Instant) -> Self {
+    /// A permit for `units` in `class` of `shared`, admitted at `admitted` (charged to a
+    /// tenant under fair queueing).
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        class: usize,
+        units: u32,
+        fair: Option<Fair>,
+        admitted: Instant,
+    ) -> Self {
         Permit {
             shared: shared.clone(),
             class,
             units,
             admitted,
+            fair,
+            served: Served::Expected,
             lease: None,
             // In cluster mode the clock starts with the lease.
             ttft: TtftClock::new(
@@ -71,6 +85,18 @@ impl Permit {
         self.ttft.stop();
     }
 
+    /// Whether the gate wants the request's output tokens (fair queueing corrects its tenant's
+    /// charge with them).
+    pub(crate) fn wants_output(&self) -> bool {
+        self.fair.is_some()
+    }
+
+    /// Records what the request was served; its tenant's charge is corrected with it when the
+    /// permit is released (by default the charge at admission stands).
+    pub(crate) fn served(&mut self, served: Served) {
+        self.served = served;
+    }
+
     /// The cluster lease step of this permit, in cluster mode: waits for a lease until
     /// `deadline`.
     pub(crate) fn cluster_lease(&self, deadline: Instant) -> Option<LeaseFuture> {
@@ -109,8 +135,11 @@ impl Drop for Permit {
     fn drop(&mut self) {
         // Ended before its first token: a censored sample.
         let sample = self.ttft.take(true);
+        let fair = self
+            .fair
+            .map(|f| (f.tenant, f.charge.correction(self.served)));
         self.shared
-            .release(self.class, self.units, self.admitted, sample);
+            .release(self.class, self.units, self.admitted, sample, fair);
     }
 }
 
@@ -118,16 +147,19 @@ impl Drop for Permit {
 pub(crate) struct WaitGuard {
     shared: Arc<Shared>,
     class: usize,
+    /// The lane of the entry (its tenant's slot).
+    tenant: usize,
     seq: u64,
     armed: bool,
 }
 
 impl WaitGuard {
-    /// The guard of the queue entry `seq` of `class` in `shared`, armed.
-    pub(super) fn new(shared: Arc<Shared>, class: usize, seq: u64) -> Self {
+    /// The guard of the queue entry `seq` of `tenant` in `class` of `shared`, armed.
+    pub(super) fn new(shared: Arc<Shared>, class: usize, tenant: usize, seq: u64) -> Self {
         WaitGuard {
             shared,
             class,
+            tenant,
             seq,
             armed: true,
         }
@@ -141,7 +173,9 @@ impl WaitGuard {
     /// Removes the entry because its deadline passed. `Some` with the rejection when the entry
     /// was still queued; `None` when the gate already decided (the outcome is in the channel).
     pub(crate) fn expire(&mut self) -> Option<Rejection> {
-        let removed = self.shared.remove_waiter(self.class, self.seq, true);
+        let removed = self
+            .shared
+            .remove_waiter(self.class, self.tenant, self.seq, true);
         if removed.is_some() {
             self.armed = false;
         }
@@ -152,7 +186,8 @@ impl WaitGuard {
 impl Drop for WaitGuard {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.remove_waiter(self.class, self.seq, false);
+            self.shared
+                .remove_waiter(self.class, self.tenant, self.seq, false);
         }
     }
 }

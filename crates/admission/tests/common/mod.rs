@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use tower::{Service, ServiceExt};
 
 /// An upstream whose every response streams what the test sends on the announced feed.
-/// Header `x-id` names the request; `x-empty` answers with an empty body; `x-fail` errors.
+/// Header `x-id` names the request; `x-empty` answers with an empty body; `x-fail` errors;
+/// `x-sse` answers `content-type: text/event-stream` (a stream the gate reads).
 #[derive(Clone)]
 pub struct Upstream {
     ctl: mpsc::UnboundedSender<(String, Feed)>,
@@ -46,7 +47,14 @@ impl Service<Request<()>> for Upstream {
             .to_owned();
         let (body, feed) = ScriptBody::fed();
         let _ = self.ctl.send((id, feed));
-        std::future::ready(Ok(Response::new(body)))
+        let mut res = Response::new(body);
+        if req.headers().contains_key("x-sse") {
+            res.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/event-stream"),
+            );
+        }
+        std::future::ready(Ok(res))
     }
 }
 
