@@ -96,7 +96,7 @@ impl RedisLeases {
 }
 
 /// This process's identity in lease members: its pid and start time.
-fn instance() -> &'static str {
+pub(crate) fn instance() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
         let t = std::time::SystemTime::now()

@@ -18,6 +18,12 @@
 //!   exchange period. The hedge decides from the allowance, so its decision never waits on
 //!   Redis; a token bucket read on every decision would put a network round trip on the
 //!   first-token timer, and local buckets alone would spend the budget once per gateway.
+//! * [`RedisTokenStore`] is a [`Store`](tailguard_tenant::Store) for `TokenBudgetLayer`
+//!   ([`with_store`](tailguard_tenant::TokenBudgetLayer::with_store)): tenants' token budgets
+//!   shared by the gateways, in the same exact bucket arithmetic as the local store, reserved
+//!   and reconciled by Lua scripts (all of a tenant's buckets or none; each reservation settled
+//!   at most once), with reservations that a dead gateway leaves to expire as fully used, and
+//!   the same fail open / closed choice as the leases.
 //!
 //! **Priority order across gateways is approximate.** Waiting stays local: each gateway queues
 //! its own requests, with its queue deadline, CoDel and priority classes, and only its next
@@ -38,6 +44,7 @@
 
 mod budget;
 mod leases;
+mod tokens;
 
 use std::time::Duration;
 
@@ -45,6 +52,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub use budget::RedisBudget;
 pub use leases::RedisLeases;
+pub use tokens::{
+    DEFAULT_RESERVATION_TTL, DEFAULT_TIMEOUT, DEFAULT_UNAVAILABLE_RETRY_AFTER, RedisTokenStore,
+};
 
 /// A connection to one Redis server, shared by the backends built on it (cheap to clone).
 #[derive(Clone)]

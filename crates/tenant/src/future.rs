@@ -63,6 +63,13 @@ impl Ask {
                     info: Some(refusal::error_info(&short)),
                 }
             }
+            Decision::Unavailable(retry_after) => {
+                EndReport::report_to(req.extensions(), EndReason::Rejected);
+                State::Refused {
+                    answer: self.answer,
+                    info: Some(refusal::unavailable(retry_after)),
+                }
+            }
         }
     }
 }

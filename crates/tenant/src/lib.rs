@@ -147,9 +147,12 @@
 //!
 //! ## Stores
 //!
-//! The buckets live in a [`Store`]: [`LocalStore`] (one process, the default) now; a store
-//! shared by several gateways (Redis, with reservations that expire when a gateway dies) can
-//! answer [`Reply::Later`], and the response future waits for it.
+//! The buckets live in a [`Store`]: [`LocalStore`] (one process, the default), or one shared by
+//! several gateways (`tailguard-redis`'s `RedisTokenStore`: the same buckets in Redis,
+//! reservations that expire as used when a gateway dies), which answers [`Reply::Later`]; the
+//! response future waits for it. A store that cannot decide (a shared one unreachable and
+//! configured to fail closed) answers [`Decision::Unavailable`]: a 503 with `Retry-After`, code
+//! `cluster_unavailable`, as admission's cluster mode answers.
 //!
 //! ## Metrics
 //!

@@ -1,11 +1,13 @@
 //! The 429 of a refused reservation, in the client's dialect.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use tailguard_core::headers::is_grpc;
 use tailguard_core::render::{ErrorInfo, in_band, respond, retry_after_secs};
-use tailguard_core::{GrpcCode, Wire};
+use tailguard_core::{GrpcCode, OverloadReason, Wire};
 
 use crate::store::Shortfall;
 
@@ -81,6 +83,20 @@ pub(crate) fn error_info(s: &Shortfall) -> ErrorInfo {
         Some(after) => info.with_retry_after(after),
         None => info,
     }
+}
+
+/// What a store that cannot decide says (see [`Decision::Unavailable`]): 503 with admission's
+/// code for an unreachable cluster store, `cluster_unavailable`, and `retry_after`.
+///
+/// [`Decision::Unavailable`]: crate::Decision::Unavailable
+pub(crate) fn unavailable(retry_after: Duration) -> ErrorInfo {
+    ErrorInfo::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the shared token budget store is unreachable; retry later",
+        "server_overloaded",
+        OverloadReason::ClusterUnavailable.as_str(),
+    )
+    .with_retry_after(retry_after)
 }
 
 /// The refusal response: status, `content-type`, `Retry-After` (whole seconds, rounded up)

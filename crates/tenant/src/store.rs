@@ -54,6 +54,10 @@ pub enum Decision {
     Reserved(Ticket),
     /// Some bucket is short: nothing was taken.
     Refused(Shortfall),
+    /// The store cannot decide — a shared store that is unreachable and configured to fail
+    /// closed — and nothing was taken: the request is refused with 503 `cluster_unavailable`
+    /// (as admission's cluster mode refuses) and this `Retry-After`.
+    Unavailable(Duration),
 }
 
 /// The bucket that refused a reservation: the one that frees its share last, or one that
