@@ -123,11 +123,11 @@ async fn the_report_names_each_break_from_which_replica_to_which() {
         assert_eq!(breaks, [(reason, ResumeOutcome::Resumed, true)], "{fault}");
         assert!(report.to_string().contains(" resumes="), "{report}");
     }
-    // The stall's pause is one of the stream's gaps: a second without a token, and the
-    // continuation's first token.
+    // The stall's pause is one of the stream's gaps: the stall limit (the stream's pace, 2 ms
+    // between tokens, puts it at its floor, 250 ms), then the continuation's first token.
     let stalled = reports.all().pop().unwrap();
-    assert!(stalled.gaps.max >= STALL, "{:?}", stalled.gaps);
-    assert!(stalled.gaps.max < IDLE, "{:?}", stalled.gaps);
+    assert!(stalled.gaps.max >= ms(250), "{:?}", stalled.gaps);
+    assert!(stalled.gaps.max < STALL, "{:?}", stalled.gaps);
     // The stalled stream was cancelled upstream when its continuation took over.
     for m in &mocks {
         m.wait_idle().await;
@@ -242,4 +242,31 @@ async fn a_client_that_leaves_during_a_resume_cancels_the_continuation_upstream(
     assert_eq!(stats.iter().map(|s| s.resets).sum::<u64>(), 1, "{stats:?}");
     let report = reports.one();
     assert_eq!(report.end_reason, EndReason::ClientDisconnect);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_stream_that_goes_on_first_wins_the_race_with_its_continuation() {
+    let (mocks, reports, svc) = stack(ResumeLayer::new()).await;
+    let (expected, _) = send(&svc, &mocks, &[]).await;
+    // Silent for 400 ms after 5 tokens (the stall limit is 250 ms at this pace); the
+    // continuation's first token would take 2 s.
+    let race = [
+        ("x-mock-script-0", "stall_after=5,stall_for=400ms"),
+        ("x-mock-script-1", "ttft=2s"),
+    ];
+    assert_eq!(send(&svc, &mocks, &race).await, (expected, true));
+    let report = reports.all().pop().unwrap();
+    assert_eq!(report.end_reason, EndReason::Completed);
+    let outcomes: Vec<_> = report
+        .resumes
+        .iter()
+        .map(|r| (r.reason, r.outcome))
+        .collect();
+    assert_eq!(outcomes, [(BreakReason::Stall, ResumeOutcome::Recovered)]);
+    assert!(report.total < ms(1_000), "{:?}", report.total);
+    // The continuation, dropped before its first token, was cancelled upstream.
+    for m in &mocks {
+        m.wait_idle().await;
+    }
+    assert_eq!(cancelled(&mocks), 1);
 }

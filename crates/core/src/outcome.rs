@@ -203,17 +203,22 @@ pub enum ResumeOutcome {
     /// The client went away while a continuation was on its way (the continuation is
     /// cancelled with it).
     Cancelled,
+    /// A stalled stream went on (a token, or its end) before its continuation's first token:
+    /// the continuation was dropped.
+    Recovered,
     /// No continuation was sent, for this reason.
     NotSent(&'static str),
 }
 
 impl ResumeOutcome {
-    /// A bounded label: `resumed`, `failed`, `cancelled`, or the reason none was sent.
+    /// A bounded label: `resumed`, `failed`, `cancelled`, `recovered`, or the reason none was
+    /// sent.
     pub fn as_str(self) -> &'static str {
         match self {
             ResumeOutcome::Resumed => "resumed",
             ResumeOutcome::Failed => "failed",
             ResumeOutcome::Cancelled => "cancelled",
+            ResumeOutcome::Recovered => "recovered",
             ResumeOutcome::NotSent(why) => why,
         }
     }

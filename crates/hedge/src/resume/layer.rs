@@ -96,8 +96,9 @@ const MAX_RESUMES: u8 = 2;
 /// **Metrics.** `tailguard_resumes_total{reason, outcome}`: each break after a first token
 /// (`reason`: `transport`, `truncated`, `error_event`, `done_without_finish`, `stall`) and
 /// what came of it (`resumed`; `failed`: the continuation got no stream; `cancelled`: the
-/// client left while it was on its way; or why none was sent: `budget`, `max_resumes`,
-/// `tool_call`, a [`NotResumable`](crate::NotResumable) label);
+/// client left while it was on its way; `recovered`: a stalled stream went on first; or why
+/// none was sent: `budget`, `max_resumes`, `tool_call`, a
+/// [`NotResumable`](crate::NotResumable) label);
 /// the budget's `tailguard_hedge_budget_withdrawn_total{budget="resume"}` and
 /// `..._exhausted_total`. A `tracing` info event marks each resume.
 #[derive(Clone)]
@@ -151,13 +152,16 @@ impl ResumeLayer {
         self.settings.into_layer()
     }
 
-    /// Resumes a stream that stalls: no token for `limit` after the client's last one
-    /// (keepalives, pings and other events that carry no token do not count), or, for a
-    /// continuation, after its response head. The stalled stream is kept while the
-    /// continuation is on its way and goes on if the continuation fails or none may be sent:
-    /// a stall is the idle timeout's to end, this only gets there first. Set it below the idle
-    /// timeout, which goes on counting through the pause (the gateway sets half of it). Off by
-    /// default.
+    /// Resumes a stream that stalls: no token for its stall limit (keepalives, pings and other
+    /// events that carry no token do not count), which follows the stream's own pace: ten
+    /// times its mean gap between tokens, at least 250 ms, at most `limit` (`limit` until the
+    /// stream has shown five tokens; for a continuation, counted from its response). The
+    /// stalled stream is kept and races the continuation: a token from it before the
+    /// continuation's first (the hedge below answers a continuation at its first token), and
+    /// the continuation is dropped (outcome `recovered`); and it goes on if the continuation
+    /// fails or none may be sent. A stall is the idle timeout's to end, this only gets there
+    /// first: set `limit` below the idle timeout, which goes on counting through the pause (the
+    /// gateway sets half of it). Off by default.
     pub fn with_stall_after(mut self, limit: Duration) -> Self {
         self.settings.stall_after = Some(limit);
         self.settings.into_layer()

@@ -12,6 +12,7 @@ mod body;
 mod layer;
 mod plan;
 mod read;
+mod stall;
 
 pub use body::ResumeBody;
 pub use layer::{ResponseFuture as ResumeFuture, Resume, ResumeLayer};

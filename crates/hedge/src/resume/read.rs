@@ -264,6 +264,12 @@ impl Reader {
         (out.freeze(), verdict)
     }
 
+    /// Whether a terminal event came before any finish reason and is held back (the stream
+    /// was interrupted, whatever ends its body next).
+    pub(crate) fn holding(&self) -> bool {
+        self.holding
+    }
+
     /// What was read and not forwarded: the events held back behind an early terminal event
     /// (`data: [DONE]` or `message_stop` before a finish reason) and whatever followed them;
     /// an error event and the rest of its frame; after a [`ScanError`], everything not

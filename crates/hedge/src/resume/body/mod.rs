@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
 use http::Response;
@@ -14,11 +14,15 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tailguard_core::attempt::Attempt;
 use tailguard_core::{BoxError, EndReport, ResumeOutcome, Resumption, Upstream};
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::Instant;
 
 use super::layer::{Shared, attempts_of};
 use super::plan::Plan;
 use super::read::{Break, Reader};
+use super::stall::Stall;
+
+// A stalled stream and its continuation racing: `Reading::stalled` and `Reading::race`.
+mod race;
 
 /// A continuation request on its way: its response.
 pub(crate) type Sending<RB> = Pin<Box<dyn Future<Output = Result<Response<RB>, BoxError>> + Send>>;
@@ -104,11 +108,8 @@ struct Reading<RB: Body> {
     phase: Phase<RB>,
     /// Bytes to hand on before anything else.
     out: VecDeque<Bytes>,
-    /// When the client last got a token (the stall limit counts from it).
-    last_token: Instant,
-    /// Fires at the stall limit (re-armed lazily from `last_token`); `None` until the client
-    /// has a token of the current stream, or with no stall limit.
-    stall: Option<Pin<Box<Sleep>>>,
+    /// Whether the stream has stalled.
+    stall: Stall,
 }
 
 enum Phase<RB: Body> {
@@ -116,7 +117,9 @@ enum Phase<RB: Body> {
     Live(Pin<Box<RB>>),
     /// Past what the reader can read (an event over its cap): passed on as it is.
     Raw(Pin<Box<RB>>),
-    /// A continuation on its way, for `brk`; `fallback`: what happens if it fails.
+    /// A continuation on its way, for `brk`; `fallback`: what happens if it fails. A stalled
+    /// stream (`Fallback::Live`) races it: its next token first, and the continuation (which
+    /// the hedge below answers only at its first token) is dropped.
     Resuming {
         sending: Sending<RB>,
         brk: Break,
@@ -150,6 +153,7 @@ impl<RB: Body> ResumeBody<RB> {
 
     pub(crate) fn reading(body: RB, ctx: Ctx<RB>) -> Self {
         let reader = Reader::first(ctx.plan.api());
+        let stall = Stall::new(ctx.shared.stall_after);
         ResumeBody {
             inner: Inner::Reading {
                 reading: Box::new(Reading {
@@ -157,8 +161,7 @@ impl<RB: Body> ResumeBody<RB> {
                     reader,
                     phase: Phase::Live(Box::pin(body)),
                     out: VecDeque::new(),
-                    last_token: Instant::now(),
-                    stall: None,
+                    stall,
                 }),
             },
         }
@@ -240,21 +243,21 @@ where
             match &mut self.phase {
                 Phase::Live(body) => match body.as_mut().poll_frame(cx) {
                     Poll::Ready(next) => {
-                        let before = self.reader.sent().output_tokens;
                         let frame = self.read(next);
-                        self.progressed(before);
+                        self.stall.tokens(self.reader.sent().output_tokens);
                         if let Some(frame) = frame {
                             return Poll::Ready(Some(Ok(frame)));
                         }
                     }
-                    Poll::Pending if self.stalled(cx) => {}
+                    Poll::Pending if self.stall.poll(cx) => self.stalled(),
                     Poll::Pending => return Poll::Pending,
                 },
                 Phase::Raw(body) => return body.as_mut().poll_frame(cx),
-                Phase::Resuming { sending, .. } => {
-                    let res = ready!(sending.as_mut().poll(cx));
-                    self.continued(res);
-                }
+                Phase::Resuming { sending, .. } => match sending.as_mut().poll(cx) {
+                    Poll::Ready(res) => self.continued(res),
+                    Poll::Pending if self.race(cx) => {}
+                    Poll::Pending => return Poll::Pending,
+                },
                 Phase::Ending(_) => {
                     let Phase::Ending(end) = std::mem::replace(&mut self.phase, Phase::Done) else {
                         continue;
@@ -293,7 +296,14 @@ where
                 Err(frame) => Some(frame),
             },
             Some(Err(e)) => {
-                self.broke(Break::Transport, Some(End::Error(e)));
+                // A connection closed after an early terminal event (an interruption's bare
+                // `[DONE]`) is the interruption's break, not a transport one.
+                let brk = if self.reader.holding() {
+                    Break::DoneWithoutFinish
+                } else {
+                    Break::Transport
+                };
+                self.broke(brk, Some(End::Error(e)));
                 None
             }
             None => {
@@ -312,61 +322,6 @@ where
     /// and the rest, pass on as they are; not resumable any more.
     fn raw(&mut self) {
         self.give_up(None);
-    }
-
-    /// The client got a token since `before` tokens: the stall limit counts from now, and its
-    /// timer is armed if it was not.
-    fn progressed(&mut self, before: u64) {
-        if self.reader.sent().output_tokens == before {
-            return;
-        }
-        self.last_token = Instant::now();
-        if let (None, Some(limit), Phase::Live(_)) =
-            (&self.stall, self.ctx.shared.stall_after, &self.phase)
-        {
-            self.stall = Some(Box::pin(sleep_until(self.last_token + limit)));
-        }
-    }
-
-    /// Whether the live stream stalled (no token for the stall limit) and a continuation went
-    /// out for it; the stalled stream is kept, to go on with if the continuation fails. A
-    /// stall no continuation answers is the idle timeout's to end: the stream goes on.
-    fn stalled(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(limit) = self.ctx.shared.stall_after else {
-            return false;
-        };
-        loop {
-            let Some(timer) = self.stall.as_mut() else {
-                return false;
-            };
-            if timer.as_mut().poll(cx).is_pending() {
-                return false;
-            }
-            let due = self.last_token + limit;
-            if due <= Instant::now() {
-                break;
-            }
-            timer.as_mut().reset(due);
-        }
-        self.stall = None;
-        let Phase::Live(body) = std::mem::replace(&mut self.phase, Phase::Done) else {
-            return false;
-        };
-        match self.resume(Break::Stall) {
-            Ok(sending) => {
-                self.phase = Phase::Resuming {
-                    sending,
-                    brk: Break::Stall,
-                    fallback: Fallback::Live(body),
-                };
-                true
-            }
-            Err(why) => {
-                self.outcome(Break::Stall, ResumeOutcome::NotSent(why), None);
-                self.phase = Phase::Live(body);
-                false
-            }
-        }
     }
 
     /// The current stream broke (`brk`): a continuation goes out if the request may take
@@ -431,13 +386,8 @@ where
                     .saturating_add(attempts_of(res.extensions()));
                 self.reader = Reader::continuing(self.ctx.plan.api(), self.reader.sent().clone());
                 self.phase = Phase::Live(Box::pin(res.into_body()));
-                // The continuation has the stall limit for its first token.
-                self.last_token = Instant::now();
-                self.stall = self
-                    .ctx
-                    .shared
-                    .stall_after
-                    .map(|limit| Box::pin(sleep_until(self.last_token + limit)));
+                // The continuation has the stall limit for its next token.
+                self.stall.restart();
             }
             _ => {
                 self.outcome(brk, ResumeOutcome::Failed, None);
