@@ -11,6 +11,7 @@
 //! when the run started ([`crate::run`]); a run above [`LOAD_BOUND`] is marked, and a JSON
 //! written before benches recorded their load says "load not recorded".
 
+mod budgets;
 mod render;
 mod resume;
 mod summary;
@@ -83,6 +84,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
     let adaptive = json("adaptive_limit.json")?;
     let tail = json("tail_latency.json")?;
     let resume = json("resume_broken.json")?;
+    let budgets = json("tenant_budgets.json")?;
     let b = Doc::Benches;
     let table = |name, body| Table { doc: b, name, body };
     Ok(vec![
@@ -95,6 +97,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
         table("gateway_nginx", render::gateway_nginx(&nginx, b)?),
         table("adaptive_limit", render::adaptive_limit(&adaptive, b)?),
         table("resume_broken", resume::resume_broken(&resume, b)?),
+        table("tenant_budgets", budgets::tenant_budgets(&budgets, b)?),
         Table {
             doc: Doc::Root,
             name: "summary",
@@ -121,6 +124,16 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
 /// A field the table shows is missing.
 pub fn resume_broken_table(json: &Value) -> Result<String, Error> {
     resume::resume_broken(json, Doc::Benches)
+}
+
+/// The `tenant_budgets` table from that bench's JSON, as `benches/README.md` shows it (the
+/// bench prints it too).
+///
+/// # Errors
+///
+/// A field the table shows is missing.
+pub fn tenant_budgets_table(json: &Value) -> Result<String, Error> {
+    budgets::tenant_budgets(json, Doc::Benches)
 }
 
 fn markers(name: &str) -> (String, String) {

@@ -240,7 +240,7 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         // Who each request is for, then its tenant's token budget: a request refused for its
         // budget takes no admission slot.
         .layer(config.tenant.identity())
-        .layer(config.tenant.budgets())
+        .layer(config.cluster.budgets(config.tenant.budgets()))
         .layer(shared.admission)
         .layer(timeout)
         .layer(resume)

@@ -362,6 +362,72 @@ async fn the_hedge_ratio_across_three_gateways_stays_within_the_shared_budget() 
     assert!(extras > 0, "no hedge at all under a 50%-slow upstream");
 }
 
+/// Two gateways share one tenant's token budget (issue 34): 30 output tokens a minute, 10
+/// reserved per request (the default `max_tokens`; the mock's answers are 10 tokens, counted as
+/// they pass). Three answers through the first gateway use it up, and the second refuses the
+/// tenant's next request with 429 and a `Retry-After`, as the first does; another tenant still
+/// passes, and so does the same tenant at a gateway with another cluster name (its own budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_one_tenant_s_token_budget() {
+    let test = "two_gateways_share_one_tenant_s_token_budget";
+    let Some((redis, bin)) = setup(test) else {
+        return;
+    };
+    let replica = mock(SHORT).await;
+    let name = unique("tokens");
+    let f = with(
+        flags(&redis, &name, 64, &[&replica]),
+        &[
+            "--tenant-output-tokens-per-minute",
+            "30",
+            "--tenant-default-max-tokens",
+            "10",
+        ],
+    );
+    let apart = set(f.clone(), "--cluster-name", &unique("tokens-apart"));
+    let [first, second, apart]: [GatewayProc; 3] = start_all(&bin, &[f.clone(), f, apart])
+        .await
+        .try_into()
+        .unwrap_or_else(|_| unreachable!());
+    let client = Client::default();
+    for _ in 0..3 {
+        let used = client.send_as(first.addr, SHORT, Some("acme")).await;
+        assert!(
+            used.status == StatusCode::OK && used.done,
+            "within the budget: {used:?}\n{}",
+            first.output()
+        );
+    }
+    for g in [&second, &first] {
+        let refused = client.send_as(g.addr, SHORT, Some("acme")).await;
+        assert_eq!(
+            (refused.status, refused.code.as_str(), refused.retry_after),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                tailguard::tenant::CODE_EXCEEDED,
+                true
+            ),
+            "the budget used up through the first gateway, at {}:\n{}",
+            g.addr,
+            g.output()
+        );
+    }
+    for (g, tenant) in [(&second, "globex"), (&apart, "acme")] {
+        let passed = client.send_as(g.addr, SHORT, Some(tenant)).await;
+        assert_eq!(passed.status, StatusCode::OK, "{tenant} at {}", g.addr);
+    }
+    // The shared bucket, where the gateway keeps it (`tailguard:NAME:{TENANT}:tb`): less than
+    // one request's 10 tokens, whatever refilled meanwhile (one every 2 s).
+    let store = tailguard_redis::RedisTokenStore::new(
+        tailguard_redis::Redis::new(&redis, std::time::Duration::from_secs(5)).expect("url"),
+        &format!("tailguard:{name}"),
+    );
+    let limit = tailguard::tenant::Limit::per_minute(tailguard::tenant::Kind::Output, 30);
+    let left = store.available("acme", &limit).await.expect("redis");
+    assert!(left < 10, "{left} tokens left in the shared bucket");
+    assert_eq!(replica.stats().requests, 5, "the refused never reached it");
+}
+
 /// Starts one gateway per flag set.
 async fn start_all(bin: &PathBuf, flags: &[Vec<String>]) -> Vec<GatewayProc> {
     let mut out = Vec::new();

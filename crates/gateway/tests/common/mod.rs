@@ -249,11 +249,25 @@ impl Client {
     /// Sends a streamed chat completion with the mock script `script` to `addr` and returns
     /// the response head, its body still streaming (drop it to cancel).
     pub async fn open(&self, addr: SocketAddr, script: &str) -> http::Response<Incoming> {
+        self.open_as(addr, script, None).await
+    }
+
+    /// [`open`](Self::open), for `tenant` (the `x-tenant` header) when given.
+    pub async fn open_as(
+        &self,
+        addr: SocketAddr,
+        script: &str,
+        tenant: Option<&str>,
+    ) -> http::Response<Incoming> {
         let body =
             r#"{"model":"mock-llm","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-        let req = Request::post(format!("http://{addr}/v1/chat/completions"))
+        let mut req = Request::post(format!("http://{addr}/v1/chat/completions"))
             .header("content-type", "application/json")
-            .header(tailguard_mock::SCRIPT_HEADER, script)
+            .header(tailguard_mock::SCRIPT_HEADER, script);
+        if let Some(t) = tenant {
+            req = req.header("x-tenant", t);
+        }
+        let req = req
             .body(Full::new(Bytes::from_static(body.as_bytes())))
             .expect("request");
         let res = tokio::time::timeout(HANG, self.0.request(req));
@@ -264,7 +278,12 @@ impl Client {
 
     /// [`open`](Self::open), then reads the body to its end.
     pub async fn send(&self, addr: SocketAddr, script: &str) -> Answer {
-        let res = self.open(addr, script).await;
+        self.send_as(addr, script, None).await
+    }
+
+    /// [`send`](Self::send), for `tenant` (the `x-tenant` header) when given.
+    pub async fn send_as(&self, addr: SocketAddr, script: &str, tenant: Option<&str>) -> Answer {
+        let res = self.open_as(addr, script, tenant).await;
         let status = res.status();
         let retry_after = res.headers().contains_key(http::header::RETRY_AFTER);
         let body = tokio::time::timeout(HANG, res.into_body().collect())
