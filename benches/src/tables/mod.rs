@@ -85,6 +85,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
     let tail = json("tail_latency.json")?;
     let resume = json("resume_broken.json")?;
     let budgets = json("tenant_budgets.json")?;
+    let fairness = json("tenant_fairness.json")?;
     let b = Doc::Benches;
     let table = |name, body| Table { doc: b, name, body };
     Ok(vec![
@@ -109,6 +110,9 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
                     cluster: &cluster,
                     nginx: &nginx,
                     adaptive: &adaptive,
+                    resume: &resume,
+                    fairness: &fairness,
+                    budgets: &budgets,
                 },
                 Doc::Root,
             )?,

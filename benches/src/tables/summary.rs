@@ -16,6 +16,9 @@ pub(super) struct Runs<'a> {
     pub(super) cluster: &'a Value,
     pub(super) nginx: &'a Value,
     pub(super) adaptive: &'a Value,
+    pub(super) resume: &'a Value,
+    pub(super) fairness: &'a Value,
+    pub(super) budgets: &'a Value,
 }
 
 /// A strategy of a `tail_latency` scenario.
@@ -249,6 +252,69 @@ pub(super) fn summary(r: &Runs<'_>, doc: Doc) -> Result<String, Error> {
             met(verdicts.iter().all(|v| v.goodput_ratio >= 0.95))
         ),
         &ad_run,
+    )?;
+
+    // Issue 33: mid-stream resume, one stream in ten broken.
+    let rb = r.resume;
+    let runs = rb["runs"].as_array().ok_or("resume_broken.json: no runs")?;
+    let on = runs
+        .iter()
+        .find(|x| x["name"] == "broken, resume on")
+        .ok_or("resume_broken.json: no resume-on run")?;
+    let targets = &rb["targets"];
+    let all_met = [
+        "resume_on_every_request_completed",
+        "resume_on_every_completed_text_identical",
+        "resume_on_p99_total_within_1_3x_unbroken",
+    ]
+    .iter()
+    .all(|k| targets[k].as_bool() == Some(true));
+    row(
+        "mid-stream resume, one stream in ten broken (`--bin resume_broken`): with resume on, completed; identical text; p99 total vs the unbroken run",
+        format!(
+            "{:.1}%; {:.1}%; {}",
+            num(on, &["completed_pct"])?,
+            num(on, &["identical_pct_of_completed"])?,
+            x(num(rb, &["p99_total_resume_on_over_unbroken"])?)
+        ),
+        format!("100%, 100%, ≤ 1.3x: {}", met(all_met)),
+        &run(rb, "resume_broken.json"),
+    )?;
+
+    // Issue 34: fair queueing across tenants, token budgets across gateways.
+    let f = r.fairness;
+    let phases = f["phases"]
+        .as_array()
+        .ok_or("tenant_fairness.json: no phases")?;
+    let vs_alone = |fair: bool| -> Result<f64, Error> {
+        let p = phases
+            .iter()
+            .find(|p| p["b"].is_object() && p["fair_queueing"].as_bool() == Some(fair))
+            .ok_or("tenant_fairness.json: no flood phase")?;
+        num(p, &["a_p99_vs_alone"])
+    };
+    row(
+        "tenants (`--bin tenant_fairness`): a tenant's p99 TTFT while another floods at 5x its share, vs alone; with fair queueing, without",
+        format!("**{}**; {}", x(vs_alone(true)?), x(vs_alone(false)?)),
+        format!("≤ 1.2x: {}", met(f["met"].as_bool() == Some(true))),
+        &run(f, "tenant_fairness.json"),
+    )?;
+    let b = r.budgets;
+    let shared = b["phases"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "shared (Redis)"))
+        .ok_or("tenant_budgets.json: no shared phase")?;
+    let over = num(shared, &["max_overshoot_any_time"])?;
+    let reservation = num(b, &["reservation_tokens"])?;
+    let lost = num(shared, &["reconciles_lost"])?;
+    row(
+        "token budgets, three gateways on one Redis (`--bin tenant_budgets`): tokens admitted beyond the budget at worst (one reservation); reconciliations lost",
+        format!("{over:.0} ({reservation:.0}); {lost:.0}"),
+        format!(
+            "≤ one reservation, none lost: {}",
+            met(over <= reservation && lost == 0.0)
+        ),
+        &run(b, "tenant_budgets.json"),
     )?;
     Ok(t.trim_end().to_owned())
 }

@@ -72,14 +72,17 @@ impl Reserve {
             let need = spec.units(limit.kind().of(self.want));
             call.arg(&spec.args()[..]).arg(need.to_string());
         }
-        let mut give_back = GiveBack(Some(Settle::new(
-            &inner,
-            &self.tenant,
-            &self.limits,
-            self.ticket,
-            self.want,
-            Tokens::ZERO,
-        )));
+        let mut give_back = GiveBack(Some(
+            Settle::new(
+                &inner,
+                &self.tenant,
+                &self.limits,
+                self.ticket,
+                self.want,
+                Tokens::ZERO,
+            )
+            .give_back(),
+        ));
         let mut conn = inner.redis.conn();
         let answer = tokio::time::timeout(inner.timeout, call.invoke_async(&mut conn)).await;
         let levels: Vec<String> = match answer {
@@ -162,6 +165,9 @@ pub(super) struct Settle {
     limits: Vec<(Limit, Spec, u64)>,
     keys: [String; 2],
     args: Vec<String>,
+    /// `settle`, or `give_back`: a reservation whose answer never came (it may not have
+    /// been taken), given back; the label of a lost one.
+    what: &'static str,
 }
 
 impl Settle {
@@ -193,7 +199,14 @@ impl Settle {
                 inner.reservation(tenant.id(), ticket),
             ],
             args,
+            what: "settle",
         }
+    }
+
+    /// A give-back of a reservation whose answer never came.
+    fn give_back(mut self) -> Self {
+        self.what = "give_back";
+        self
     }
 
     /// One attempt, bounded by the timeout: whether it applied.
@@ -228,7 +241,7 @@ impl Settle {
     /// expire.
     pub(super) fn spawn(self) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            lost(&self.inner, &"no tokio runtime to send it on");
+            lost(&self.inner, self.what, &"no tokio runtime to send it on");
             return;
         };
         rt.spawn(async move {
@@ -249,18 +262,19 @@ impl Settle {
                 }
             }
             if let Some(e) = last {
-                lost(&inner, &e);
+                lost(&inner, self.what, &e);
             }
         });
     }
 }
 
-/// A reconciliation given up: its reservation expires as used.
-fn lost(inner: &Inner, e: &dyn std::fmt::Display) {
+/// A reconciliation given up (`what`: a settle, or a give-back of a reservation that may not
+/// have been taken, as while Redis is down): its reservation, if any, expires as used.
+fn lost(inner: &Inner, what: &'static str, e: &dyn std::fmt::Display) {
     tracing::debug!(
         prefix = %inner.prefix,
         "tailguard-redis: a token budget reconciliation was not sent ({e}); \
          its reservation expires as used"
     );
-    metrics::counter!("tailguard_tenant_reconciles_lost_total").increment(1);
+    metrics::counter!("tailguard_tenant_reconciles_lost_total", "what" => what).increment(1);
 }

@@ -69,9 +69,10 @@ const LOCAL: u64 = 1 << 63;
 /// the timeout. A reconciliation that finds no record (already applied by an attempt whose
 /// answer was lost, or expired) does nothing, so retries never apply twice. One that every
 /// attempt fails to send is left to expire as used, and counted in
-/// `tailguard_tenant_reconciles_lost_total`. A reservation whose answer timed out, or whose
-/// [`Reply::Later`] was dropped while Redis decided, is given back the same way (it may
-/// have been taken).
+/// `tailguard_tenant_reconciles_lost_total{what="settle"}`. A reservation whose answer timed
+/// out, or whose [`Reply::Later`] was dropped while Redis decided, is given back the same way
+/// (it may have been taken); a give-back that cannot be sent counts as `what="give_back"`
+/// (while Redis is down, every reservation that timed out: most were never taken).
 ///
 /// **Failure.** Every call is bounded by [`with_timeout`](Self::with_timeout) (50 ms by
 /// default). When a reservation fails or times out the store does as admission's cluster mode:
