@@ -15,6 +15,14 @@ pin_project! {
     /// The inner service's body untouched, or the answer a layer made itself (the JSON error;
     /// none for a gRPC trailers-only answer). The response body of
     /// [`BadGateway`](crate::BadGateway) and [`RequestFactsService`](crate::RequestFactsService).
+    ///
+    /// The inner body's frames, `is_end_stream` and `size_hint` are forwarded untouched. An
+    /// answer is one data frame: `is_end_stream` is true once it was read (at once for an empty
+    /// answer), and its `size_hint` is exact (its remaining bytes until read, then 0).
+    ///
+    /// A layer whose body keeps per-request state (a reservation to settle, a permit to hold, a
+    /// race to replay) holds one of these, pinned, beside that state, so that the local answer's
+    /// frame logic exists once, here.
     pub struct AnswerBody<B: Body> {
         #[pin]
         kind: Kind<B>,

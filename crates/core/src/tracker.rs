@@ -10,13 +10,86 @@ use crate::classify::{Class, Dialect, Framing, Wire, anthropic_event, responses_
 use crate::error::ScanError;
 use crate::scan::{Captured, Event, Framer, Grpc, Limits, Ndjson, Scanner, Sse};
 
-/// Token usage reported by the stream itself (`include_usage` chunks, Anthropic `usage`).
+/// Token usage reported by the stream itself (`include_usage` chunks, Anthropic `usage`), or by
+/// a whole answer ([`Usage::from_json`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Prompt (input) tokens.
     pub prompt_tokens: Option<u64>,
     /// Completion (output) tokens.
     pub completion_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// The usage a whole JSON document reports: the answer of a request that did not stream
+    /// (an OpenAI chat completion, an Anthropic message, an OpenAI Responses API response).
+    ///
+    /// Read as [`StreamTracker::with_usage`] reads each event of a stream, by the same code:
+    /// the top-level `usage` object's `prompt_tokens` and `completion_tokens` (OpenAI chat and
+    /// completions) or `input_tokens` and `output_tokens` (Anthropic's message, the Responses
+    /// API's response); for an Anthropic `message_start` event, the input tokens of
+    /// `message.usage`. `None` when `bytes` is not JSON, has no `usage` object, or that object
+    /// holds none of these counts; a count that is missing (or not an unsigned integer) is
+    /// `None` in the result.
+    ///
+    /// ```
+    /// use tailguard_core::Usage;
+    ///
+    /// let completion = br#"{"id":"chatcmpl-1","object":"chat.completion","choices":[],
+    ///     "usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}"#;
+    /// let usage = Usage::from_json(completion).unwrap();
+    /// assert_eq!((usage.prompt_tokens, usage.completion_tokens), (Some(9), Some(12)));
+    /// assert_eq!(Usage::from_json(br#"{"choices":[]}"#), None);
+    /// ```
+    pub fn from_json(bytes: &[u8]) -> Option<Usage> {
+        let mut usage = Usage::default();
+        usage.update_from_json(bytes).then_some(usage)
+    }
+
+    /// Overwrites the counts that `bytes`, one JSON value, reports (see
+    /// [`from_json`](Self::from_json)); whether it reported any. Values whose bytes hold no
+    /// `"usage"` member with an object are not parsed.
+    fn update_from_json(&mut self, bytes: &[u8]) -> bool {
+        if !may_carry_usage(bytes) {
+            return false;
+        }
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+            return false;
+        };
+        let field = |v: Option<&serde_json::Value>, key: &str| {
+            v.and_then(|u| u.get(key)).and_then(|n| n.as_u64())
+        };
+        let mut seen = false;
+        let mut set = |slot: &mut Option<u64>, n: Option<u64>| {
+            if let Some(n) = n {
+                *slot = Some(n);
+                seen = true;
+            }
+        };
+        let top = value.get("usage").filter(|u| u.is_object());
+        // OpenAI: `usage.prompt_tokens` / `usage.completion_tokens`.
+        set(&mut self.prompt_tokens, field(top, "prompt_tokens"));
+        set(&mut self.completion_tokens, field(top, "completion_tokens"));
+        let typ = value.get("type").and_then(|t| t.as_str());
+        // Anthropic: input tokens in `message_start.message.usage`, output tokens in
+        // `message_delta.usage` (the count in `message_start` is a placeholder). A whole
+        // Anthropic message (`"type":"message"`) and a Responses API response (no `type`) have
+        // both at the top.
+        // A streamed Responses API answer reports it in its terminal event's response
+        // (`response.completed`, `.incomplete`, `.failed`: `response.usage`).
+        if typ == Some("message_start") {
+            let inner = value.get("message").and_then(|m| m.get("usage"));
+            set(&mut self.prompt_tokens, field(inner, "input_tokens"));
+        } else if typ.is_some_and(|t| t.starts_with("response.")) {
+            let inner = value.get("response").and_then(|r| r.get("usage"));
+            set(&mut self.prompt_tokens, field(inner, "input_tokens"));
+            set(&mut self.completion_tokens, field(inner, "output_tokens"));
+        } else {
+            set(&mut self.prompt_tokens, field(top, "input_tokens"));
+            set(&mut self.completion_tokens, field(top, "output_tokens"));
+        }
+        seen
+    }
 }
 
 /// What one frame (or the end of the body) contained.
@@ -388,48 +461,10 @@ impl State {
 }
 
 impl UsageState {
-    /// Extracts usage from a whole event whose data has a `"usage"` member holding an object.
+    /// Extracts usage from a whole event (see [`Usage::from_json`]).
     fn scan(&mut self, data: &Captured<'_>) {
-        if data.is_complete() && may_carry_usage(data.bytes) {
-            self.parse(data.bytes);
-        }
-    }
-
-    fn parse(&mut self, bytes: &[u8]) {
-        let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
-            return;
-        };
-        let field = |v: Option<&serde_json::Value>, key: &str| {
-            v.and_then(|u| u.get(key)).and_then(|n| n.as_u64())
-        };
-        let top = value.get("usage").filter(|u| u.is_object());
-        // OpenAI: `usage.prompt_tokens` / `usage.completion_tokens`.
-        if let Some(n) = field(top, "prompt_tokens") {
-            self.usage.prompt_tokens = Some(n);
+        if data.is_complete() && self.usage.update_from_json(data.bytes) {
             self.seen = true;
-        }
-        if let Some(n) = field(top, "completion_tokens") {
-            self.usage.completion_tokens = Some(n);
-            self.seen = true;
-        }
-        let typ = value.get("type").and_then(|t| t.as_str());
-        // Anthropic: input tokens in `message_start.message.usage`, output tokens in
-        // `message_delta.usage` (the count in `message_start` is a placeholder).
-        if typ == Some("message_start") {
-            let inner = value.get("message").and_then(|m| m.get("usage"));
-            if let Some(n) = field(inner, "input_tokens") {
-                self.usage.prompt_tokens = Some(n);
-                self.seen = true;
-            }
-        } else {
-            if let Some(n) = field(top, "input_tokens") {
-                self.usage.prompt_tokens = Some(n);
-                self.seen = true;
-            }
-            if let Some(n) = field(top, "output_tokens") {
-                self.usage.completion_tokens = Some(n);
-                self.seen = true;
-            }
         }
     }
 }
@@ -762,12 +797,89 @@ mod tests {
         );
         t.observe(&b("event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n"));
         assert_eq!(t.usage().unwrap().completion_tokens, Some(15));
+        // The Responses API: in the terminal event's response.
+        let mut t = StreamTracker::new(&Dialect::Auto, &sse).with_usage(true);
+        t.observe(&b("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":9,\"output_tokens\":21,\"total_tokens\":30}}}\n\n"));
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: Some(9),
+                completion_tokens: Some(21)
+            })
+        );
         // Off by default.
         let mut t = StreamTracker::new(&Dialect::Auto, &sse);
         t.observe(&b(
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5}}\n\n",
         ));
         assert_eq!(t.usage(), None);
+    }
+
+    #[test]
+    fn usage_from_whole_documents() {
+        let usage = |prompt, completion| {
+            Some(Usage {
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+            })
+        };
+        // An OpenAI chat completion (no `stream`), pretty-printed as the API sends it.
+        let chat = br#"{
+  "id": "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT",
+  "object": "chat.completion",
+  "created": 1741569952,
+  "model": "gpt-4.1-2025-04-14",
+  "choices": [
+    {
+      "index": 0,
+      "message": {"role": "assistant", "content": "Hello! How can I assist you today?", "refusal": null, "annotations": []},
+      "logprobs": null,
+      "finish_reason": "stop"
+    }
+  ],
+  "usage": {
+    "prompt_tokens": 19,
+    "completion_tokens": 10,
+    "total_tokens": 29,
+    "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+    "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
+  },
+  "service_tier": "default"
+}"#;
+        assert_eq!(Usage::from_json(chat), usage(Some(19), Some(10)));
+        let captured = tailguard_test_support::fixture("llamacpp-chat-nostream.json");
+        assert_eq!(Usage::from_json(captured), usage(Some(33), Some(8)));
+        // An Anthropic message (`/v1/messages` without `stream`).
+        let message = br#"{"id":"msg_013Zva2CMHLNnXjNJJKqJ2EF","type":"message","role":"assistant","model":"claude-sonnet-4-20250514","content":[{"type":"text","text":"Hi! My name is Claude."}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":2095,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":503}}"#;
+        assert_eq!(Usage::from_json(message), usage(Some(2095), Some(503)));
+        // An OpenAI Responses API response (`/v1/responses` without `stream`).
+        let response = br#"{"id":"resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b","object":"response","created_at":1741476542,"status":"completed","error":null,"incomplete_details":null,"instructions":null,"max_output_tokens":null,"model":"gpt-4.1-2025-04-14","output":[{"type":"message","id":"msg_67ccd2bf17f0819081ff3bb2cf6508e60bb6a6b452d3795b","status":"completed","role":"assistant","content":[{"type":"output_text","text":"In a peaceful grove beneath a silver moon...","annotations":[]}]}],"parallel_tool_calls":true,"previous_response_id":null,"reasoning":{"effort":null,"summary":null},"store":true,"temperature":1.0,"text":{"format":{"type":"text"}},"tool_choice":"auto","tools":[],"top_p":1.0,"truncation":"disabled","usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":0},"output_tokens":87,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":123},"user":null,"metadata":{}}"#;
+        assert_eq!(Usage::from_json(response), usage(Some(36), Some(87)));
+        // One count only; an Anthropic `message_start` event's input tokens.
+        assert_eq!(
+            Usage::from_json(br#"{"usage":{"completion_tokens":3}}"#),
+            usage(None, Some(3))
+        );
+        assert_eq!(
+            Usage::from_json(
+                br#"{"type":"message_start","message":{"usage":{"input_tokens":7,"output_tokens":1}}}"#
+            ),
+            usage(Some(7), None)
+        );
+        // No usage: none at all, `null`, an empty object, counts that are not numbers.
+        for document in [
+            &br#"{"id":"chatcmpl-1","object":"chat.completion","choices":[]}"#[..],
+            br#"{"choices":[],"usage":null}"#,
+            br#"{"usage":{}}"#,
+            br#"{"usage":{"prompt_tokens":"9","completion_tokens":-1}}"#,
+            br#"[{"usage":{"prompt_tokens":9}}]"#,
+        ] {
+            assert_eq!(Usage::from_json(document), None);
+        }
+        // Not JSON: cut short, junk, nothing.
+        assert_eq!(Usage::from_json(&chat[..chat.len() - 2]), None);
+        assert_eq!(Usage::from_json(b"<html>\"usage\": {</html>"), None);
+        assert_eq!(Usage::from_json(b""), None);
     }
 
     #[test]

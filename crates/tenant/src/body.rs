@@ -4,9 +4,9 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tailguard_core::AnswerBody;
 
 use crate::reservation::Meter;
 
@@ -14,34 +14,22 @@ pin_project! {
     /// The response body of [`TokenBudget`](crate::TokenBudget).
     ///
     /// The inner body, metered while it streams when its request holds a reservation: every
-    /// frame is read (through the request's progress record) as it passes, and the
-    /// reservation is settled when the body ends — its last frame (`poll_frame` returns `None`,
-    /// or `is_end_stream` turns true after a frame), a body error, or the body dropped (the
-    /// client went away). A refusal is a body of this type too, carrying the JSON error.
+    /// frame is read (through the request's progress record) as it passes, or, for an answer
+    /// that is not a stream, copied (up to [`MAX_DOCUMENT_BYTES`](crate::MAX_DOCUMENT_BYTES)) to
+    /// read the document's usage at its end. The reservation is settled when the body ends —
+    /// its last frame (`poll_frame` returns `None`, or `is_end_stream` turns true after a
+    /// frame), a body error, or the body dropped (the client went away). A refusal is a body of
+    /// this type too, carrying the JSON error.
     /// Frames, `is_end_stream`, `size_hint` and trailers are forwarded untouched.
     pub struct BudgetBody<B>
     where
         B: Body,
     {
+        // The inner body, or the refusal.
         #[pin]
-        kind: Kind<B>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<B>
-    where
-        B: Body,
-    {
-        Stream {
-            #[pin]
-            body: B,
-            meter: Option<Meter>,
-        },
-        Local {
-            data: Option<B::Data>,
-        },
+        body: AnswerBody<B>,
+        // The inner body's reservation, until it is settled; never a refusal's.
+        meter: Option<Meter>,
     }
 }
 
@@ -49,35 +37,35 @@ impl<B: Body> BudgetBody<B> {
     /// `body`, untouched (no reservation, or one already settled).
     pub(crate) fn passed(body: B) -> Self {
         BudgetBody {
-            kind: Kind::Stream { body, meter: None },
+            body: AnswerBody::inner(body),
+            meter: None,
         }
     }
 
     /// `body`, settling `meter`'s reservation when it ends.
     pub(crate) fn metered(body: B, meter: Meter) -> Self {
         BudgetBody {
-            kind: Kind::Stream {
-                body,
-                meter: Some(meter),
-            },
+            body: AnswerBody::inner(body),
+            meter: Some(meter),
         }
     }
 
     /// A refusal's body.
     pub(crate) fn local(data: B::Data) -> Self {
         BudgetBody {
-            kind: Kind::Local { data: Some(data) },
+            body: AnswerBody::answer(Some(data)),
+            meter: None,
         }
     }
 
     /// Whether this body still holds an unsettled reservation.
     pub fn holds_reservation(&self) -> bool {
-        matches!(&self.kind, Kind::Stream { meter: Some(_), .. })
+        self.meter.is_some()
     }
 
     /// Whether this body is a refusal rendered by the layer (not the inner service's body).
     pub fn is_refusal(&self) -> bool {
-        matches!(self.kind, Kind::Local { .. })
+        self.body.is_answer()
     }
 }
 
@@ -89,49 +77,37 @@ impl<B: Body> Body for BudgetBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Stream { mut body, meter } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                let ended = match (&frame, meter.as_mut()) {
-                    (_, None) => false,
-                    (Some(Ok(f)), Some(m)) => {
-                        if let Some(data) = f.data_ref() {
-                            m.observe(data);
-                        } else if let Some(trailers) = f.trailers_ref() {
-                            m.observe_trailers(trailers);
-                        }
-                        body.is_end_stream()
-                    }
-                    (None, Some(_)) => true,
-                    // A body error: settled with what passed before it.
-                    (Some(Err(_)), Some(_)) => {
-                        drop(meter.take());
-                        false
-                    }
-                };
-                if let Some(m) = meter.take_if(|_| ended) {
-                    m.finish();
+        let mut this = self.project();
+        let frame = ready!(this.body.as_mut().poll_frame(cx));
+        let ended = match (&frame, this.meter.as_mut()) {
+            (_, None) => false,
+            (Some(Ok(f)), Some(m)) => {
+                if let Some(data) = f.data_ref() {
+                    m.observe(data);
+                } else if let Some(trailers) = f.trailers_ref() {
+                    m.observe_trailers(trailers);
                 }
-                Poll::Ready(frame)
+                this.body.is_end_stream()
             }
-            KindProj::Local { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            (None, Some(_)) => true,
+            // A body error: settled with what passed before it.
+            (Some(Err(_)), Some(_)) => {
+                drop(this.meter.take());
+                false
+            }
+        };
+        if let Some(m) = this.meter.take_if(|_| ended) {
+            m.finish();
         }
+        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Stream { body, .. } => body.is_end_stream(),
-            Kind::Local { data } => data.is_none(),
-        }
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Stream { body, .. } => body.size_hint(),
-            Kind::Local { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.remaining() as u64))
-            }
-        }
+        self.body.size_hint()
     }
 }
 

@@ -170,7 +170,7 @@ where
         .resolve_stream(headers)
         .map(|dialect| progress.reading(&dialect, headers));
     let empty = res.body().is_end_stream();
-    let meter = Meter::new(reservation, reading, empty);
+    let meter = Meter::new(reservation, reading, empty, res.body().size_hint().lower());
     if empty {
         meter.finish();
         return res.map(BudgetBody::passed);

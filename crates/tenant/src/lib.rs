@@ -134,9 +134,15 @@
 //!   output is one token per content chunk, right for servers that send a token a chunk and
 //!   short for ones that batch; ask for usage (`stream_options.include_usage`) for exact
 //!   accounting.
-//! * A `2xx` answer that is **not a stream** (a whole JSON document) is charged its reservation
-//!   in full: its usage is in a body this layer does not parse. One with no body at all is
-//!   charged its input.
+//! * A `2xx` answer that is **not a stream** (a whole JSON document: an OpenAI chat completion
+//!   or a Responses API response asked without `stream`, an Anthropic message) is kept as it
+//!   passes, up to [`MAX_DOCUMENT_BYTES`] (1 MiB; its frames go on untouched), and read when
+//!   its body ends cleanly: input is the prompt tokens its `usage` reports, else the reserved
+//!   estimate; output is the completion tokens it reports, else the reserved output (core's
+//!   [`Usage::from_json`](tailguard_core::Usage::from_json) reads it). A document over the
+//!   cap, a body error, or a client that drops the body before its end is charged its
+//!   reserved output (and its reported input is not known: the reserved estimate). One with
+//!   no body at all is charged its input.
 //! * An **error status** (or a trailers-only gRPC error), an error of the inner service, or the
 //!   response future dropped before the head (the client went away while the request waited)
 //!   charge **nothing**: the upstream produced no answer, so the whole reservation comes back.
@@ -193,5 +199,6 @@ pub use layer::{DEFAULT_BYTES_PER_TOKEN, DEFAULT_MAX_TOKENS, TokenBudgetLayer};
 pub use limit::{Kind, Limit, Tokens, Window};
 pub use local::LocalStore;
 pub use refusal::{CODE_EXCEEDED, CODE_TOO_LARGE};
+pub use reservation::MAX_DOCUMENT_BYTES;
 pub use service::TokenBudget;
 pub use store::{Decision, Reply, Shortfall, Store, Ticket};

@@ -258,18 +258,17 @@ async fn error_answers_inner_errors_and_early_drops_charge_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_answer_that_is_not_a_stream_is_charged_its_reservation_and_an_empty_one_nothing() {
+async fn an_empty_answer_is_settled_at_the_head_and_charged_no_output() {
+    // Answers that are whole documents: `tests/document.rs`.
     let (svc, store) = budget(limits([per_minute()]));
-    let document = Plan::sse([data(r#"{"choices":[],"usage":{"completion_tokens":3}}"#)])
-        .with_status(StatusCode::OK, "application/json");
-    let res = svc.clone().oneshot(chat(40, document)).await.unwrap();
-    read_all(res.into_body()).await;
-    assert_eq!(store.available("acme", &per_minute()), 60);
-
     let empty = Plan::sse([]);
+    let res = svc.clone().oneshot(chat(40, empty)).await.unwrap();
+    assert!(!res.body().holds_reservation(), "settled at the head");
+    assert_eq!(store.available("acme", &per_minute()), 100);
+    let empty = Plan::json([]);
     let res = svc.oneshot(chat(40, empty)).await.unwrap();
     assert!(!res.body().holds_reservation(), "settled at the head");
-    assert_eq!(store.available("acme", &per_minute()), 60);
+    assert_eq!(store.available("acme", &per_minute()), 100);
 }
 
 #[tokio::test(start_paused = true)]

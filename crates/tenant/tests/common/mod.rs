@@ -23,6 +23,8 @@ pub struct Plan {
     pub fail: bool,
     /// More response headers.
     pub headers: Vec<(&'static str, &'static str)>,
+    /// The body's exact size hint (a `content-length`).
+    pub hint: Option<u64>,
 }
 
 impl Plan {
@@ -35,6 +37,7 @@ impl Plan {
             head_delay: None,
             fail: false,
             headers: Vec::new(),
+            hint: None,
         }
     }
 
@@ -47,6 +50,11 @@ impl Plan {
         self.status = status;
         self.content_type = content_type;
         self
+    }
+
+    /// A `200` JSON answer (not a stream) of `steps`.
+    pub fn json(steps: impl IntoIterator<Item = Step>) -> Plan {
+        Plan::sse(steps).with_status(StatusCode::OK, "application/json")
     }
 }
 
@@ -82,7 +90,11 @@ pub fn upstream()
         if plan.fail {
             return Err(io::Error::other("upstream down"));
         }
-        let mut res = Response::new(ScriptBody::new(plan.steps));
+        let mut body = ScriptBody::new(plan.steps);
+        if let Some(n) = plan.hint {
+            body = body.with_exact_hint(n);
+        }
+        let mut res = Response::new(body);
         *res.status_mut() = plan.status;
         res.headers_mut()
             .insert("content-type", plan.content_type.parse().unwrap());
