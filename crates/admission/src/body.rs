@@ -8,8 +8,8 @@ use bytes::{Buf, Bytes};
 use http::{HeaderMap, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tailguard_core::Dialect;
 use tailguard_core::progress::{Reading, StreamProgress};
+use tailguard_core::{AnswerBody, Dialect};
 
 use crate::fair::Served;
 use crate::gate::Permit;
@@ -26,25 +26,11 @@ pin_project! {
     where
         B: Body,
     {
+        // The inner body, or the refusal.
         #[pin]
-        kind: Kind<B>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<B>
-    where
-        B: Body,
-    {
-        Stream {
-            #[pin]
-            body: B,
-            hold: Option<Hold>,
-        },
-        Local {
-            data: Option<B::Data>,
-        },
+        body: AnswerBody<B>,
+        // The inner body's permit, until it ends; never a refusal's.
+        hold: Option<Hold>,
     }
 }
 
@@ -161,24 +147,26 @@ impl<B: Body> AdmissionBody<B> {
             progress: follow,
         });
         res.map(|body| AdmissionBody {
-            kind: Kind::Stream { body, hold },
+            body: AnswerBody::inner(body),
+            hold,
         })
     }
 
     pub(crate) fn local(data: B::Data) -> Self {
         AdmissionBody {
-            kind: Kind::Local { data: Some(data) },
+            body: AnswerBody::answer(Some(data)),
+            hold: None,
         }
     }
 
     /// Whether this body still holds admission capacity.
     pub fn holds_permit(&self) -> bool {
-        matches!(&self.kind, Kind::Stream { hold: Some(_), .. })
+        self.hold.is_some()
     }
 
     /// Whether this body is a refusal rendered by the gate (not the inner service's body).
     pub fn is_rejection(&self) -> bool {
-        matches!(self.kind, Kind::Local { .. })
+        self.body.is_answer()
     }
 }
 
@@ -190,40 +178,29 @@ impl<B: Body> Body for AdmissionBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Stream { mut body, hold } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                if let (Some(h), Some(Ok(f))) = (hold.as_mut(), &frame) {
-                    h.frame(f);
-                }
-                match &frame {
-                    // A body error.
-                    Some(Err(_)) => drop(hold.take()),
-                    // End of stream, or end after this frame.
-                    None => hold.take().map_or((), Hold::end),
-                    Some(Ok(_)) if body.is_end_stream() => hold.take().map_or((), Hold::end),
-                    Some(Ok(_)) => {}
-                }
-                Poll::Ready(frame)
-            }
-            KindProj::Local { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        let mut this = self.project();
+        let frame = ready!(this.body.as_mut().poll_frame(cx));
+        let hold = this.hold;
+        if let (Some(h), Some(Ok(f))) = (hold.as_mut(), &frame) {
+            h.frame(f);
         }
+        match &frame {
+            // A body error.
+            Some(Err(_)) => drop(hold.take()),
+            // End of stream, or end after this frame.
+            None => hold.take().map_or((), Hold::end),
+            Some(Ok(_)) if this.body.is_end_stream() => hold.take().map_or((), Hold::end),
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Stream { body, .. } => body.is_end_stream(),
-            Kind::Local { data } => data.is_none(),
-        }
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Stream { body, .. } => body.size_hint(),
-            Kind::Local { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.remaining() as u64))
-            }
-        }
+        self.body.size_hint()
     }
 }
 

@@ -148,6 +148,8 @@ struct Slot {
     /// Units held by its requests in flight.
     units: u64,
     metrics: Option<TenantMetrics>,
+    /// Shared counters: the tenant's cluster-wide service at the last exchange, if any.
+    seen: Option<f64>,
 }
 
 /// The virtual token counters of one gate's tenants. See the [module docs](self).
@@ -162,9 +164,77 @@ pub(crate) struct Tenants {
     floor: f64,
     /// Metric handles by label (bounded by whoever labels tenants).
     labels: HashMap<Arc<str>, TenantMetrics>,
+    /// Shared counters ([`crate::fair_share`]): the service charged here since the last
+    /// exchange, by tenant (`None` while the counters are not shared).
+    pending: Option<HashMap<TenantKey, f64>>,
 }
 
+/// A tenant's id in the shared counters (`None`: the anonymous tenant).
+pub(crate) type TenantKey = Option<Arc<str>>;
+
 impl Tenants {
+    /// Counters kept for sharing with other gates ([`crate::fair_share`]).
+    pub(crate) fn shared() -> Self {
+        Tenants {
+            pending: Some(HashMap::new()),
+            ..Tenants::default()
+        }
+    }
+
+    /// Adds `service` to tenant `i`'s counter, and to what the next exchange reports.
+    fn charge(&mut self, i: usize, service: f64) {
+        let s = self.slots[i].as_mut().expect("a live tenant slot");
+        s.counter += service;
+        if let Some(p) = &mut self.pending {
+            *p.entry(s.id.clone()).or_default() += service;
+        }
+    }
+
+    /// For an exchange of shared counters: takes the service charged since the last one, and
+    /// lists the tenants whose cluster-wide service is wanted (those the gate knows).
+    pub(crate) fn take_report(&mut self) -> (HashMap<TenantKey, f64>, Vec<TenantKey>) {
+        let pushed = self
+            .pending
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let wanted = self.slots.iter().flatten().map(|s| s.id.clone()).collect();
+        (pushed, wanted)
+    }
+
+    /// Applies an exchange's answer, `totals[k]` the cluster-wide service of `wanted[k]` after
+    /// `pushed` was added: a tenant's counter grows by the service other gates gave it since
+    /// the previous exchange. A tenant seen for the first time (or again after being
+    /// forgotten) only records its total: service before the gate knew it is not charged, as
+    /// a newcomer starts at the floor. `None`: the exchange failed; every tenant starts over.
+    pub(crate) fn apply_totals(
+        &mut self,
+        pushed: &HashMap<TenantKey, f64>,
+        answer: Option<(&[TenantKey], &[f64])>,
+    ) {
+        let Some((wanted, totals)) = answer else {
+            self.slots.iter_mut().flatten().for_each(|s| s.seen = None);
+            return;
+        };
+        for (key, &total) in wanted.iter().zip(totals) {
+            let found = match key {
+                Some(id) => self.named.get(id).copied(),
+                None => self.anonymous,
+            };
+            let Some(s) = found.and_then(|i| self.slots[i].as_mut()) else {
+                continue;
+            };
+            if let Some(before) = s.seen {
+                let mine = pushed.get(key).copied().unwrap_or(0.0);
+                let elsewhere = total - before - mine;
+                if elsewhere.is_finite() {
+                    s.counter += elsewhere;
+                }
+            }
+            s.seen = Some(total);
+        }
+    }
+
     fn get(&self, i: usize) -> &Slot {
         self.slots[i].as_ref().expect("a live tenant slot")
     }
@@ -203,6 +273,7 @@ impl Tenants {
             in_flight: 0,
             units: 0,
             metrics,
+            seen: None,
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -303,8 +374,8 @@ impl Tenants {
         if waited.is_none() {
             self.floor = self.floor.max(s.counter);
         }
+        self.charge(i, charge.upfront());
         let s = self.get_mut(i);
-        s.counter += charge.upfront();
         s.in_flight += 1;
         s.units += u64::from(units);
         if let Some(m) = &s.metrics {
@@ -314,8 +385,8 @@ impl Tenants {
 
     /// A request of tenant `i` holding `units` ended; its charge is corrected by `correction`.
     pub(crate) fn release(&mut self, i: usize, correction: f64, units: u32) {
+        self.charge(i, correction);
         let s = self.get_mut(i);
-        s.counter += correction;
         s.in_flight -= 1;
         s.units -= u64::from(units);
         self.forget_if_idle(i);

@@ -13,6 +13,7 @@ use crate::adaptive::AdaptiveLimit;
 use crate::cluster::Cluster;
 use crate::cost::Cost;
 use crate::fair::Fairness;
+use crate::fair_share::SharedFairness;
 use crate::gate::Shared;
 use crate::queue::Aging;
 use crate::service::BoundedAdmission;
@@ -73,6 +74,8 @@ pub(crate) struct Config {
     /// Fair queueing across tenants is on.
     pub(crate) tenant_fairness: bool,
     pub(crate) fairness: Fairness,
+    /// Fair-share counters shared with other gates.
+    pub(crate) shared_fairness: Option<SharedFairness>,
 }
 
 impl Config {
@@ -158,6 +161,7 @@ impl BoundedAdmissionLayer<Respond> {
                 adaptive: None,
                 tenant_fairness: true,
                 fairness: Fairness::default(),
+                shared_fairness: None,
             },
             gate: Arc::default(),
             _flavour: PhantomData,
@@ -293,6 +297,15 @@ impl<M> BoundedAdmissionLayer<M> {
     /// back that the other would admit: only the order of waiters changes.
     pub fn with_tenant_fairness(self, on: bool) -> Self {
         self.with(|c| c.tenant_fairness = on)
+    }
+
+    /// Shares the fair-share counters with the other gates using `shared`'s backend (cluster
+    /// mode's companion: [`crate::Cluster`] shares the capacity, this the order of tenants
+    /// within it). Each gate still orders its own waiters; a tenant's counter also counts the
+    /// service the other gates gave it, at most one exchange period behind. See
+    /// [`SharedFairness`]. Without fair queueing it does nothing.
+    pub fn with_shared_fairness(self, shared: SharedFairness) -> Self {
+        self.with(|c| c.shared_fairness = Some(shared))
     }
 
     /// Sets the weights of a prompt (input) token and of an output token in a tenant's service

@@ -185,8 +185,13 @@
 //!   starts at the floor and is lifted like any other: the debt it had (service beyond the other
 //!   tenants') is forgiven, so a tenant that sends one large request at a time, with pauses in
 //!   between, is not held back for its past requests (it holds at most what it has in flight).
-//! * **Per gate.** Counters are local to the gate, also in cluster mode: each gateway orders its
-//!   own waiters by the service it admitted itself.
+//! * **Across gates.** Counters are local to the gate unless shared
+//!   ([`with_shared_fairness`](BoundedAdmissionLayer::with_shared_fairness), e.g. through
+//!   `tailguard-redis`'s `RedisFairShare`): then a tenant's counter also grows by the service
+//!   the other gates gave it, exchanged in the background every period (100 ms by default), so
+//!   a tenant flooding two gateways ranks behind one that uses a single gateway on both. Each
+//!   gate still orders only its own waiters; a failed exchange leaves it ordering by its own
+//!   counters (see [`SharedFairness`]).
 //!
 //! ## Retry-After
 //!
@@ -232,6 +237,7 @@ mod cost;
 mod drain;
 pub mod error;
 mod fair;
+mod fair_share;
 pub mod future;
 mod gate;
 mod lanes;
@@ -250,6 +256,7 @@ pub use cost::Cost;
 pub use fair::{
     DEFAULT_EXPECTED_OUTPUT_TOKENS, DEFAULT_INPUT_TOKEN_WEIGHT, DEFAULT_OUTPUT_TOKEN_WEIGHT,
 };
+pub use fair_share::{FairShareBackend, ServiceReport, SharedFairness, tenant_key};
 pub use layer::{
     AdmissionHandle, BoundedAdmissionLayer, Codel, DEFAULT_AGING, DEFAULT_CODEL_INTERVAL,
     DEFAULT_CODEL_TARGET, DEFAULT_MAX_REQUEST_SHARE, DEFAULT_QUEUE_TIMEOUT,

@@ -120,10 +120,10 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(tenants: Tenants) -> Self {
         Queue {
             classes: Vec::new(),
-            tenants: Tenants::default(),
+            tenants,
             len: 0,
             next_seq: 0,
         }

@@ -1,13 +1,13 @@
 //! Cluster mode of the gateway: `--redis URL` (or `[cluster] redis` in the file,
 //! `TAILGUARD_REDIS` in the environment) shares the admission capacity, the hedge budget, the
-//! failover budget and the tenants' token budgets of every gateway pointed at the same Redis and
+//! failover budget, the tenants' fair-share counters and token budgets of every gateway pointed at the same Redis and
 //! cluster name (see `tailguard-redis`).
 
 use std::sync::Arc;
-use tailguard::admission::{BoundedAdmissionLayer, Cluster, FailMode};
+use tailguard::admission::{BoundedAdmissionLayer, Cluster, FailMode, SharedFairness};
 use tailguard::hedge::{HedgeBudget, SharedBudget};
 use tailguard::tenant::TokenBudgetLayer;
-use tailguard_redis::{Redis, RedisBudget, RedisLeases, RedisTokenStore};
+use tailguard_redis::{Redis, RedisBudget, RedisFairShare, RedisLeases, RedisTokenStore};
 
 use crate::config::ClusterConfig;
 
@@ -37,8 +37,9 @@ impl ClusterConfig {
         }
     }
 
-    /// Puts admission and both budgets in cluster mode when a Redis URL is configured (must
-    /// be called inside the runtime: the connection is made lazily, in the background).
+    /// Puts admission (its capacity and its tenants' fair-share counters) and both budgets in
+    /// cluster mode when a Redis URL is configured (must be called inside the runtime: the
+    /// connection is made lazily, in the background).
     pub fn apply(&self, s: Shared, local_capacity: u32) -> Shared {
         let Some(redis) = self.connect() else {
             return s;
@@ -54,8 +55,10 @@ impl ClusterConfig {
                 .with_timeout(self.timeout)
                 .with_fail_open(self.fail == FailMode::Open)
         };
+        let fair = RedisFairShare::new(redis.clone(), "tailguard", &self.name);
+        let fair = SharedFairness::new(Arc::new(fair)).with_timeout(self.timeout);
         Shared {
-            admission: s.admission.with_cluster(cluster),
+            admission: s.admission.with_cluster(cluster).with_shared_fairness(fair),
             hedge: s.hedge.with_shared(shared(&self.name)),
             failover: s
                 .failover

@@ -163,7 +163,8 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
         .with_adaptive_limit(adaptive)
         .with_queue_len(a.queue_len)
         .with_queue_timeout(a.queue_timeout)
-        .with_client_deadline(t.client_deadline());
+        .with_client_deadline(t.client_deadline())
+        .with_tenant_fairness(config.tenant.fairness);
     let h = &config.hedge;
     let shared = config.cluster.apply(
         Shared {

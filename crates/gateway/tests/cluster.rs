@@ -367,6 +367,7 @@ async fn the_hedge_ratio_across_three_gateways_stays_within_the_shared_budget() 
 /// they pass). Three answers through the first gateway use it up, and the second refuses the
 /// tenant's next request with 429 and a `Retry-After`, as the first does; another tenant still
 /// passes, and so does the same tenant at a gateway with another cluster name (its own budget).
+/// The tenants' fair-share counters end up in Redis too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_share_one_tenant_s_token_budget() {
     let test = "two_gateways_share_one_tenant_s_token_budget";
@@ -426,6 +427,34 @@ async fn two_gateways_share_one_tenant_s_token_budget() {
     let left = store.available("acme", &limit).await.expect("redis");
     assert!(left < 10, "{left} tokens left in the shared bucket");
     assert_eq!(replica.stats().requests, 5, "the refused never reached it");
+    // The tenants' fair-share counters are shared too (`tailguard:{NAME}:fair`): acme's
+    // service counts what the first gateway served it, globex's what the second did. Read
+    // after the gateways' next exchange (every 100 ms).
+    let fair = tailguard_redis::RedisFairShare::new(
+        tailguard_redis::Redis::new(&redis, std::time::Duration::from_secs(5)).expect("url"),
+        "tailguard",
+        &name,
+    );
+    let wanted = ["acme", "globex"].map(|t| tailguard::admission::tenant_key(Some(t)));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let report = tailguard::admission::ServiceReport {
+            served: Vec::new(),
+            wanted: wanted.to_vec(),
+        };
+        let totals = tailguard::admission::FairShareBackend::exchange(&fair, report)
+            .await
+            .expect("redis");
+        // Three answers of 10 tokens at 2 a token, at least, and one for globex.
+        if totals[0] >= 60.0 && totals[1] >= 20.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "fair-share totals {totals:?} never reached"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Starts one gateway per flag set.

@@ -24,6 +24,12 @@
 //!   and reconciled by Lua scripts (all of a tenant's buckets or none; each reservation settled
 //!   at most once), with reservations that a dead gateway leaves to expire as fully used, and
 //!   the same fail open / closed choice as the leases.
+//! * [`RedisFairShare`] is a [`FairShareBackend`](tailguard_admission::FairShareBackend) for
+//!   `BoundedAdmission`'s fair queueing across tenants
+//!   ([`with_shared_fairness`](tailguard_admission::BoundedAdmissionLayer::with_shared_fairness)):
+//!   each tenant's weighted service, summed over the gateways in one hash, so a tenant served
+//!   by one gateway ranks accordingly at the others. Exchanged in the background once per
+//!   period, like the hedge budget: the queue never waits on Redis.
 //!
 //! **Priority order across gateways is approximate.** Waiting stays local: each gateway queues
 //! its own requests, with its queue deadline, CoDel and priority classes, and only its next
@@ -43,6 +49,7 @@
 //! serves on its fallback, while Redis is down.
 
 mod budget;
+mod fair_share;
 mod leases;
 mod tokens;
 
@@ -51,6 +58,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub use budget::RedisBudget;
+pub use fair_share::RedisFairShare;
 pub use leases::RedisLeases;
 pub use tokens::{
     DEFAULT_RESERVATION_TTL, DEFAULT_TIMEOUT, DEFAULT_UNAVAILABLE_RETRY_AFTER, RedisTokenStore,

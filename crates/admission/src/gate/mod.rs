@@ -9,7 +9,9 @@
 //! the lock): a send that fails hands the value back, and it is dropped after the lock is
 //! released.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -24,7 +26,8 @@ pub(crate) use permit::{Permit, WaitGuard};
 use crate::cluster::ClusterGate;
 use crate::controller::{Controller, Sample};
 use crate::drain::{self, Holds};
-use crate::fair::{Demand, Fair};
+use crate::fair::{Demand, Fair, TenantKey, Tenants};
+use crate::fair_share;
 use crate::lanes::NO_TENANT;
 use crate::layer::Config;
 use crate::queue::Queue;
@@ -133,6 +136,8 @@ pub(crate) struct Shared {
     cfg: Config,
     state: Mutex<State>,
     cluster: Option<Arc<ClusterGate>>,
+    /// Whether the exchange of shared fair-share counters runs (or needs no start).
+    sharing: AtomicBool,
 }
 
 impl fmt::Debug for Shared {
@@ -158,14 +163,47 @@ impl Shared {
             adaptive,
             in_use: 0,
             in_flight: 0,
-            queue: Queue::new(),
+            queue: Queue::new(match cfg.shared_fairness {
+                Some(_) => Tenants::shared(),
+                None => Tenants::default(),
+            }),
             holds: Holds::new(now),
         };
         Arc::new(Shared {
             cluster: cfg.cluster.clone().map(ClusterGate::new),
+            sharing: AtomicBool::new(cfg.shared_fairness.is_none()),
             cfg,
             state: Mutex::new(state),
         })
+    }
+
+    /// Starts the exchange of shared fair-share counters, once, from inside a runtime.
+    fn start_sharing(self: &Arc<Self>) {
+        if self.sharing.load(Ordering::Relaxed) || self.sharing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(cfg) = self.cfg.shared_fairness.clone() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(fair_share::run(Arc::downgrade(self), cfg))),
+            Err(_) => self.sharing.store(false, Ordering::Release),
+        }
+    }
+
+    /// For an exchange of shared counters: the service charged since the last one, and the
+    /// tenants whose totals are wanted.
+    pub(crate) fn take_service_report(&self) -> (HashMap<TenantKey, f64>, Vec<TenantKey>) {
+        self.lock().queue.tenants.take_report()
+    }
+
+    /// Applies an exchange's answer (`None`: it failed).
+    pub(crate) fn apply_service_totals(
+        &self,
+        pushed: &HashMap<TenantKey, f64>,
+        answer: Option<(&[TenantKey], &[f64])>,
+    ) {
+        self.lock().queue.tenants.apply_totals(pushed, answer);
     }
 
     pub(crate) fn config(&self) -> &Config {
@@ -226,6 +264,9 @@ impl Shared {
         left: Option<Duration>,
         demand: Option<Demand>,
     ) -> Acquire {
+        if demand.is_some() {
+            self.start_sharing();
+        }
         self.locked(|st, deferred| {
             // An arrival ends a probe that ran out of time.
             self.observe(st, None, deferred);

@@ -198,6 +198,10 @@ settings! {
         /// it, never the key): `on` or `off`.
         #[arg(long = "tenant-api-key", env = "TAILGUARD_TENANT_API_KEY", value_name = "ON_OFF")]
         api_key: OnOff => bool = "on";
+        /// Fair queueing across tenants by tokens in admission (`on` or `off`): waiters of a
+        /// class are served least-served tenant first; it reorders, never refuses.
+        #[arg(long = "tenant-fairness", env = "TAILGUARD_TENANT_FAIRNESS", value_name = "ON_OFF")]
+        fairness: OnOff => bool = "on";
         /// Unnamed tenants labelled by their own id in metrics (the first seen); the rest share
         /// the label `other`, so the label set stays bounded.
         #[arg(long = "tenant-label-limit", env = "TAILGUARD_TENANT_LABEL_LIMIT", value_name = "N")]
