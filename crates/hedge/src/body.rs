@@ -9,7 +9,7 @@ use bytes::Buf;
 use http::{Response, response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tailguard_core::{EndReport, StreamTracker};
+use tailguard_core::{AnswerBody, EndReport, StreamTracker};
 
 /// Carries the end reason an inner layer reported for the winning attempt (each raced attempt
 /// gets an `EndReport` of its own, so that a loser's report cannot win) to the request's
@@ -47,13 +47,12 @@ pin_project! {
 pin_project! {
     #[project = InnerProj]
     enum Inner<B: Body> {
-        Direct { #[pin] body: B },
+        // The upstream body untouched, or an answer the hedge rendered itself.
+        Direct { #[pin] body: AnswerBody<B> },
         Raced {
             live: Pin<Box<Live<B>>>,
             forward: Option<Forward>,
         },
-        // An answer the hedge rendered itself; `None` once yielded (or for an empty body).
-        Local { data: Option<B::Data> },
     }
 }
 
@@ -135,21 +134,28 @@ impl<B: Body> HedgeBody<B> {
     /// The upstream body, untouched.
     pub(crate) fn direct(body: B) -> Self {
         HedgeBody {
-            inner: Inner::Direct { body },
+            inner: Inner::Direct {
+                body: AnswerBody::inner(body),
+            },
         }
     }
 
     /// A body the hedge rendered itself: `data`, then the end.
     pub(crate) fn local(data: Option<B::Data>) -> Self {
         HedgeBody {
-            inner: Inner::Local { data },
+            inner: Inner::Direct {
+                body: AnswerBody::answer(data),
+            },
         }
     }
 
     /// Whether this body answers a raced request: the winner's (its response was read before
     /// it was returned), or the error rendered when every attempt failed.
     pub fn is_raced(&self) -> bool {
-        !matches!(self.inner, Inner::Direct { .. })
+        match &self.inner {
+            Inner::Direct { body } => body.is_answer(),
+            Inner::Raced { .. } => true,
+        }
     }
 }
 
@@ -163,7 +169,6 @@ impl<B: Body> Body for HedgeBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         match self.project().inner.project() {
             InnerProj::Direct { body } => body.poll_frame(cx),
-            InnerProj::Local { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             InnerProj::Raced { live, forward } => {
                 let LiveProj {
                     replay,
@@ -205,7 +210,6 @@ impl<B: Body> Body for HedgeBody<B> {
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Direct { body } => body.is_end_stream(),
-            Inner::Local { data } => data.is_none(),
             Inner::Raced { live, .. } => {
                 live.replay.is_empty()
                     && live.error.is_none()
@@ -217,9 +221,6 @@ impl<B: Body> Body for HedgeBody<B> {
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Direct { body } => body.size_hint(),
-            Inner::Local { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.remaining() as u64))
-            }
             Inner::Raced { live, .. } => {
                 let replay_bytes = live.replay_bytes;
                 let mut hint = live
@@ -248,8 +249,8 @@ fn end(forward: &mut Option<Forward>) {
 impl<B: Body> fmt::Debug for HedgeBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
+            Inner::Direct { body } if body.is_answer() => f.write_str("HedgeBody::Local"),
             Inner::Direct { .. } => f.write_str("HedgeBody::Direct"),
-            Inner::Local { .. } => f.write_str("HedgeBody::Local"),
             Inner::Raced { live, .. } => f
                 .debug_struct("HedgeBody::Raced")
                 .field("replay_frames", &live.replay.len())

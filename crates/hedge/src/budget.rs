@@ -25,7 +25,10 @@ const UNIT: i64 = 1_000_000;
 /// attempts it has, and `tailguard_hedge_budget_exhausted_total{budget="hedge"|"failover"}`
 /// counts the refusal (`tailguard_hedge_budget_withdrawn_total{budget}` counts the tokens
 /// used). Over any
-/// period the extra attempts are at most `ratio × requests + floor × seconds + max_balance`.
+/// period the extra attempts are at most `ratio × requests + floor × seconds + max_balance`,
+/// plus at most `max_balance` more that probes borrowed (a probe's backup may take a token from
+/// an empty bucket, which later deposits repay first; see
+/// [`FirstTokenHedgeLayer::with_budget`](crate::FirstTokenHedgeLayer::with_budget)).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HedgeBudget {
     pub(crate) ratio: f64,
@@ -195,6 +198,20 @@ impl Budgets {
         };
         bucket.spend(now)
     }
+
+    /// Takes a token from the hedge budget for a probe's backup, which goes when the budget
+    /// has one or can borrow one from its future deposits (see [`Bucket::borrow`]); both
+    /// outcomes are counted as for any withdrawal.
+    pub(crate) fn borrow_for_probe(&self, now: Instant) -> bool {
+        let ok = self.hedge.borrow(now);
+        let name = if ok {
+            "tailguard_hedge_budget_withdrawn_total"
+        } else {
+            "tailguard_hedge_budget_exhausted_total"
+        };
+        metrics::counter!(name, "budget" => self.hedge.label).increment(1);
+        ok
+    }
 }
 
 /// The shared state of one budget.
@@ -279,6 +296,36 @@ impl Bucket {
         if let Some(granted) = self.shared.as_ref().and_then(|s| s.withdraw()) {
             return granted;
         }
+        let mut st = self.earned(now);
+        if st.balance < UNIT {
+            return false;
+        }
+        st.balance -= UNIT;
+        true
+    }
+
+    /// Takes one token, from an empty bucket too: it goes into debt, which the deposits that
+    /// follow repay before any withdrawal succeeds, so over a run the extra attempts stay
+    /// within the budget's bound plus one max balance of debt; `false` when the debt is
+    /// already that deep. `HedgeBudget::none` (a max of 0) lends without counting: it sends
+    /// no other extra attempt, and a probe's backup is what tells a stale estimate's truth.
+    fn borrow(&self, now: Instant) -> bool {
+        if self.unlimited || self.max == 0 {
+            return true;
+        }
+        if let Some(s) = &self.shared {
+            return s.borrow();
+        }
+        let mut st = self.earned(now);
+        if st.balance - UNIT < -self.max {
+            return false;
+        }
+        st.balance -= UNIT;
+        true
+    }
+
+    /// The state, with the floor rate's earnings since it last paid paid in.
+    fn earned(&self, now: Instant) -> MutexGuard<'_, State> {
         let mut st = self.state();
         let elapsed = now.saturating_duration_since(st.last_floor);
         let earned = (elapsed.as_secs_f64() * self.floor_per_sec * UNIT as f64) as i64;
@@ -286,11 +333,7 @@ impl Bucket {
             st.balance = st.balance.saturating_add(earned).min(self.max);
             st.last_floor = now;
         }
-        if st.balance < UNIT {
-            return false;
-        }
-        st.balance -= UNIT;
-        true
+        st
     }
 }
 
@@ -329,6 +372,35 @@ mod tests {
         let b = Bucket::new(&HedgeBudget::failover(), "failover");
         assert!((0..10).all(|_| b.withdraw(now)));
         assert!(!b.withdraw(now));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_borrows_and_deposits_repay_the_debt_first() {
+        let b = Bucket::new(
+            &HedgeBudget::new()
+                .with_ratio(0.5)
+                .with_floor(0.0)
+                .with_max_balance(2.0),
+            "hedge",
+        );
+        let now = Instant::now();
+        assert!(b.withdraw(now));
+        // Empty: probes borrow, two tokens deep at most.
+        assert!(b.borrow(now) && b.borrow(now));
+        assert!(!b.borrow(now));
+        assert!(!b.withdraw(now));
+        // Four requests repay the debt (half a token each); only the next two earn a token.
+        for _ in 0..4 {
+            b.deposit();
+        }
+        assert!(!b.withdraw(now));
+        b.deposit();
+        b.deposit();
+        assert!(b.withdraw(now));
+        assert!(!b.withdraw(now));
+        // `HedgeBudget::none` lends without counting; nothing else is granted.
+        let none = Bucket::new(&HedgeBudget::none(), "hedge");
+        assert!(none.borrow(now) && !none.withdraw(now));
     }
 
     #[tokio::test(start_paused = true)]

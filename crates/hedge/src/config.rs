@@ -51,7 +51,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             max_attempts: 2,
-            empty_retries: 1,
+            empty_retries: 2,
             delay: HedgeDelay::default(),
             budget: HedgeBudget::default(),
             failover_budget: HedgeBudget::failover(),

@@ -62,11 +62,12 @@ impl FirstTokenHedgeLayer<Respond> {
     ///
     /// * **2 attempts** (one backup): a second replica removes most of the tail; each further
     ///   attempt adds load for a smaller gain;
-    /// * **1 further attempt** after a stream that ended without a token (see
+    /// * **2 further attempts** after streams that ended without a token (see
     ///   [`with_empty_stream_retries`](Self::with_empty_stream_retries)): a single-slot server
     ///   that interrupts its running stream for a newer request ends it with a bare `[DONE]`,
-    ///   and two interrupted attempts would leave the client with a 502 that a third replica
-    ///   or a freed slot answers;
+    ///   and interrupted attempts would leave the client with a 502 that a freed slot answers
+    ///   (on real llama-cpp-python with mid-stream resume on, a continuation interrupted one
+    ///   attempt and the server's other clients the next two: three were not enough);
     /// * delay [`HedgeDelay::adaptive`] (p90 of recent TTFTs), see [`AdaptiveDelay`](crate::AdaptiveDelay);
     /// * budget [`HedgeBudget::new`] (10% of requests, no floor) for delay-triggered hedges,
     ///   and a separate failover budget [`HedgeBudget::failover`] (20% of requests, floor
@@ -163,7 +164,9 @@ impl<M> FirstTokenHedgeLayer<M> {
 
     /// Sets the budget of delay-triggered hedges. A request its placer marked a probe (core's
     /// `Attempt::mark_probe`: its primary went to a replica chosen on a decayed estimate) is
-    /// backed up at the delay whatever the budget.
+    /// backed up at the delay even when the budget is empty: it borrows from the budget's
+    /// future deposits, at most one max balance deep, so over a run the bound holds within that
+    /// debt.
     pub fn with_budget(self, budget: HedgeBudget) -> Self {
         self.with(|c| {
             c.budget = budget;

@@ -249,12 +249,18 @@ where
             );
             return;
         }
-        // Failovers draw on a budget of their own (counted there). A probe's backup draws on
-        // none: the placer chose the primary's replica to learn about it (core's
-        // `Attempt::mark_probe`), and only a slow probe gets one.
+        // Failovers draw on a budget of their own (counted there). A probe's backup goes even
+        // when the budget is empty, borrowing from its future deposits: the placer chose the
+        // primary's replica on stale news to learn about it (core's `Attempt::mark_probe`),
+        // and only a slow probe gets one.
         let failover = trigger == Trigger::Failure;
         let probe = trigger == Trigger::Delay && self.record.is_probe();
-        if !probe && !self.shared.budget.withdraw(failover, now) {
+        let granted = if probe {
+            self.shared.budget.borrow_for_probe(now)
+        } else {
+            self.shared.budget.withdraw(failover, now)
+        };
+        if !granted {
             self.budget_exhausted = true;
             tracing::debug!(
                 trigger = trigger.as_str(),

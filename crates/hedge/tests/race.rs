@@ -533,7 +533,7 @@ async fn every_attempt_ending_before_a_token_with_junk_gets_a_502_not_a_200() {
     ]);
     let mut garbage_done = garbage.clone();
     garbage_done.items.push(data(DONE));
-    // A stream that ended without a token also takes the one further attempt such streams get
+    // A stream that ended without a token also takes the two further attempts such streams get
     // (an interrupting server's bare `[DONE]`).
     // Issue 30: the junk itself now fails the attempt, at its frame (before the end, and
     // without the further attempt of a stream that completed with no token).
@@ -547,7 +547,7 @@ async fn every_attempt_ending_before_a_token_with_junk_gets_a_502_not_a_200() {
             "upstream_malformed",
             2,
         ),
-        (no_token, UpstreamFailure::Protocol, "upstream_no_token", 3),
+        (no_token, UpstreamFailure::Protocol, "upstream_no_token", 4),
     ];
     for (plan, kind, code, attempts) in cases {
         let up = Upstream::new(vec![plan]);
@@ -1009,12 +1009,17 @@ async fn request_body_error_is_reported_and_nothing_is_sent() {
 }
 
 /// Issue 29: an interrupting single-slot server ends the running stream with a bare `[DONE]`
-/// when a newer request arrives. Two attempts interrupted before a token take one further
-/// attempt at once, from the failover budget, and the client gets content, not a 502.
+/// when a newer request arrives. Attempts interrupted before a token take up to two further
+/// attempts at once, from the failover budget, and the client gets content, not a 502.
 #[tokio::test(start_paused = true)]
-async fn streams_interrupted_before_a_token_take_one_further_attempt() {
+async fn streams_interrupted_before_a_token_take_two_further_attempts() {
     let interrupted = Plan::items(vec![data(ROLE), Step::Wait(ms(40)), data(DONE)]);
-    let up = Upstream::new(vec![interrupted.clone(), interrupted, Plan::sse(ms(30))]);
+    let up = Upstream::new(vec![
+        interrupted.clone(),
+        interrupted.clone(),
+        interrupted.clone(),
+        Plan::sse(ms(30)),
+    ]);
     let start = Instant::now();
     let res = layer()
         .layer(up.clone())
@@ -1023,15 +1028,26 @@ async fn streams_interrupted_before_a_token_take_one_further_attempt() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let seen = up.seen();
-    assert_eq!(seen.len(), 3);
-    assert_eq!((seen[1].at - start, seen[2].at - start), (ms(40), ms(80)));
+    assert_eq!(seen.len(), 4);
+    let at: Vec<_> = seen[1..].iter().map(|s| s.at - start).collect();
+    assert_eq!(at, [ms(40), ms(80), ms(120)]);
     assert_eq!(
         outcome(&res).map(|o| (o.attempts, o.winner)),
-        Some((3, Some(2)))
+        Some((4, Some(3)))
     );
     let (got, _, err) = frames(res.into_body()).await;
     assert!(!err);
     assert_eq!(concat(&got), Plan::sse(ms(30)).bytes());
+
+    // Four interrupted: the last interruption is the answer, a 502.
+    let up = Upstream::new(vec![interrupted]);
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(up.seen().len(), 4);
 
     // Off: the second interruption is the answer, a 502.
     let up = Upstream::new(vec![Plan::items(vec![data(ROLE), data(DONE)])]);
@@ -1141,27 +1157,54 @@ async fn the_outcome_header_says_what_the_hedge_did() {
     assert!(!res.headers().contains_key("x-hedge"));
 }
 
+/// The primary's first token takes 2 s, a backup's 20 ms: through `hedge`, over a placer that
+/// marks the request a probe (`probe`) when it places its primary, how many attempts and which
+/// one won.
+async fn probed(hedge: &FirstTokenHedgeLayer, probe: bool) -> (u8, Option<u8>) {
+    let up = Upstream::with(|_, attempt| Plan::sse(ms(if attempt == 0 { 2_000 } else { 20 })));
+    let placer = tower::ServiceBuilder::new()
+        .map_request(move |req: Request<_>| {
+            let a = req.extensions().get::<tailguard_core::attempt::Attempt>();
+            if let Some(a) = a.filter(|a| probe && !a.is_backup()) {
+                a.mark_probe();
+            }
+            req
+        })
+        .service(up);
+    let res = hedge.layer(placer).oneshot(chat_request()).await.unwrap();
+    let o = outcome(&res).unwrap();
+    (o.attempts, o.winner)
+}
+
+/// A probe's backup borrows from an empty budget: the budget's one token goes to a slow
+/// request, the probe after it is still backed up, and the next slow request is not (the
+/// debt comes first).
+#[tokio::test(start_paused = true)]
+async fn a_probe_borrows_from_a_spent_budget() {
+    let hedge = FirstTokenHedgeLayer::new().with_delay(ms(200)).with_budget(
+        HedgeBudget::new()
+            .with_ratio(0.0)
+            .with_floor(0.0)
+            .with_initial_balance(1.0),
+    );
+    for (probe, backed_up) in [(false, true), (true, true), (false, false)] {
+        let want = if backed_up {
+            (2, Some(1))
+        } else {
+            (1, Some(0))
+        };
+        assert_eq!(probed(&hedge, probe).await, want, "probe: {probe}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_probe_is_backed_up_whatever_the_budget() {
-    // The primary's first token takes 2 s, a backup's 20 ms; no hedge budget at all.
-    let up = Upstream::with(|_, attempt| Plan::sse(ms(if attempt == 0 { 2_000 } else { 20 })));
+    // No hedge budget at all.
     let hedge = FirstTokenHedgeLayer::new()
         .with_delay(ms(200))
         .with_budget(HedgeBudget::none());
     for probe in [false, true] {
-        // A placer that marks the request a probe when it places its primary.
-        let placer = tower::ServiceBuilder::new()
-            .map_request(move |req: Request<_>| {
-                let a = req.extensions().get::<tailguard_core::attempt::Attempt>();
-                if let Some(a) = a.filter(|a| probe && !a.is_backup()) {
-                    a.mark_probe();
-                }
-                req
-            })
-            .service(up.clone());
-        let res = hedge.layer(placer).oneshot(chat_request()).await.unwrap();
-        let o = outcome(&res).unwrap();
         let want = if probe { (2, Some(1)) } else { (1, Some(0)) };
-        assert_eq!((o.attempts, o.winner), want, "probe: {probe}");
+        assert_eq!(probed(&hedge, probe).await, want, "probe: {probe}");
     }
 }

@@ -66,9 +66,11 @@
 //!   peak-EWMA of its recent times to first token (10 s decay) in which an attempt still
 //!   waiting, or cancelled before its token, counts at least as long as it waited. With
 //!   [`Routing::RoundRobin`], the next replica in turn. A primary placed on a replica only
-//!   because its estimate decayed (what was last known of it is over twice the other
-//!   choice's) is marked a probe ([`Attempt::mark_probe`](tailguard_core::attempt::Attempt::mark_probe)):
-//!   the hedge backs a slow probe up whatever its budget.
+//!   because its estimate decayed (what was last known of it would have lost to the other
+//!   choice), or whose estimate is only a lower bound (its last news was a wait cut short or a
+//!   failure), is marked a probe
+//!   ([`Attempt::mark_probe`](tailguard_core::attempt::Attempt::mark_probe)): the hedge backs a
+//!   slow probe up even when its budget is empty, borrowing from the budget's future deposits.
 //! * **Backup**: the best-scored replica the request's `Attempt` has not recorded.
 //! * **Ejection** ([`Ejection`]): consecutive failures before a first token, or a first-token
 //!   estimate far over the others', take a replica out of primary selection for a while; never

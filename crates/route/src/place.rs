@@ -165,13 +165,18 @@ impl<S> Placer<S> {
         }
     }
 
-    /// Power of two choices among `free`, by score; and whether the choice is a probe: what was
-    /// last known of the chosen one (its estimate before it decayed) is more than twice the
-    /// other's score.
+    /// Power of two choices among `free`, by score; and whether the choice is a probe, a
+    /// placement that rests on no news of how long the chosen one takes: it won only because
+    /// its estimate decayed (what was last known of it would have lost to the other choice),
+    /// or its estimate is only a lower bound (an attempt there was cut short, or failed, and
+    /// no first token came since). A replica placed on learns at once (a token, a failure, or
+    /// the wait a backup cut short).
     fn two_choices(&self, board: &Board, free: &[usize], now: Instant) -> Option<(usize, bool)> {
         let n = free.len();
         if n <= 1 {
-            return free.first().map(|&i| (i, false));
+            // The only one with room: a probe when there is another to back it up on.
+            let probe = |i: usize| self.replicas.len() > 1 && board.replicas[i].lower_bound();
+            return free.first().map(|&i| (i, probe(i)));
         }
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         // Two distinct candidates from a Weyl sequence: evenly spread, no generator needed.
@@ -185,8 +190,8 @@ impl<S> Placer<S> {
             board.replicas[b].score(now, decay),
         );
         let (chosen, other) = if sb < sa { (b, sa) } else { (a, sb) };
-        // Twice: near-equal replicas trade places as their estimates decay, which is no probe.
-        Some((chosen, board.replicas[chosen].last_known(now) > 2.0 * other))
+        let r = &board.replicas[chosen];
+        Some((chosen, r.lower_bound() || r.last_known(now) > other))
     }
 }
 

@@ -25,6 +25,9 @@ pub(crate) struct Replica {
     /// The peak-EWMA estimate of the time to first token, in seconds, as of `at`.
     estimate: f64,
     at: Instant,
+    /// The estimate is a censored wait (an attempt cut short at it, or a failure after it):
+    /// the replica takes at least that long, how much longer nobody saw.
+    lower_bound: bool,
     /// Attempts holding a slot (from the call until their body ends or is dropped).
     pub(crate) active: u32,
     /// The id of the newest attempt placed on it, and when.
@@ -47,6 +50,7 @@ impl Replica {
             waiting: Vec::new(),
             estimate: 0.0,
             at: now,
+            lower_bound: false,
             active: 0,
             newest: (0, now),
             one_at_a_time: None,
@@ -133,17 +137,25 @@ impl Replica {
         let current = self.estimate(now, decay);
         let next = if secs >= current {
             // Peak: a slower sample (or a longer censored wait) replaces the estimate.
+            self.lower_bound = censored;
             secs
         } else if censored {
             // A lower bound below the estimate says nothing new.
             current
         } else {
+            self.lower_bound = false;
             let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
             let w = (-elapsed / decay.as_secs_f64().max(1e-9)).exp();
             current * w + secs * (1.0 - w)
         };
         self.estimate = next;
         self.at = now;
+    }
+
+    /// Whether the estimate is only a lower bound: its peak was a wait cut short (a backup won,
+    /// the client left) or a failure, and no first token came since.
+    pub(crate) fn lower_bound(&self) -> bool {
+        self.lower_bound
     }
 }
 

@@ -406,12 +406,100 @@ async fn back_on_the_slow_one(slow: f64) -> (f64, bool) {
 
 #[tokio::test(start_paused = true)]
 async fn a_primary_sent_on_an_estimate_that_only_decayed_is_a_probe() {
-    // 4 s x e^(-t/10) < 0.8 s from t = 16.1 s; what was last known of it (4 s) is over twice
-    // the other's 0.8 s: a probe, which a hedge backs up whatever its budget.
+    // 4 s x e^(-t/10) < 0.8 s from t = 16.1 s; what was last known of it (4 s) would have lost
+    // to the other's 0.8 s: a probe, which a hedge backs up even with its budget spent.
     let (t, probe) = back_on_the_slow_one(4.0).await;
     assert!((16.0..17.0).contains(&t) && probe, "{t} {probe}");
-    // 1.5 s, back from t = 6.3 s: less than twice the other's, near-equal replicas trading
-    // places as they decay, no probe.
+    // 1.5 s, back from t = 6.3 s: still only by decay (the real bench's case: a replica busy
+    // with traffic nobody sees, last seen at 0.55 s, chosen half a minute later over one
+    // queueing two requests, waited 3.8 s with no backup: the budget was spent).
     let (t, probe) = back_on_the_slow_one(1.5).await;
-    assert!((6.0..7.0).contains(&t) && !probe, "{t} {probe}");
+    assert!((6.0..7.0).contains(&t) && probe, "{t} {probe}");
+}
+
+/// A replica chosen because the other has attempts waiting, on what was last known of both,
+/// is no probe.
+#[tokio::test(start_paused = true)]
+async fn a_primary_chosen_for_the_other_s_queue_is_no_probe() {
+    let set = ReplicaSet::new(replicas(2));
+    // One answers in 0.5 s, then the other in 0.2 s.
+    let mut took = Vec::new();
+    for ms in [500, 200] {
+        let a = Attempt::primary();
+        let (r, _res) = send(&set, &a).await;
+        tokio::time::advance(Duration::from_millis(ms)).await;
+        a.settle(Settle::Token);
+        took.push(r);
+    }
+    let [slower, faster] = [took[0], took[1]];
+    assert_ne!(slower, faster);
+    // Two attempts wait on the faster one (0.2 s, then 0.4 s expected: still the better).
+    let held = [Attempt::primary(), Attempt::primary()];
+    let mut bodies = Vec::new();
+    for a in &held {
+        let (r, res) = send(&set, a).await;
+        assert_eq!(r, faster);
+        bodies.push(res);
+    }
+    // Now 0.6 s there against 0.5 s last known of the other: chosen on its news, no probe.
+    let a = Attempt::primary();
+    assert_eq!(send(&set, &a).await.0, slower);
+    assert!(!a.is_probe());
+}
+
+/// A replica whose last news is a wait cut short (a backup won after 0.5 s) takes at least
+/// that long, how much longer nobody saw: a primary placed there on that estimate is a probe,
+/// which the hedge backs up even with its budget spent (the real bench: such a primary waited
+/// 4.1 s behind traffic nobody sees). A first token from it ends that.
+#[tokio::test(start_paused = true)]
+async fn a_primary_placed_on_a_wait_cut_short_is_a_probe() {
+    let set = ReplicaSet::new(replicas(2));
+    // One is cut short after 0.5 s, then the other answers in 0.2 s.
+    let mut took = Vec::new();
+    for (ms, how) in [(500, Settle::Cancelled), (200, Settle::Token)] {
+        let a = Attempt::primary();
+        let (r, _res) = send(&set, &a).await;
+        tokio::time::advance(Duration::from_millis(ms)).await;
+        a.settle(how);
+        took.push(r);
+    }
+    let [cut, answered] = [took[0], took[1]];
+    // Two attempts wait on the one that answered: 0.6 s there against at least 0.5 s.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let a = Attempt::primary();
+        let (r, res) = send(&set, &a).await;
+        assert_eq!(r, answered);
+        held.push((a, res));
+    }
+    let a = Attempt::primary();
+    let (r, _res) = send(&set, &a).await;
+    assert!(r == cut && a.is_probe());
+    // The only replica with room is a probe on such an estimate too: one slot each, the
+    // other's held for 2 s by a stream (2.2 s to wait there).
+    let set2 = ReplicaSet::new(replicas(2)).with_slots(Some(1));
+    let first = Attempt::primary();
+    let (cut, r0) = send(&set2, &first).await;
+    tokio::time::advance(Duration::from_millis(500)).await;
+    first.settle(Settle::Failed);
+    drop(r0);
+    let long = Attempt::primary();
+    let (other, r1) = send(&set2, &long).await;
+    assert_ne!(other, cut);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    long.settle(Settle::Token);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    drop(r1);
+    let busy = Attempt::primary();
+    let (r, _r2) = send(&set2, &busy).await;
+    assert_eq!(r, other, "the one that answered, while it has room");
+    let next = Attempt::primary();
+    let (r, _r3) = send(&set2, &next).await;
+    assert!(r == cut && next.is_probe(), "{r} {}", next.is_probe());
+    // It answers in 0.3 s: the next placement there rests on news.
+    tokio::time::advance(Duration::from_millis(300)).await;
+    a.settle(Settle::Token);
+    let b = Attempt::primary();
+    let (r, _res) = send(&set, &b).await;
+    assert!(r == cut && !b.is_probe(), "{r} {}", b.is_probe());
 }

@@ -489,6 +489,7 @@ pub(crate) fn attempts_of(ext: &http::Extensions) -> u8 {
 fn body_failed<RB>(e: BoxError) -> Response<ResumeBody<RB>>
 where
     RB: Body,
+    RB::Data: From<Bytes>,
 {
     let info = ErrorInfo::new(
         StatusCode::BAD_REQUEST,

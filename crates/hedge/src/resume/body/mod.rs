@@ -13,7 +13,7 @@ use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tailguard_core::attempt::Attempt;
-use tailguard_core::{BoxError, EndReport, ResumeOutcome, Resumption, Upstream};
+use tailguard_core::{AnswerBody, BoxError, EndReport, ResumeOutcome, Resumption, Upstream};
 use tokio::time::Instant;
 
 use super::layer::{Shared, attempts_of};
@@ -91,10 +91,9 @@ pin_project! {
 pin_project! {
     #[project = InnerProj]
     enum Inner<RB: Body> {
-        Direct { #[pin] body: RB },
+        // The inner body untouched, or an answer the layer rendered itself.
+        Direct { #[pin] body: AnswerBody<RB> },
         Reading { reading: Box<Reading<RB>> },
-        // An answer the layer rendered itself; `None` once yielded.
-        Local { data: Option<Bytes> },
     }
 }
 
@@ -147,7 +146,9 @@ enum End<E> {
 impl<RB: Body> ResumeBody<RB> {
     pub(crate) fn direct(body: RB) -> Self {
         ResumeBody {
-            inner: Inner::Direct { body },
+            inner: Inner::Direct {
+                body: AnswerBody::inner(body),
+            },
         }
     }
 
@@ -167,9 +168,14 @@ impl<RB: Body> ResumeBody<RB> {
         }
     }
 
-    pub(crate) fn local(data: Option<Bytes>) -> Self {
+    pub(crate) fn local(data: Option<Bytes>) -> Self
+    where
+        RB::Data: From<Bytes>,
+    {
         ResumeBody {
-            inner: Inner::Local { data },
+            inner: Inner::Direct {
+                body: AnswerBody::answer(data.map(RB::Data::from)),
+            },
         }
     }
 
@@ -197,9 +203,6 @@ where
     ) -> Poll<Option<Result<Frame<RB::Data>, RB::Error>>> {
         match self.project().inner.project() {
             InnerProj::Direct { body } => body.poll_frame(cx),
-            InnerProj::Local { data } => {
-                Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into()))))
-            }
             InnerProj::Reading { reading } => reading.poll_frame(cx),
         }
     }
@@ -207,7 +210,6 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Direct { body } => body.is_end_stream(),
-            Inner::Local { data } => data.is_none(),
             Inner::Reading { reading } => {
                 reading.out.is_empty() && matches!(reading.phase, Phase::Done)
             }
@@ -217,9 +219,6 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Direct { body } => body.size_hint(),
-            Inner::Local { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
             // A resumed stream's length is nobody's to promise.
             Inner::Reading { .. } => SizeHint::default(),
         }
@@ -444,8 +443,8 @@ impl<RB: Body> Drop for Reading<RB> {
 impl<RB: Body> fmt::Debug for ResumeBody<RB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
+            Inner::Direct { body } if body.is_answer() => f.write_str("ResumeBody::Local"),
             Inner::Direct { .. } => f.write_str("ResumeBody::Direct"),
-            Inner::Local { .. } => f.write_str("ResumeBody::Local"),
             Inner::Reading { reading } => f
                 .debug_struct("ResumeBody::Reading")
                 .field("resumes", &reading.ctx.resumes)
