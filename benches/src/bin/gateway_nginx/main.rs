@@ -34,6 +34,7 @@
 //! Results: a table on stdout and `benches/results/gateway_nginx.json`.
 
 mod bare_proxy;
+mod cpu;
 mod procs;
 mod report;
 
@@ -44,18 +45,20 @@ use tailguard::core::BoxError;
 use tailguard_mock::load::{EndReason, LoadConfig, LoadReport, run};
 
 /// The replicas' script.
-const SCRIPT: &str = "ttft=20ms,tokens=50,gap=10ms";
-const REPLICAS: usize = 2;
+pub(crate) const SCRIPT: &str = "ttft=20ms,tokens=50,gap=10ms";
+pub(crate) const REPLICAS: usize = 2;
 const RATES: [f64; 4] = [100.0, 300.0, 400.0, 1000.0];
 /// A front sustains a rate while its p99 TTFT is within this multiple of the direct path's at
 /// the lowest rate.
 const SLO_FACTOR: f64 = 2.0;
 /// Highest rate probed when a front sustains every fixed rate.
 const MAX_PROBE: f64 = 8000.0;
+/// `--cpu`'s rate: issue 31's.
+const CPU_RATE: f64 = 300.0;
 
 /// One load run.
 #[derive(Clone, Debug, Serialize)]
-struct Run {
+pub(crate) struct Run {
     rate: f64,
     scheduled: u64,
     completed: u64,
@@ -95,6 +98,8 @@ impl FrontResult {
 struct Opts {
     window: Duration,
     bisect_steps: u32,
+    /// `--cpu`'s rounds.
+    rounds: usize,
 }
 
 fn ms(h: &hdrhistogram::Histogram<u64>, q: f64) -> f64 {
@@ -102,7 +107,7 @@ fn ms(h: &hdrhistogram::Histogram<u64>, q: f64) -> f64 {
 }
 
 /// The load generator at `rate`, split evenly over `urls`, for `opts.window`.
-async fn measure(urls: &[String], rate: f64, window: Duration) -> Result<Run, BoxError> {
+pub(crate) async fn measure(urls: &[String], rate: f64, window: Duration) -> Result<Run, BoxError> {
     let share = rate / urls.len() as f64;
     let mut tasks = tokio::task::JoinSet::new();
     for (i, url) in urls.iter().enumerate() {
@@ -263,16 +268,22 @@ fn parse_opts() -> Result<Opts, BoxError> {
     let mut opts = Opts {
         window: Duration::from_secs(if quick { 3 } else { 10 }),
         bisect_steps: if quick { 2 } else { 4 },
+        rounds: 3,
     };
+    if let Some(i) = args.iter().position(|a| a == "--rounds") {
+        opts.rounds = args.get(i + 1).ok_or("--rounds N")?.parse()?;
+    }
     if let Some(i) = args.iter().position(|a| a == "--window") {
         let s: f64 = args.get(i + 1).ok_or("--window SECONDS")?.parse()?;
         opts.window = Duration::try_from_secs_f64(s)?;
     }
-    if let Some(a) = args
-        .iter()
-        .find(|a| !matches!(a.as_str(), "--quick" | "--window") && a.starts_with("--"))
-    {
-        return Err(format!("unknown option {a} (options: --quick, --window SECONDS)").into());
+    if let Some(a) = args.iter().find(|a| {
+        !matches!(a.as_str(), "--quick" | "--window" | "--cpu" | "--rounds") && a.starts_with("--")
+    }) {
+        return Err(format!(
+            "unknown option {a} (options: --quick, --window SECONDS, --cpu, --rounds N)"
+        )
+        .into());
     }
     Ok(opts)
 }
@@ -285,6 +296,9 @@ usage: cargo run --release -p tailguard-benches --bin gateway_nginx -- [OPTIONS]
 
   --quick            3 s per load run and 2 bisection steps (default: 10 s and 4)
   --window SECONDS   length of each load run
+  --cpu              instead: the gateway's CPU per request against the bare hyper proxy's at
+                     300/s, in interleaved rounds (issue 31), to results/gateway_cpu.json
+  --rounds N         --cpu's rounds (default 3)
   --help             this text
 
 Writes a table to stdout and benches/results/gateway_nginx.json; installs nginx with
@@ -302,6 +316,7 @@ fn main() -> Result<(), BoxError> {
     if cfg!(debug_assertions) {
         return Err("build the bench with --release (cargo run --release ...)".into());
     }
+    let cpu = args.iter().any(|a| a == "--cpu");
     let opts = parse_opts()?;
     let dir = std::env::temp_dir().join(format!("gateway_nginx.{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -312,6 +327,18 @@ fn main() -> Result<(), BoxError> {
         .enable_all()
         .build()?;
     // Ctrl-C ends the bench, and with it (the guards dropping) every process it started.
+    if cpu {
+        let res = rt.block_on(async {
+            tokio::select! {
+                r = cpu::bench(&dir, CPU_RATE, opts.window, opts.rounds) => r,
+                _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+            }
+        });
+        rt.shutdown_timeout(Duration::from_millis(100));
+        let res = res.inspect_err(|_| eprintln!("logs of the processes: {}", dir.display()))?;
+        let _ = std::fs::remove_dir_all(&dir);
+        return cpu::save(res, run.finish());
+    }
     let results = rt.block_on(async {
         tokio::select! {
             r = bench(opts, &dir) => r,

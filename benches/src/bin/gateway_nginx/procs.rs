@@ -46,6 +46,30 @@ impl Proc {
         Ok(Proc { name, child, log })
     }
 
+    /// CPU time used so far by every process of the child's group (the `timeout` wrapper and
+    /// the program under it, threads included), in clock ticks; children that ended count
+    /// only through the group members that waited for them.
+    pub(crate) fn cpu_ticks(&self) -> Result<u64, BoxError> {
+        let pgid = self.child.id().to_string();
+        let mut ticks = 0;
+        for entry in std::fs::read_dir("/proc")? {
+            let path = entry?.path().join("stat");
+            let Ok(stat) = std::fs::read_to_string(&path) else {
+                continue; // Not a process, or one that just ended.
+            };
+            // After the command name (in parentheses, which may hold spaces): state, ppid,
+            // pgrp, ..., utime (14th field of the line) and stime (15th).
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if f.len() > 12 && f[2] == pgid {
+                ticks += f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+            }
+        }
+        Ok(ticks)
+    }
+
     /// The child's output so far.
     fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
