@@ -27,7 +27,7 @@ use tailguard_mock::grpc::{GenerateClient, GenerateRequest};
 use tailguard_mock::{MockServer, Script};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
-const SSE: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n";
+const SSE: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
 const CHAT: &str =
     r#"{"model":"mock-llm","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
 

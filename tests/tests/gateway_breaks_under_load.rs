@@ -50,7 +50,22 @@ async fn run(resume: bool) {
                 res.into_body().collect().await.map(|b| b.to_bytes())
             })
             .await;
-            let completed = matches!(&answer, Ok(Ok(b)) if b.ends_with(b"data: [DONE]\n\n"));
+            // Whole: a finish reason, `[DONE]`, no error event. Anything else must say it is
+            // not whole (an error event): a stream cut short never ends like a whole one.
+            let text = match &answer {
+                Ok(Ok(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            };
+            let errored = text.contains("\"error\"");
+            let completed = text.ends_with("data: [DONE]\n\n")
+                && text.contains("\"finish_reason\":\"stop\"")
+                && !errored;
+            if answer.is_ok() {
+                assert!(
+                    completed || errored,
+                    "request {i} ({fault:?}) cut short silently: {text}"
+                );
+            }
             (i, fault, answer.is_ok(), completed)
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -79,6 +94,8 @@ async fn run(resume: bool) {
     );
     if resume {
         assert_eq!(broken_completed, 30, "every broken stream resumed");
+    } else {
+        assert_eq!(broken_completed, 0, "every broken stream ended in error");
     }
     gw.shutdown().await.unwrap();
 }

@@ -645,7 +645,10 @@ async fn client_closing_right_after_done_is_completed() {
                     ms(10),
                     "data: {\"choices\":[{\"delta\":{\"content\":\"!\"}}]}\n\n",
                 ),
-                (ms(10), "data: [DONE]\n\n"),
+                (
+                    ms(10),
+                    "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+                ),
             ]
             .into(),
             sleep: None,

@@ -67,6 +67,8 @@ pub struct StreamProgress {
 struct Slot {
     /// A layer asked for usage (and exact output counts).
     usage: bool,
+    /// A layer asked whether a finish reason came.
+    finish: bool,
     /// A layer reads the stream.
     claimed: bool,
     seen: Seen,
@@ -84,6 +86,7 @@ struct Seen {
     malformed: bool,
     first_token: bool,
     finished: bool,
+    finish_seen: bool,
     scan_error: Option<ScanError>,
     usage: Option<Usage>,
     wire: Option<Wire>,
@@ -127,6 +130,13 @@ impl StreamProgress {
         self.lock().usage = true;
     }
 
+    /// Asks the stream's reader to find a finish reason after the first token too (see
+    /// [`StreamTracker::with_finish`]); call it before the request goes on to the layers
+    /// inside.
+    pub fn want_finish(&self) {
+        self.lock().finish = true;
+    }
+
     /// Starts this layer's reading of the response with `headers`: the first caller reads the
     /// stream (a [`StreamTracker`] in `dialect`, resolved against the headers); every later
     /// caller follows it, whatever its own `dialect`.
@@ -141,7 +151,9 @@ impl StreamProgress {
             };
         }
         slot.claimed = true;
-        let tracker = StreamTracker::new(dialect, headers).with_usage(slot.usage);
+        let tracker = StreamTracker::new(dialect, headers)
+            .with_usage(slot.usage)
+            .with_finish(slot.finish);
         slot.seen.wire = Some(tracker.wire());
         drop(slot);
         Reading {
@@ -214,6 +226,7 @@ impl Reading {
                 s.malformed |= obs.malformed;
                 s.first_token = tracker.first_token_seen();
                 s.finished = tracker.finished_empty();
+                s.finish_seen = tracker.finish_seen();
                 s.scan_error = s.scan_error.or(obs.scan_error);
                 s.usage = tracker.usage();
                 s.wire = Some(tracker.wire());
@@ -250,6 +263,12 @@ impl Reading {
     /// Whether a token was seen.
     pub fn first_token_seen(&self) -> bool {
         self.seen().first_token
+    }
+
+    /// Whether a finish reason came (see [`StreamTracker::finish_seen`] and
+    /// [`StreamProgress::want_finish`]).
+    pub fn finish_seen(&self) -> bool {
+        self.seen().finish_seen
     }
 
     /// Usage reported by the stream (see [`StreamProgress::want_usage`]).

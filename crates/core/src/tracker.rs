@@ -207,6 +207,12 @@ struct State {
     first_token_seen: bool,
     /// A finish reason came before any token (see [`Observation::finished`]).
     finished_empty: bool,
+    /// Whole events are captured after the first token so that a finish reason is found (see
+    /// [`StreamTracker::with_finish`]).
+    want_finish: bool,
+    /// A finish reason came, before or after the first token (see
+    /// [`StreamTracker::finish_seen`]).
+    finish_seen: bool,
     events: u64,
     tokens: u64,
     failed: bool,
@@ -249,6 +255,8 @@ impl StreamTracker {
                 wire,
                 first_token_seen: false,
                 finished_empty: false,
+                want_finish: false,
+                finish_seen: false,
                 events: 0,
                 tokens: 0,
                 failed: false,
@@ -273,6 +281,15 @@ impl StreamTracker {
     /// only need to know that output goes on, which a finish chunk tells them too.
     pub fn with_usage(mut self, usage: bool) -> Self {
         self.state.usage = usage.then(UsageState::default);
+        self.set_capture();
+        self
+    }
+
+    /// Also finds a finish reason after the first token (off by default: it captures whole
+    /// events, which [`with_usage`](StreamTracker::with_usage) does too): see
+    /// [`finish_seen`](StreamTracker::finish_seen).
+    pub fn with_finish(mut self, finish: bool) -> Self {
+        self.state.want_finish = finish;
         self.set_capture();
         self
     }
@@ -345,7 +362,7 @@ impl StreamTracker {
         } else {
             usize::MAX
         };
-        let capture = if state.usage.is_some() {
+        let capture = if state.usage.is_some() || state.want_finish {
             usize::MAX
         } else {
             state.class_limit
@@ -364,6 +381,16 @@ impl StreamTracker {
     /// [`Observation::finished`]).
     pub fn finished_empty(&self) -> bool {
         self.state.finished_empty
+    }
+
+    /// Whether an event of the stream carried a finish reason (OpenAI `finish_reason`,
+    /// Anthropic `stop_reason`, a string either way). After the first token it is found only
+    /// with [`with_finish`](StreamTracker::with_finish) or
+    /// [`with_usage`](StreamTracker::with_usage) on. A terminal event (`[DONE]`,
+    /// `message_stop`) without one ends an answer that was cut short: an interrupting server
+    /// ends the running stream that way.
+    pub fn finish_seen(&self) -> bool {
+        self.state.finish_seen
     }
 
     /// Events seen so far (all classes).
@@ -429,6 +456,14 @@ impl State {
             && let Event::Sse { data, .. } | Event::Line { data } = event
         {
             usage.scan(data);
+        }
+        if !self.finish_seen
+            && matches!(class, Class::Token | Class::Meta)
+            && let Event::Sse { data, .. } | Event::Line { data } = event
+            && data.is_complete()
+            && (may_be_a_finish(data.bytes) || may_be_a_stop(data.bytes))
+        {
+            self.finish_seen = true;
         }
         obs.events += 1;
         self.events += 1;

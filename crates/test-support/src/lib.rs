@@ -45,8 +45,8 @@ pub use metrics::{Series, Value, assert_secs, has, metric, snapshot};
 pub use request::{CHAT, MESSAGES, chat, content_type, post};
 pub use script::{Feed, Probe, ScriptBody, Step, TransportError, data, wait_ms};
 pub use wire::{
-    DONE, IN_BAND_ERROR, KEEPALIVE, ROLE, TOKEN, TWO_TOKENS, USAGE, at_event_boundary, error_json,
-    grpc_message, token,
+    DONE, END, FINISH, IN_BAND_ERROR, KEEPALIVE, ROLE, TOKEN, TWO_TOKENS, USAGE, at_event_boundary,
+    error_json, grpc_message, token,
 };
 
 /// The error type of boxed errors (the same as `tailguard_core::BoxError`).

@@ -10,8 +10,17 @@ pub const TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\"
 pub const TWO_TOKENS: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\n";
 /// An SSE comment, as proxies and servers send to keep a connection alive.
 pub const KEEPALIVE: &str = ": keepalive\n\n";
-/// The end of an OpenAI stream.
+/// The terminal event of an OpenAI stream. A stream that ends properly says why first
+/// ([`FINISH`]; both in one piece: [`END`]); a bare `[DONE]` is an interrupted one.
 pub const DONE: &str = "data: [DONE]\n\n";
+/// The last chunk of an OpenAI answer: no content, its finish reason.
+pub const FINISH: &str =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+/// The proper end of an OpenAI stream in one piece: [`FINISH`], then [`DONE`].
+pub const END: &str = concat!(
+    "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+    "data: [DONE]\n\n"
+);
 /// A usage-only chunk (`stream_options.include_usage`): 11 prompt and 4 completion tokens.
 pub const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":4,\"total_tokens\":15}}\n\n";
 /// An OpenAI in-band error event.

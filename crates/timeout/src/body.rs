@@ -255,7 +255,10 @@ where
 /// A data frame from the inner body: runs the tracker and the timers' bookkeeping on it, and
 /// returns it when it may pass at once (it ends on an event boundary and nothing is held back,
 /// what LLM servers send); otherwise it is queued behind the bytes held back.
-fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<B::Data> {
+fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<B::Data>
+where
+    B::Data: From<Bytes>,
+{
     let Some(tracker) = this.tracker.as_mut() else {
         return Some(data);
     };
@@ -271,6 +274,23 @@ fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<B::Data
         let failure = Failure::malformed(tracker.events());
         fail(this, failure);
         return None;
+    }
+    if obs.done && !obs.error && *this.require_terminal && !*this.terminal && !finished(tracker) {
+        // A terminal event with no finish reason before it: the answer was cut short (an
+        // interrupting server ends the running stream with a bare `[DONE]`), and an SDK would
+        // return it as whole. What the frame holds before the terminal event goes on (when the
+        // frame is one piece and nothing is held back; else the frame is dropped whole, as
+        // junk is), and the stream ends in-band.
+        let failure = Failure::interrupted(tracker.events());
+        let whole = data.chunk().len() == data.remaining() && this.held.is_empty();
+        let before = whole
+            .then(|| terminal_start(tracker.wire(), data.chunk()))
+            .flatten();
+        fail(this, failure);
+        let mut data = data;
+        return before
+            .filter(|&n| n > 0)
+            .map(|n| B::Data::from(data.copy_to_bytes(n)));
     }
     *this.terminal |= obs.done || obs.error;
     if let Some(err) = obs.scan_error {
@@ -291,6 +311,36 @@ fn on_data<B: Body>(this: &mut BodyProj<'_, B>, data: B::Data) -> Option<B::Data
     }
     this.held.push(data, pending);
     None
+}
+
+/// Whether the stream said how its answer ended, where its wire has a way to: a finish reason
+/// (OpenAI `finish_reason`, Anthropic `stop_reason`). The Responses API and gRPC end
+/// otherwise; their terminal event is the whole ending.
+fn finished(tracker: &Reading) -> bool {
+    !matches!(tracker.wire(), Wire::OpenAiSse | Wire::AnthropicSse) || tracker.finish_seen()
+}
+
+/// Where the terminal event (`[DONE]`, `message_stop`) starts in `bytes`: after the blank line
+/// before its last mention, or at 0. Runs only on the frame that ends a stream cut short.
+fn terminal_start(wire: Wire, bytes: &[u8]) -> Option<usize> {
+    let needle: &[u8] = match wire {
+        Wire::AnthropicSse => b"message_stop",
+        _ => b"[DONE]",
+    };
+    let at = bytes.windows(needle.len()).rposition(|w| w == needle)?;
+    let head = &bytes[..at];
+    let after = |sep: &[u8]| {
+        head.windows(sep.len())
+            .rposition(|w| w == sep)
+            .map(|i| i + sep.len())
+    };
+    Some(
+        [&b"\n\n"[..], b"\r\r", b"\r\n\r\n"]
+            .into_iter()
+            .filter_map(after)
+            .max()
+            .unwrap_or(0),
+    )
 }
 
 /// A frame that is not data: trailers end the data (a gRPC status in them, after whole

@@ -83,6 +83,16 @@ impl Failure {
         Self::upstream(UpstreamFailure::Truncated, message, None)
     }
 
+    /// The stream's terminal event (`[DONE]`, `message_stop`) came without a finish reason: the
+    /// upstream cut the answer short and said it ended (an interrupting server's bare `[DONE]`
+    /// when a newer request takes its slot), which an SDK would return as a whole answer.
+    pub(crate) fn interrupted(events: u64) -> Self {
+        let message = format!(
+            "the upstream ended the stream without a finish reason: the answer was cut short ({events} events)"
+        );
+        Self::upstream(UpstreamFailure::Truncated, message, None)
+    }
+
     /// The body failed (a reset, a connection error). In the body-error flavour the client gets
     /// `err` itself.
     pub(crate) fn transport(err: BoxError, events: u64) -> Self {

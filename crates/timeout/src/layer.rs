@@ -470,6 +470,10 @@ impl<M> SseIdleTimeoutLayer<M> {
     /// [`UpstreamError(Truncated)`](tailguard_core::UpstreamFailure::Truncated), so an SDK
     /// raises an error instead of returning a cut answer as complete.
     ///
+    /// On an OpenAI or Anthropic stream the terminal event must also follow a finish reason
+    /// (`finish_reason`, `stop_reason`): a bare `[DONE]` is how an interrupting server cuts a
+    /// running answer short, and it ends the same way, with a message that says so.
+    ///
     /// The default is on for [`Dialect::OpenAi`], [`Dialect::Anthropic`], [`Dialect::LlmSse`]
     /// (what [`Dialect::Auto`] picks for `text/event-stream`) and [`Dialect::Grpc`]: their
     /// servers always send the terminal event, so a stream without it lost its end. It is off

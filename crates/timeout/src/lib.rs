@@ -126,6 +126,14 @@
 //!   never forwarded; end reason `UpstreamError(Truncated)`. On by default for the dialects
 //!   whose servers always send one; see
 //!   [`with_require_terminal_event`](SseIdleTimeoutLayer::with_require_terminal_event).
+//! * **A stream ended without a finish reason**: the terminal event (`[DONE]`, Anthropic's
+//!   `message_stop`) came, but no event before it said why the answer ended (OpenAI
+//!   `finish_reason`, Anthropic `stop_reason`): an interrupting server (llama.cpp's default)
+//!   ends the running stream that way when a newer request takes its slot, and an SDK would
+//!   return the cut answer as whole. The terminal event is not forwarded (what its frame held
+//!   before it is); end reason `UpstreamError(Truncated)`, with a message that says the finish
+//!   reason was missing. Part of the same check (on for OpenAI and Anthropic streams); the
+//!   Responses API and gRPC, whose endings say it otherwise, are not affected.
 //! * **An event over the scanner's cap** (1 MiB by default; say a line that never ends): the
 //!   stream cannot be followed, so it ends there, the oversized event dropped; end reason
 //!   `UpstreamError(Protocol)` (gRPC: `grpc-status: 13`).

@@ -88,6 +88,10 @@ where
         let timeouts = self.config.prepare(&mut req, start);
         let report = req.extensions().get::<EndReport>().cloned();
         let progress = StreamProgress::of(req.extensions_mut());
+        if self.config.require_terminal_event != Some(false) {
+            // A terminal event must follow a finish reason (see `body::finished`).
+            progress.want_finish();
+        }
         let grpc = is_grpc(req.headers());
         let fut = self.inner.call(req);
         ResponseFuture::new(

@@ -201,7 +201,7 @@ async fn a_chunked_anthropic_stream_without_message_stop_is_truncated() {
     // A complete stream passes as it is.
     let stop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     let url = raw_upstream(
-        chunked("text/event-stream", &[start, delta, stop]),
+        chunked("text/event-stream", &[start, delta, MESSAGE_DELTA, stop]),
         Then::Close,
     )
     .await;
@@ -209,8 +209,196 @@ async fn a_chunked_anthropic_stream_without_message_stop_is_truncated() {
     let svc = SseIdleTimeoutLayer::new().layer(client());
     let (text, error) = read(svc.oneshot(post(&url, MESSAGES, &report)).await.unwrap()).await;
     assert!(error.is_none());
-    assert_eq!(text, format!("{start}{delta}{stop}"));
+    assert_eq!(text, format!("{start}{delta}{MESSAGE_DELTA}{stop}"));
     assert_eq!(report.get(), None);
+}
+
+/// An Anthropic `message_delta` that says why the message stopped.
+const MESSAGE_DELTA: &str = "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":1}}\n\n";
+const FINISH: &str =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+const DONE: &str = "data: [DONE]\n\n";
+
+/// An interrupting server (llama.cpp's default) ends the running stream with a bare `[DONE]`
+/// when a newer request takes its slot: no finish reason. An SDK would return the cut answer
+/// as whole, so the layer ends it in-band as cut short.
+#[tokio::test]
+async fn a_terminal_event_without_a_finish_reason_ends_as_cut_short() {
+    // Without the layer the client gets the bare [DONE]: a silent truncation.
+    let url = raw_upstream(
+        chunked("text/event-stream", &[TOKEN_A, TOKEN_B, DONE]),
+        Then::Close,
+    )
+    .await;
+    let (text, _) = read(
+        client()
+            .oneshot(post(&url, CHAT, &EndReport::new()))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(text, format!("{TOKEN_A}{TOKEN_B}{DONE}"));
+
+    let url = raw_upstream(
+        chunked("text/event-stream", &[TOKEN_A, TOKEN_B, DONE]),
+        Then::Close,
+    )
+    .await;
+    let report = EndReport::new();
+    let svc = SseIdleTimeoutLayer::new().layer(client());
+    let (text, error) = read(svc.oneshot(post(&url, CHAT, &report)).await.unwrap()).await;
+    assert!(error.is_none(), "{error:?}");
+    let events = events(&text);
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert_eq!(
+        format!("{}\n\n{}\n\n", events[0], events[1]),
+        format!("{TOKEN_A}{TOKEN_B}")
+    );
+    let err = error_json(events[2]);
+    assert_eq!(err["error"]["code"], "upstream_error_truncated");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("finish reason"),
+        "{err}"
+    );
+    assert_eq!(events[3], "data: [DONE]");
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Truncated))
+    );
+
+    // In one piece with the tokens: the tokens go on, the bare [DONE] does not.
+    let one = format!("{TOKEN_A}{TOKEN_B}{DONE}");
+    let url = raw_upstream(chunked("text/event-stream", &[&one]), Then::Close).await;
+    let svc = SseIdleTimeoutLayer::new().layer(client());
+    let (text, _) = read(
+        svc.oneshot(post(&url, CHAT, &EndReport::new()))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let evs = crate::events(&text);
+    assert_eq!(evs.len(), 4, "{evs:?}");
+    assert_eq!(
+        format!("{}\n\n{}\n\n", evs[0], evs[1]),
+        format!("{TOKEN_A}{TOKEN_B}")
+    );
+    assert_eq!(
+        error_json(evs[2])["error"]["code"],
+        "upstream_error_truncated"
+    );
+
+    // With the finish reason (and usage after it) the stream passes as it is.
+    let usage =
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n";
+    let url = raw_upstream(
+        chunked(
+            "text/event-stream",
+            &[TOKEN_A, TOKEN_B, FINISH, usage, DONE],
+        ),
+        Then::Close,
+    )
+    .await;
+    let report = EndReport::new();
+    let svc = SseIdleTimeoutLayer::new().layer(client());
+    let (text, error) = read(svc.oneshot(post(&url, CHAT, &report)).await.unwrap()).await;
+    assert!(error.is_none());
+    assert_eq!(text, format!("{TOKEN_A}{TOKEN_B}{FINISH}{usage}{DONE}"));
+    assert_eq!(report.get(), None);
+
+    // An empty answer says so with its finish reason; without one it is no answer at all.
+    let url = raw_upstream(chunked("text/event-stream", &[FINISH, DONE]), Then::Close).await;
+    let svc = SseIdleTimeoutLayer::new().layer(client());
+    let (text, _) = read(
+        svc.oneshot(post(&url, CHAT, &EndReport::new()))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(text, format!("{FINISH}{DONE}"));
+
+    // Asked off: the bare [DONE] passes.
+    let url = raw_upstream(chunked("text/event-stream", &[TOKEN_A, DONE]), Then::Close).await;
+    let svc = SseIdleTimeoutLayer::new()
+        .with_require_terminal_event(false)
+        .layer(client());
+    let (text, _) = read(
+        svc.oneshot(post(&url, CHAT, &EndReport::new()))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(text, format!("{TOKEN_A}{DONE}"));
+}
+
+/// The stream llama-cpp-python's server sent when a newer request interrupted it before its
+/// first token (captured: `testdata/llamacpp-chat-stream-interrupted.http`): a role chunk and
+/// a bare `[DONE]`. The client gets an error, not an empty answer.
+#[tokio::test]
+async fn a_captured_interruption_before_any_token_is_an_error_not_an_empty_answer() {
+    let captured =
+        include_str!("testdata/llamacpp-chat-stream-interrupted.http").replace("\r\n", "\n");
+    let (head, body) = captured.split_once("\n\n").unwrap();
+    assert!(
+        head.contains("transfer-encoding: chunked") || head.contains("Transfer-Encoding: chunked")
+    );
+    // The chunked body as captured, in lines: size, data, size, data, 0.
+    let pieces: Vec<String> = body
+        .split("\n\n\n")
+        .filter_map(|c| {
+            c.split_once('\n')
+                .map(|(_, data)| format!("{}\n\n", data.trim_end()))
+        })
+        .filter(|p| p.starts_with("data: "))
+        .collect();
+    assert_eq!(pieces.len(), 2, "{pieces:?}");
+    let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    let url = raw_upstream(
+        chunked("text/event-stream; charset=utf-8", &refs),
+        Then::Close,
+    )
+    .await;
+    let report = EndReport::new();
+    let svc = SseIdleTimeoutLayer::new().layer(client());
+    let (text, error) = read(svc.oneshot(post(&url, CHAT, &report)).await.unwrap()).await;
+    assert!(error.is_none(), "{error:?}");
+    let events = events(&text);
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(format!("{}\n\n", events[0]), pieces[0]);
+    assert_eq!(
+        error_json(events[1])["error"]["code"],
+        "upstream_error_truncated"
+    );
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Truncated))
+    );
+}
+
+/// The same for Anthropic: `message_stop` with no `stop_reason` before it.
+#[tokio::test]
+async fn an_anthropic_message_stop_without_a_stop_reason_ends_as_cut_short() {
+    let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"stop_reason\":null}}\n\n";
+    let delta = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
+    let stop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let url = raw_upstream(
+        chunked("text/event-stream", &[start, delta, stop]),
+        Then::Close,
+    )
+    .await;
+    let report = EndReport::new();
+    let svc = SseIdleTimeoutLayer::new().layer(client());
+    let (text, error) = read(svc.oneshot(post(&url, MESSAGES, &report)).await.unwrap()).await;
+    assert!(error.is_none(), "{error:?}");
+    let events = events(&text);
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(events[2].starts_with("event: error\n"), "{}", events[2]);
+    assert_eq!(
+        report.get(),
+        Some(EndReason::UpstreamError(UpstreamFailure::Truncated))
+    );
 }
 
 #[tokio::test]

@@ -58,7 +58,7 @@ async fn a_slow_generation_behind_keepalives_outlives_the_liveness_limit() {
     for _ in 0..5 {
         steps.extend([wait_ms(2000), data("event: ping\ndata: {}\n\n")]);
     }
-    steps.extend([data(token("b")), data(DONE)]);
+    steps.extend([data(token("b")), data(END)]);
     let (req, report) = with_report();
     let (seen, probe) = run(layer(), req, steps).await;
     assert!(seen.error.is_none(), "{:?}", seen.error);
@@ -75,7 +75,7 @@ async fn a_silent_connection_ends_with_its_own_reason_and_message() {
         wait_ms(500),
         data(token("a")),
         wait_ms(60_000),
-        data(DONE),
+        data(END),
     ];
     let (req, report) = with_report();
     let (seen, probe) = run(layer(), req, steps).await;
@@ -95,7 +95,7 @@ async fn a_silent_connection_ends_with_its_own_reason_and_message() {
 #[tokio::test(start_paused = true)]
 async fn silence_before_the_first_token_is_caught_too() {
     // Headers, then nothing at all: the liveness clock runs from the headers.
-    let steps = vec![wait_ms(60_000), data(DONE)];
+    let steps = vec![wait_ms(60_000), data(END)];
     let (req, report) = with_report();
     let (seen, _) = run(layer(), req, steps).await;
     assert_eq!(seen.ended_at, secs(3));
@@ -104,7 +104,7 @@ async fn silence_before_the_first_token_is_caught_too() {
 
 #[tokio::test(start_paused = true)]
 async fn the_limit_is_per_class_and_per_request() {
-    let silent = || vec![data(ROLE), data(token("a")), wait_ms(60_000), data(DONE)];
+    let silent = || vec![data(ROLE), data(token("a")), wait_ms(60_000), data(END)];
     // The class allows 10 s of silence...
     let (mut req, report) = with_report();
     req.extensions_mut()

@@ -85,8 +85,9 @@ proptest! {
             timeline.push((t, is_progress));
         }
         // The stream ends with its terminal event (an OpenAI stream without it was cut short).
-        steps.push(data(DONE));
-        timeline.push((t, true));
+        steps.push(data(END));
+        // Two events: the finish chunk and `[DONE]`.
+        timeline.extend([(t, true), (t, true)]);
         let end = t;
         let mut marks = progress.clone();
         marks.push(end);
@@ -124,7 +125,7 @@ proptest! {
             .map(|i| format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"))
             .collect::<String>()
             + ": keepalive\n\n"
-            + "data: [DONE]\n\n";
+            + END;
         let bytes = whole.as_bytes();
         let mut steps = Vec::new();
         let mut pos = 0;

@@ -127,7 +127,7 @@ async fn idle_timeout_fires_after_stall_behind_keepalives() {
     }
     // Stall: keepalives only.
     steps.extend(keepalives(30, 1000));
-    steps.push(data(DONE));
+    steps.push(data(END));
     let (req, report) = with_report();
     let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
@@ -166,7 +166,7 @@ async fn steady_tokens_under_the_idle_limit_never_fire() {
             steps.push(data(KEEPALIVE));
         }
     }
-    steps.push(data(DONE));
+    steps.push(data(END));
     let (req, report) = with_report();
     let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
@@ -247,8 +247,7 @@ async fn split_events_are_released_whole_and_in_order() {
     // No timeout fires: the held-back bytes come out as soon as their event completes, and the
     // client receives exactly the upstream's bytes.
     let layer = SseIdleTimeoutLayer::new().with_idle_timeout(secs(1));
-    let whole =
-        "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n".repeat(3) + "data: [DONE]\n\n";
+    let whole = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n".repeat(3) + END;
     let steps: Vec<Step> = whole
         .as_bytes()
         .chunks(7)
@@ -281,7 +280,7 @@ async fn head_timeout_is_a_504_in_openai_json() {
 #[tokio::test(start_paused = true)]
 async fn headers_ready_at_the_limit_win() {
     let layer = SseIdleTimeoutLayer::new().with_head_timeout(secs(2));
-    let (res, _probe, _start) = run(layer, Request::new(()), secs(2), vec![data(DONE)]).await;
+    let (res, _probe, _start) = run(layer, Request::new(()), secs(2), vec![data(END)]).await;
     assert_eq!(res.status(), 200);
 }
 
@@ -373,7 +372,7 @@ async fn body_error_flavour_carries_phase_events_and_gap() {
         data(KEEPALIVE),
         data("data: {\"choi"),
         wait_ms(10_000),
-        data(DONE),
+        data(END),
     ];
     let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
@@ -419,7 +418,7 @@ async fn keepalives_reset_idle_only_when_configured() {
         let mut s = vec![data(token("a"))];
         s.extend(keepalives(5, 1000));
         s.push(data(token("b")));
-        s.push(data(DONE));
+        s.push(data(END));
         s
     };
     let strict = SseIdleTimeoutLayer::new().with_idle_timeout(ms(2500));
@@ -438,7 +437,7 @@ async fn keepalives_reset_idle_only_when_configured() {
 
 #[tokio::test(start_paused = true)]
 async fn first_token_clock_can_start_at_headers() {
-    let steps = || vec![wait_ms(2500), data(token("a")), data(DONE)];
+    let steps = || vec![wait_ms(2500), data(token("a")), data(END)];
     let from_call = SseIdleTimeoutLayer::new().with_first_token_timeout(secs(3));
     let (res, _, start) = run(from_call, Request::new(()), secs(1), steps()).await;
     let seen = collect(res.into_body(), start).await;
@@ -508,7 +507,7 @@ async fn a_client_that_does_not_read_counts_for_total_but_not_for_idle() {
     for i in 0..10 {
         steps.extend([wait_ms(500), data(token(&format!("t{i}")))]);
     }
-    steps.push(data(DONE));
+    steps.push(data(END));
     let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
     let mut body = std::pin::pin!(res.into_body());
     let first = body.frame().await.unwrap().unwrap();
@@ -533,7 +532,7 @@ async fn a_client_that_does_not_read_counts_for_total_but_not_for_idle() {
         data(token("b")),
         data(token("c")),
         wait_ms(30_000),
-        data(DONE),
+        data(END),
     ];
     let (res, probe, start) = run(layer, Request::new(()), Duration::ZERO, steps).await;
     let mut body = std::pin::pin!(res.into_body());
@@ -602,8 +601,8 @@ async fn forwards_trailers_size_hint_and_end_of_stream() {
     assert!(body.frame().await.is_none());
 
     // Without timers a complete stream passes through as it is.
-    let whole = format!("{a}data: [DONE]\n\n");
-    let body = ScriptBody::new(vec![data(a), data(DONE)]);
+    let whole = format!("{a}{END}");
+    let body = ScriptBody::new(vec![data(a), data(END)]);
     let svc = SseIdleTimeoutLayer::new().layer(upstream(
         Duration::ZERO,
         SSE,
@@ -634,7 +633,7 @@ async fn a_stream_cut_short_is_not_at_its_end_until_its_ending_is_out() {
     assert!(body.frame().await.is_none());
 
     // A complete stream is at its end after [DONE], as the inner body says.
-    let body = ScriptBody::new(vec![data(token("a")), data(DONE)]);
+    let body = ScriptBody::new(vec![data(token("a")), data(END)]);
     let svc = SseIdleTimeoutLayer::new().layer(upstream(Duration::ZERO, SSE, body));
     let res = svc.oneshot(Request::new(())).await.unwrap();
     let mut body = std::pin::pin!(res.into_body());
@@ -696,7 +695,7 @@ async fn upstream_errors_end_in_band_and_done_streams_end_quietly() {
         vec![data("data: {\"cho")],
     ] {
         let (req, report) = with_report();
-        let mut steps = vec![data(token("a")), data(DONE)];
+        let mut steps = vec![data(token("a")), data(END)];
         steps.extend(tail);
         let (res, _, start) = run(layer.clone(), req, Duration::ZERO, steps).await;
         let seen = collect(res.into_body(), start).await;
@@ -711,7 +710,7 @@ async fn upstream_errors_end_in_band_and_done_streams_end_quietly() {
         Duration::ZERO,
         vec![
             data(token("a")),
-            data(DONE),
+            data(END),
             wait_ms(60_000),
             data(KEEPALIVE),
         ],
@@ -792,7 +791,7 @@ async fn absurd_header_values_neither_panic_nor_fire() {
             .header("x-total-ms", value)
             .body(())
             .unwrap();
-        let steps = vec![wait_ms(5000), data(token("a")), wait_ms(5000), data(DONE)];
+        let steps = vec![wait_ms(5000), data(token("a")), wait_ms(5000), data(END)];
         let (res, probe, start) = run(layer.clone(), req, secs(1), steps).await;
         let seen = collect(res.into_body(), start).await;
         assert_eq!(seen.ended_at, secs(11), "{value}");
@@ -811,7 +810,7 @@ async fn an_event_over_the_scan_cap_ends_the_stream_with_a_protocol_error() {
     for _ in 0..16 {
         steps.extend([wait_ms(100), data(&chunk)]);
     }
-    steps.extend([data("\n\n"), data(DONE)]);
+    steps.extend([data("\n\n"), data(END)]);
     let (req, report) = with_report();
     let (res, probe, start) = run(layer, req, Duration::ZERO, steps).await;
     let seen = collect(res.into_body(), start).await;
