@@ -754,3 +754,51 @@ async fn the_recorder_follows_the_timeouts_reading_of_the_stream() {
     assert_eq!(r.output_events, 0);
     server.shutdown().await;
 }
+
+/// An interrupting server (llama.cpp's default) ends a running stream with a bare `[DONE]`: no
+/// finish reason. The recorder alone records it as cut short, not completed; with the timeout
+/// inside, the client is told too (an error event before `[DONE]`) and the reason is the same.
+#[tokio::test(start_paused = true)]
+async fn a_bare_done_after_tokens_is_recorded_as_truncated() {
+    let server = MockServer::start(Script::new().ttft(ms(20)).tokens(6).gap(ms(10)))
+        .await
+        .unwrap();
+    let interrupted = [(SCRIPT_HEADER, "interrupt_after=3")];
+    let check = |text: &str, r: &PhaseReport, with_timeout: bool| {
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert_eq!(
+            text.contains("upstream_error_truncated"),
+            with_timeout,
+            "{text}"
+        );
+        assert_eq!(
+            r.end_reason,
+            EndReason::UpstreamError(UpstreamFailure::Truncated)
+        );
+        assert_eq!(r.output_events, 3);
+        assert_eq!(r.end_reason_reported, with_timeout);
+    };
+    // The recorder alone.
+    let (layer, reports, _snap) = recorder();
+    let svc = ServiceBuilder::new().layer(layer).service(client());
+    let res = svc.oneshot(chat(&server, &interrupted)).await.unwrap();
+    // The server closes the connection right after the bare `[DONE]`.
+    let (body, _) = tailguard_test_support::read_all(res.into_body()).await;
+    check(&String::from_utf8_lossy(&body), &reports.one(), false);
+    // With the timeout inside it.
+    let (layer, reports, _snap) = recorder();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(SseIdleTimeoutLayer::new())
+        .service(client());
+    let res = svc.oneshot(chat(&server, &interrupted)).await.unwrap();
+    let (body, failed) = tailguard_test_support::read_all(res.into_body()).await;
+    assert!(!failed, "the timeout ends the stream cleanly");
+    check(&String::from_utf8_lossy(&body), &reports.one(), true);
+    // A whole answer from the same server is completed.
+    let (layer, reports, _snap) = recorder();
+    let svc = ServiceBuilder::new().layer(layer).service(client());
+    let res = svc.oneshot(chat(&server, &[])).await.unwrap();
+    res.into_body().collect().await.unwrap();
+    assert_eq!(reports.one().end_reason, EndReason::Completed);
+}

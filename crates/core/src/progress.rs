@@ -271,6 +271,16 @@ impl Reading {
         self.seen().finish_seen
     }
 
+    /// Whether the stream has not said how its answer ended where its wire has a way to: no
+    /// finish reason yet on an OpenAI or Anthropic stream (see [`finish_seen`](Self::finish_seen);
+    /// the reader must want it, [`StreamProgress::want_finish`] or
+    /// [`want_usage`](StreamProgress::want_usage)). A terminal event while this holds ends an
+    /// answer cut short: an interrupting server ends the running stream with a bare `[DONE]`.
+    /// Never on the Responses API's or gRPC's wires, whose endings say it otherwise.
+    pub fn finish_missing(&self) -> bool {
+        matches!(self.wire(), Wire::OpenAiSse | Wire::AnthropicSse) && !self.finish_seen()
+    }
+
     /// Usage reported by the stream (see [`StreamProgress::want_usage`]).
     pub fn usage(&self) -> Option<Usage> {
         self.seen().usage

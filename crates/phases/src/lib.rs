@@ -32,6 +32,7 @@
 //!     .service(service_fn(|_req: Request<Full<Bytes>>| async {
 //!         let sse = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n\
 //!                    data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+//!                    data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
 //!                    data: [DONE]\n\n";
 //!         let res = Response::builder()
 //!             .header("content-type", "text/event-stream")

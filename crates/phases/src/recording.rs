@@ -57,6 +57,9 @@ pub(crate) struct Recording {
     /// When the frame completing the stream's terminal event (`[DONE]`, `message_stop`) was
     /// handed to the caller.
     done_at: Option<Instant>,
+    /// The terminal event came with no finish reason before it: the answer was cut short (see
+    /// core's `Reading::finish_missing`).
+    cut_short: bool,
     in_band_error: bool,
     /// The stream carried junk its dialect cannot carry (see `Observation::malformed`).
     malformed: bool,
@@ -104,6 +107,7 @@ impl Recording {
             output_events: 0,
             events: 0,
             done_at: None,
+            cut_short: false,
             in_band_error: false,
             malformed: false,
         })
@@ -204,6 +208,8 @@ impl Recording {
         self.events += u64::from(obs.events);
         if obs.done && self.done_at.is_none() {
             self.done_at = Some(Instant::now());
+            self.cut_short =
+                !obs.error && self.tracker.as_ref().is_some_and(Reading::finish_missing);
         }
         self.in_band_error |= obs.error;
         self.malformed |= obs.malformed;
@@ -295,6 +301,11 @@ impl Recording {
             other => other,
         };
         let own = match observed {
+            // The answer said it ended without saying why: cut short by the upstream (an
+            // interrupting server closes the connection right after its bare `[DONE]`).
+            _ if delivered && self.cut_short && !self.in_band_error && !self.malformed => {
+                EndReason::UpstreamError(UpstreamFailure::Truncated)
+            }
             Observed::End if self.in_band_error => {
                 EndReason::UpstreamError(UpstreamFailure::InBand)
             }

@@ -87,6 +87,8 @@ where
         if cfg.usage {
             progress.want_usage();
         }
+        // A terminal event with no finish reason before it ends an answer cut short.
+        progress.want_finish();
 
         let span = if cfg.span {
             request_span(request_id.as_ref(), &route, facts.as_ref())

@@ -55,7 +55,7 @@ async fn drop_after_openai_done_is_completed() {
             wait_ms(20),
             data(TOKEN), // t = 30 ms
             wait_ms(10),
-            data(DONE), // t = 40 ms
+            data(END), // t = 40 ms
             Step::Pending,
         ])))
     }));
@@ -238,7 +238,7 @@ async fn inner_reports_after_done() {
         let (layer, reports, _snap) = layer();
         let svc = layer.layer(service_fn(move |req: Request<Empty<Bytes>>| async move {
             let report = req.extensions().get::<EndReport>().cloned().unwrap();
-            let inner = ScriptBody::new([data(TOKEN), wait_ms(10), data(DONE), Step::Pending]);
+            let inner = ScriptBody::new([data(TOKEN), wait_ms(10), data(END), Step::Pending]);
             Ok::<_, Infallible>(sse(ReportWhenPending {
                 inner,
                 report,

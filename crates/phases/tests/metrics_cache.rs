@@ -24,7 +24,7 @@ fn upstream()
             data(TOKEN),
             Step::Wait(ms(10)),
             data(TOKEN),
-            data(DONE),
+            data(END),
         ])))
     })
 }

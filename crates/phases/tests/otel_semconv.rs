@@ -215,7 +215,7 @@ fn upstream()
                 Step::Wait(ms(30)),
                 data(TWO_TOKENS),
                 data(USAGE),
-                data(DONE),
+                data(END),
             ]),
         };
         Ok::<_, Infallible>(res)

@@ -44,7 +44,7 @@ async fn exact_phases_of_a_scripted_stream() {
                 Step::Wait(ms(5)),
                 data(KEEPALIVE),
                 Step::Wait(ms(5)),
-                data(DONE), // t = 210 ms
+                data(END), // t = 210 ms
             ])))
         }));
     let mut req = Request::post("/v1/chat/completions/")
@@ -75,7 +75,10 @@ async fn exact_phases_of_a_scripted_stream() {
     // (210 - 150) / (4 - 1)
     assert_eq!(r.time_per_output_token, Some(ms(20)));
     assert!(r.done_seen);
-    assert_eq!(r.events, 8, "role + 2 keepalives + 4 tokens + done");
+    assert_eq!(
+        r.events, 9,
+        "role + 2 keepalives + 4 tokens + finish + done"
+    );
     assert_eq!(r.labels.route(), "/v1/chat/completions");
     assert_eq!(r.labels.model(), "gpt-4o");
     assert_eq!(r.labels.upstream(), "vllm-a");
@@ -86,7 +89,7 @@ async fn exact_phases_of_a_scripted_stream() {
         line.ends_with(
             " route=/v1/chat/completions model=gpt-4o upstream=vllm-a priority=interactive \
              streamed=true status=200 end_reason=completed queue_wait=- \
-             time_to_headers=0.050000s ttft=0.150000s total=0.210000s output_events=4 events=8"
+             time_to_headers=0.050000s ttft=0.150000s total=0.210000s output_events=4 events=9"
         ),
         "{line}"
     );
@@ -156,7 +159,7 @@ async fn role_only_first_chunk_is_not_the_first_token() {
                 data(ROLE),
                 Step::Wait(ms(200)),
                 data(TOKEN),
-                data(DONE),
+                data(END),
             ])))
         })
     });
@@ -237,7 +240,7 @@ async fn client_disconnect_mid_stream_is_reported_once() {
                 Step::Wait(ms(10)),
                 data(TOKEN),
                 Step::Wait(ms(10_000)),
-                data(DONE),
+                data(END),
             ])))
         })
     });
@@ -264,7 +267,7 @@ async fn response_future_dropped_before_headers_is_a_client_disconnect() {
     let mut svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
             tokio::time::sleep(ms(1000)).await;
-            Ok::<_, Infallible>(sse(ScriptBody::new([data(DONE)])))
+            Ok::<_, Infallible>(sse(ScriptBody::new([data(END)])))
         })
     });
     let fut = svc.ready().await.unwrap().call(Request::new(Empty::new()));
@@ -356,7 +359,7 @@ async fn in_band_error_event_and_grpc_trailers() {
             Ok::<_, Infallible>(sse(ScriptBody::new([
                 data(TOKEN),
                 data(IN_BAND_ERROR),
-                data(DONE),
+                data(END),
             ])))
         })
     });
@@ -411,7 +414,7 @@ async fn end_of_stream_after_a_frame_finalises_without_another_poll() {
             Ok::<_, Infallible>(sse(ScriptBody::new([
                 Step::Wait(ms(10)),
                 data(TOKEN),
-                data(DONE),
+                data(END),
             ])))
         })
     });
@@ -516,7 +519,7 @@ async fn admission_and_hedge_outcomes_from_response_extensions() {
             let mut res = sse(ScriptBody::new([
                 Step::Wait(ms(50)),
                 data(TOKEN),
-                data(DONE),
+                data(END),
             ]));
             res.extensions_mut()
                 .insert(AdmissionOutcome::admitted(ms(200), 1));
@@ -581,7 +584,7 @@ async fn hedge_costs_reach_the_report_and_the_metrics_per_upstream() {
     let (layer, reports, snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            let mut res = sse(ScriptBody::new([data(TOKEN), data(DONE)]));
+            let mut res = sse(ScriptBody::new([data(TOKEN), data(END)]));
             let losers = vec![LoserRun::new(0, ms(120)), LoserRun::new(1, ms(80))];
             res.extensions_mut()
                 .insert(HedgeOutcome::new(3, 2, Some(ms(40))).with_losers(losers, 500, Some(30)));
@@ -621,7 +624,7 @@ async fn a_request_nobody_hedged_wastes_nothing() {
     let (layer, _reports, snap) = layer();
     let svc = layer.layer_fn(|| {
         service_fn(|_req: Request<Empty<Bytes>>| async {
-            let mut res = sse(ScriptBody::new([data(TOKEN), data(DONE)]));
+            let mut res = sse(ScriptBody::new([data(TOKEN), data(END)]));
             res.extensions_mut()
                 .insert(HedgeOutcome::new(1, 0, None).with_losers(Vec::new(), 500, Some(30)));
             Ok::<_, Infallible>(res)
@@ -756,7 +759,7 @@ async fn usage_is_extracted_from_include_usage_chunks() {
                 data(ROLE),
                 data(TOKEN),
                 data(USAGE),
-                data(DONE),
+                data(END),
             ])))
         })
     });
@@ -825,7 +828,7 @@ async fn label_cardinality_is_bounded() {
         .with_routes(["/v1/chat/completions", "/v1/completions"])
         .layer_fn(|| {
             service_fn(|_req: Request<Empty<Bytes>>| async {
-                Ok::<_, Infallible>(sse(ScriptBody::new([data(TOKEN), data(DONE)])))
+                Ok::<_, Infallible>(sse(ScriptBody::new([data(TOKEN), data(END)])))
             })
         });
     let mut x: u64 = 0x9e37_79b9;

@@ -96,7 +96,7 @@ fn one_span_with_every_phase_and_one_event() {
                                 data(TOKEN),
                                 Step::Wait(ms(10)),
                                 data(TOKEN),
-                                data(DONE),
+                                data(END),
                             ]))
                             .unwrap(),
                     )

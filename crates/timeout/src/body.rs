@@ -275,7 +275,12 @@ where
         fail(this, failure);
         return None;
     }
-    if obs.done && !obs.error && *this.require_terminal && !*this.terminal && !finished(tracker) {
+    if obs.done
+        && !obs.error
+        && *this.require_terminal
+        && !*this.terminal
+        && tracker.finish_missing()
+    {
         // A terminal event with no finish reason before it: the answer was cut short (an
         // interrupting server ends the running stream with a bare `[DONE]`), and an SDK would
         // return it as whole. What the frame holds before the terminal event goes on (when the
@@ -311,13 +316,6 @@ where
     }
     this.held.push(data, pending);
     None
-}
-
-/// Whether the stream said how its answer ended, where its wire has a way to: a finish reason
-/// (OpenAI `finish_reason`, Anthropic `stop_reason`). The Responses API and gRPC end
-/// otherwise; their terminal event is the whole ending.
-fn finished(tracker: &Reading) -> bool {
-    !matches!(tracker.wire(), Wire::OpenAiSse | Wire::AnthropicSse) || tracker.finish_seen()
 }
 
 /// Where the terminal event (`[DONE]`, `message_stop`) starts in `bytes`: after the blank line
