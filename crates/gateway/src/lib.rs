@@ -178,6 +178,9 @@ pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiv
     let mut timeout = SseIdleTimeoutLayer::new()
         .with_client_deadline(t.client_deadline())
         .with_shutdown(drain);
+    if !t.require_finish {
+        timeout = timeout.with_require_terminal_event(false);
+    }
     if let Some(d) = t.head {
         timeout = timeout.with_head_timeout(d);
     }

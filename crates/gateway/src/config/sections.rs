@@ -137,6 +137,12 @@ settings! {
         /// is); off, as upstreams do not know the header.
         #[arg(long = "propagate-deadline", env = "TAILGUARD_PROPAGATE_DEADLINE", value_name = "ON_OFF")]
         propagate_deadline: OnOff => bool = "off";
+        /// A stream must say how it ended, `on` or `off`: its terminal event (`[DONE]`,
+        /// `message_stop`), after a finish reason. One that does not was cut short (a closed
+        /// connection, an interrupting server's bare `[DONE]`) and ends with an in-band error
+        /// instead of passing as whole. Off only for an upstream known to end otherwise.
+        #[arg(long = "require-finish", env = "TAILGUARD_REQUIRE_FINISH", value_name = "ON_OFF")]
+        require_finish: OnOff => bool = "on";
     }
 }
 

@@ -36,7 +36,21 @@ fn defaults_are_the_layers_own() {
         (true, false)
     );
     assert_eq!((c.timeout.liveness, c.cluster.redis), (None, None));
+    assert!(c.timeout.require_finish);
     assert_eq!(c.models, [MOCK_MODEL]);
+}
+
+#[test]
+fn the_finish_check_can_be_switched_off() {
+    let text = "[timeout]\nrequire_finish = false\n";
+    let c = Config::resolve(
+        Config::parse_file(text).unwrap(),
+        &Args::parse_from(["gateway"]),
+    );
+    assert!(!c.unwrap().timeout.require_finish);
+    let args = Args::parse_from(["gateway", "--require-finish", "off"]);
+    let c = Config::resolve(FileConfig::default(), &args).unwrap();
+    assert!(!c.timeout.require_finish);
 }
 
 #[test]
