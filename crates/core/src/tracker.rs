@@ -362,7 +362,11 @@ impl StreamTracker {
         } else {
             usize::MAX
         };
-        let capture = if state.usage.is_some() || state.want_finish {
+        // A finish reason is looked for only where the wire has one (not gRPC, NDJSON or the
+        // Responses API), so only there does wanting it capture whole events.
+        let finish =
+            state.want_finish && matches!(state.wire, Wire::OpenAiSse | Wire::AnthropicSse);
+        let capture = if state.usage.is_some() || finish {
             usize::MAX
         } else {
             state.class_limit
@@ -458,6 +462,7 @@ impl State {
             usage.scan(data);
         }
         if !self.finish_seen
+            && matches!(self.wire, Wire::OpenAiSse | Wire::AnthropicSse)
             && matches!(class, Class::Token | Class::Meta)
             && let Event::Sse { data, .. } | Event::Line { data } = event
             && data.is_complete()
