@@ -96,6 +96,12 @@ pub enum Settle {
 pub trait AttemptClaim: Send + Sync {
     /// Tells the claim how the attempt ended.
     fn settle(&self, how: Settle);
+
+    /// Tells the claim that the attempt's stream, past its first token, ended without saying
+    /// how its answer ended (a terminal event with no finish reason, see
+    /// [`Attempt::cut_short`]): a single-slot server may have made room for a newer request.
+    /// Nothing by default.
+    fn cut_short(&self) {}
 }
 
 /// Which attempt of a request this is, and which replicas earlier attempts went to.
@@ -119,8 +125,9 @@ struct Record {
     tried: Vec<ReplicaId>,
     /// The placer sent the primary on a stale estimate (see [`Attempt::mark_probe`]).
     probe: bool,
-    /// The claims bound to each attempt number, settled by the sender.
-    claims: Vec<(u8, Arc<dyn AttemptClaim>)>,
+    /// The claims bound to each attempt number, and whether the sender settled each; kept
+    /// after the settle for [`Attempt::cut_short`].
+    claims: Vec<(u8, Arc<dyn AttemptClaim>, bool)>,
 }
 
 impl Attempt {
@@ -199,7 +206,7 @@ impl Attempt {
     /// Binds a placer's `claim` to this attempt, to be told how it ends (see
     /// [`settle`](Self::settle)).
     pub fn bind(&self, claim: Arc<dyn AttemptClaim>) {
-        self.lock().claims.push((self.number, claim));
+        self.lock().claims.push((self.number, claim, false));
     }
 
     /// Tells the claim bound to this attempt how it ended (the earliest bound, when several
@@ -210,12 +217,34 @@ impl Attempt {
     pub fn settle(&self, how: Settle) {
         let claim = {
             let mut r = self.lock();
-            let pos = r.claims.iter().position(|(n, _)| *n == self.number);
-            pos.map(|p| r.claims.swap_remove(p).1)
+            let unsettled = r
+                .claims
+                .iter_mut()
+                .find(|(n, _, settled)| *n == self.number && !*settled);
+            unsettled.map(|(_, c, settled)| {
+                *settled = true;
+                c.clone()
+            })
         };
         // Told outside the lock: a claim may take locks of its own.
         if let Some(c) = claim {
             c.settle(how);
+        }
+    }
+
+    /// Tells the claim bound to this attempt (the earliest bound) that its stream, past its
+    /// first token, was cut short: it ended with a terminal event and no finish reason (see
+    /// `StreamProgress::cut_short`). Called by the sender once the stream it committed to
+    /// ended; a placer may read it as the replica's word on how many attempts it serves at
+    /// once, as it reads [`Settle::Empty`].
+    pub fn cut_short(&self) {
+        let claim = {
+            let r = self.lock();
+            let bound = r.claims.iter().find(|(n, _, _)| *n == self.number);
+            bound.map(|(_, c, _)| c.clone())
+        };
+        if let Some(c) = claim {
+            c.cut_short();
         }
     }
 }

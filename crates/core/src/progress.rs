@@ -164,9 +164,27 @@ impl StreamProgress {
         }
     }
 
+    /// Whether the stream, past its first token, ended with a terminal event while its finish
+    /// reason was missing (see [`Reading::finish_missing`]): an answer cut short, as by an
+    /// interrupting server's bare `[DONE]`. Only when a layer asked for the finish reason or
+    /// usage, as the reader looks for it only then.
+    pub fn cut_short(&self) -> bool {
+        let slot = self.lock();
+        let s = &slot.seen;
+        let asked = slot.finish || slot.usage;
+        let wire = s.wire.unwrap_or(Wire::Opaque);
+        asked && s.done && s.first_token && finish_missing(wire, s.finish_seen)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Slot> {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The rule behind [`Reading::finish_missing`]: a wire with a way to say how an answer ended
+/// that has not said it.
+fn finish_missing(wire: Wire, finish_seen: bool) -> bool {
+    matches!(wire, Wire::OpenAiSse | Wire::AnthropicSse) && !finish_seen
 }
 
 /// One layer's reading of a response stream: the stream's tracker (the layer reads it and
@@ -278,7 +296,7 @@ impl Reading {
     /// answer cut short: an interrupting server ends the running stream with a bare `[DONE]`.
     /// Never on the Responses API's or gRPC's wires, whose endings say it otherwise.
     pub fn finish_missing(&self) -> bool {
-        matches!(self.wire(), Wire::OpenAiSse | Wire::AnthropicSse) && !self.finish_seen()
+        finish_missing(self.wire(), self.finish_seen())
     }
 
     /// Usage reported by the stream (see [`StreamProgress::want_usage`]).

@@ -9,6 +9,8 @@ use bytes::Buf;
 use http::{Response, response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tailguard_core::attempt::Attempt;
+use tailguard_core::progress::StreamProgress;
 use tailguard_core::{AnswerBody, EndReport, StreamTracker};
 
 /// Carries the end reason an inner layer reported for the winning attempt (each raced attempt
@@ -52,6 +54,7 @@ pin_project! {
         Raced {
             live: Pin<Box<Live<B>>>,
             forward: Option<Forward>,
+            cut: Option<CutWatch>,
         },
     }
 }
@@ -124,13 +127,38 @@ impl<B: Body> Live<B> {
                 inner: Inner::Raced {
                     live: self,
                     forward,
+                    cut: None,
                 },
             },
         )
     }
 }
 
+/// Tells the placer of the winning attempt, when the body goes, that its stream was cut short
+/// (core's `Attempt::cut_short`), as the request's progress record, read by a layer outside,
+/// says: the hedge no longer reads a stream it committed to.
+#[derive(Debug)]
+pub(crate) struct CutWatch {
+    pub(crate) attempt: Attempt,
+    pub(crate) progress: StreamProgress,
+}
+
+impl Drop for CutWatch {
+    fn drop(&mut self) {
+        if self.progress.cut_short() {
+            self.attempt.cut_short();
+        }
+    }
+}
+
 impl<B: Body> HedgeBody<B> {
+    /// Watches a raced body's end for a stream cut short (see [`CutWatch`]).
+    pub(crate) fn watch(&mut self, watch: CutWatch) {
+        if let Inner::Raced { cut, .. } = &mut self.inner {
+            *cut = Some(watch);
+        }
+    }
+
     /// The upstream body, untouched.
     pub(crate) fn direct(body: B) -> Self {
         HedgeBody {
@@ -169,7 +197,7 @@ impl<B: Body> Body for HedgeBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         match self.project().inner.project() {
             InnerProj::Direct { body } => body.poll_frame(cx),
-            InnerProj::Raced { live, forward } => {
+            InnerProj::Raced { live, forward, .. } => {
                 let LiveProj {
                     replay,
                     replay_bytes,

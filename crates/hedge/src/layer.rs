@@ -166,7 +166,9 @@ impl<M> FirstTokenHedgeLayer<M> {
     /// `Attempt::mark_probe`: its primary went to a replica chosen on a decayed estimate) is
     /// backed up at the delay even when the budget is empty: it borrows from the budget's
     /// future deposits, at most one max balance deep, so over a run the bound holds within that
-    /// debt.
+    /// debt. A backup the budget refuses is asked for again after twice the delay, then four
+    /// times it, and so on while the race lasts (deposits may have come, or the primary gone
+    /// out as a probe since); a zero delay is not asked again.
     pub fn with_budget(self, budget: HedgeBudget) -> Self {
         self.with(|c| {
             c.budget = budget;

@@ -160,11 +160,12 @@
 //! * `tailguard_hedge_won_total`: races won by a backup's first token;
 //! * `tailguard_hedge_budget_withdrawn_total{budget="hedge"|"failover"}` and
 //!   `tailguard_hedge_budget_exhausted_total{budget}`: extra attempts each budget allowed and
-//!   refused;
+//!   refused (a refused backup is asked for again at doubling intervals: each refusal counts);
 //! * `tailguard_hedge_all_failed_total`: requests whose every attempt failed;
 //! * `tailguard_hedge_delay_seconds{key}` (gauge): the adaptive delay in force, per estimate
 //!   key (bounded by [`AdaptiveDelay::with_max_keys`]), or `key="fixed"`;
-//! * `tailguard_hedge_delay_used_seconds` (histogram): the delay when a hedge fired;
+//! * `tailguard_hedge_delay_used_seconds` (histogram): the delay when a hedge fired (for a
+//!   backup the budget first refused, the doubled interval of the ask that went);
 //! * `tailguard_resumes_total{reason, outcome}`: streams [`ResumeLayer`] saw break after
 //!   their first token, and what came of it.
 //!

@@ -20,7 +20,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::answer::{self, Escape};
-use crate::body::{Forward, HedgeBody};
+use crate::body::{CutWatch, Forward, HedgeBody};
 use crate::config::MAX_ATTEMPTS;
 use crate::cost::Costs;
 use crate::delay::{self, Estimator};
@@ -88,6 +88,8 @@ where
     budget_exhausted: bool,
     /// A backup was skipped: it could not have won before the deadline.
     deadline_skipped: bool,
+    /// The request's progress record, when a layer outside reads the stream (see `CutWatch`).
+    progress: Option<StreamProgress>,
     costs: Costs,
 }
 
@@ -125,6 +127,7 @@ where
         let costs = Costs::new(&parts);
         let adopted = parts.extensions.get::<Attempt>().cloned();
         Race {
+            progress: parts.extensions.get::<StreamProgress>().cloned(),
             costs,
             deadline_skipped: false,
             outer_report,
@@ -266,6 +269,12 @@ where
                 trigger = trigger.as_str(),
                 "tailguard-hedge: budget exhausted, no attempt sent"
             );
+            if trigger == Trigger::Delay && !self.armed.is_zero() {
+                // Asked again after twice the interval (few asks): deposits may come, or the
+                // primary, in the replica set's line now, go out as a probe (which borrows).
+                self.armed = self.armed.saturating_mul(2);
+                self.hedge_at = now.checked_add(self.armed);
+            }
             return;
         }
         if trigger == Trigger::Delay {
@@ -349,6 +358,10 @@ where
         );
         let forward = self.forward(attempt.report);
         let mut res = stream.into_response(None, forward);
+        if let Some(progress) = self.progress.take() {
+            let attempt = self.attempt(index);
+            res.body_mut().watch(CutWatch { attempt, progress });
+        }
         self.stamp(&mut res, self.outcome(Some(index)));
         res
     }

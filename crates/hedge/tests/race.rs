@@ -851,7 +851,8 @@ async fn budget_bounds_hedges_under_a_half_slow_upstream() {
     while let Some(o) = tasks.join_next().await {
         let o = o.unwrap();
         hedged += u32::from(o.attempts - 1);
-        refused += u32::from(o.budget_exhausted);
+        // Refused and never sent (a refused backup is asked for again, and may go later).
+        refused += u32::from(o.budget_exhausted && o.attempts == 1);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let bound = 0.1 * f64::from(n) + 1.0 * elapsed + 10.0;
@@ -1206,5 +1207,134 @@ async fn a_probe_is_backed_up_whatever_the_budget() {
     for probe in [false, true] {
         let want = if probe { (2, Some(1)) } else { (1, Some(0)) };
         assert_eq!(probed(&hedge, probe).await, want, "probe: {probe}");
+    }
+}
+
+/// Issue 29: a backup the budget refuses is asked for again after twice the delay. The primary
+/// waits 300 ms in a placer's line (a replica set with every slot taken), so at the 200 ms
+/// delay it is no probe yet and the empty budget refuses; it then goes out as a probe, and the
+/// next ask, at 600 ms, borrows: the backup's first token comes at 620 ms, not the primary's
+/// at 2.3 s.
+#[tokio::test(start_paused = true)]
+async fn a_refused_backup_is_asked_for_again_a_delay_later() {
+    let up = Upstream::with(|_, attempt| Plan::sse(ms(if attempt == 0 { 2_000 } else { 20 })));
+    let placer = tower::service_fn(move |req: Request<_>| {
+        let up = up.clone();
+        async move {
+            let primary = req.extensions().get::<tailguard_core::attempt::Attempt>();
+            if let Some(a) = primary.filter(|a| !a.is_backup()).cloned() {
+                tokio::time::sleep(ms(300)).await;
+                a.mark_probe();
+            }
+            up.oneshot(req).await
+        }
+    });
+    let hedge = FirstTokenHedgeLayer::new()
+        .with_delay(ms(200))
+        .with_budget(HedgeBudget::none());
+    let start = Instant::now();
+    let res = hedge.layer(placer).oneshot(chat_request()).await.unwrap();
+    let o = outcome(&res).unwrap();
+    assert_eq!((o.attempts, o.winner), (2, Some(1)));
+    assert_eq!(start.elapsed(), ms(620), "asked again at 600 ms");
+}
+
+/// The same with deposits: a slow request refused by an empty budget gets its backup at the
+/// first ask after another request's deposit.
+#[tokio::test(start_paused = true)]
+async fn a_refused_backup_goes_once_a_deposit_came() {
+    let up = Upstream::with(|h, attempt| match (h.contains_key("x-slow"), attempt) {
+        (true, 0) => Plan::sse(ms(2_000)),
+        _ => Plan::sse(ms(20)),
+    });
+    // Half a token per request: the slow request's own deposit is not enough.
+    let svc = FirstTokenHedgeLayer::new()
+        .with_delay(ms(200))
+        .with_budget(
+            HedgeBudget::new()
+                .with_ratio(0.5)
+                .with_floor(0.0)
+                .with_initial_balance(0.0),
+        )
+        .layer(up);
+    let mut slow = chat_request();
+    slow.headers_mut().insert("x-slow", "1".parse().unwrap());
+    let start = Instant::now();
+    let first = svc.clone();
+    let slow = tokio::spawn(async move {
+        let res = first.oneshot(slow).await.unwrap();
+        (res, start.elapsed())
+    });
+    tokio::time::sleep(ms(300)).await;
+    let _ = svc.clone().oneshot(chat_request()).await.unwrap();
+    let (res, took) = slow.await.unwrap();
+    let o = outcome(&res).unwrap();
+    assert_eq!((o.attempts, o.winner), (2, Some(1)));
+    assert_eq!(
+        took,
+        ms(620),
+        "refused at 200 ms, granted at 600, its token at 620"
+    );
+}
+
+/// Counts what a placer's claim was told after the settle.
+#[derive(Default)]
+struct CutCount(std::sync::atomic::AtomicU32);
+
+impl tailguard_core::attempt::AttemptClaim for CutCount {
+    fn settle(&self, _: tailguard_core::attempt::Settle) {}
+    fn cut_short(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Issue 29: a stream the hedge committed to that a layer outside reads to a terminal event
+/// with no finish reason (an interrupting server's bare `[DONE]` after the first token) is
+/// reported to the winning attempt's placer when the body goes, so that a single-slot replica
+/// shows its one slot; a whole answer, or no reader outside, reports nothing.
+#[tokio::test(start_paused = true)]
+async fn a_stream_cut_short_after_its_first_token_is_reported_to_its_placer() {
+    use tailguard_core::Dialect;
+    use tailguard_core::progress::StreamProgress;
+    for (end, read_outside, cut) in [(DONE, true, 1), (END, true, 0), (DONE, false, 0)] {
+        let up = Upstream::new(vec![Plan::items(vec![
+            data(ROLE),
+            data(token("Hi")),
+            data(end),
+        ])]);
+        let claim = std::sync::Arc::new(CutCount::default());
+        let placer = tower::ServiceBuilder::new()
+            .map_request({
+                let claim = claim.clone();
+                move |req: Request<_>| {
+                    if let Some(a) = req.extensions().get::<tailguard_core::attempt::Attempt>() {
+                        a.bind(claim.clone());
+                    }
+                    req
+                }
+            })
+            .service(up);
+        let mut req = chat_request();
+        let progress = read_outside.then(|| {
+            let p = StreamProgress::of(req.extensions_mut());
+            p.want_finish();
+            p
+        });
+        let res = layer().layer(placer).oneshot(req).await.unwrap();
+        let mut reading = progress.map(|p| p.reading(&Dialect::OpenAi, res.headers()));
+        let mut body = res.into_body();
+        while let Some(frame) = body.frame().await {
+            if let (Some(r), Some(d)) = (reading.as_mut(), frame.unwrap().data_ref()) {
+                r.observe(d);
+            }
+        }
+        assert_eq!(
+            claim.0.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "not before the body goes"
+        );
+        drop(body);
+        let told = claim.0.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(told, cut, "end {end:?}, read outside: {read_outside}");
     }
 }

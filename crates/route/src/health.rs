@@ -114,7 +114,10 @@ impl AttemptClaim for Ticket {
         };
         r.waiting.swap_remove(pos);
         let waited = now.saturating_duration_since(self.sent_at).as_secs_f64();
+        // An interruption is no news of the replica's speed or health (see `interruption`).
+        let interrupted = how == Settle::Empty && self.interruption(r, now);
         match how {
+            _ if interrupted => {}
             Settle::Token => {
                 r.sample(waited, false, now, h.decay);
                 r.eject.succeeded();
@@ -130,7 +133,6 @@ impl AttemptClaim for Ticket {
                 }
             }
             Settle::Cancelled => r.sample(waited, true, now, h.decay),
-            Settle::Empty if self.interruption(r, now) => return,
             Settle::Failed | Settle::Empty => {
                 // No token after `waited`: for the next attempt the first token takes at
                 // least that long (a quick failure says nothing of time; a server interrupted
@@ -141,18 +143,38 @@ impl AttemptClaim for Ticket {
             // `Answered`, `Ended`, and any kind a later core adds: no sample.
             _ => {}
         }
-        if matches!(
-            how,
-            Settle::Token | Settle::Cancelled | Settle::Failed | Settle::Empty
-        ) {
+        if !interrupted
+            && matches!(
+                how,
+                Settle::Token | Settle::Cancelled | Settle::Failed | Settle::Empty
+            )
+        {
             review(&mut board.replicas, self.replica, h, now);
         }
+        drop(board);
+        if matches!(how, Settle::Failed | Settle::Empty) {
+            // The attempt is over: the replica answered it (a status, an error, a bare
+            // `[DONE]`) or broke it off. Its body may live on as the hedge's kept failure,
+            // never read to its end; holding the slot until then kept a single-slot replica
+            // from the line for seconds (issue 29's interrupt runs).
+            self.release();
+        }
+    }
+
+    /// The stream, past its first token, was cut short: perhaps an interruption (see
+    /// [`interruption`](Ticket::interruption)). Without this a replica whose every stream of
+    /// ours got its first token before a newer one interrupted it never showed its one slot,
+    /// and each newer attempt placed beside a stream broke it (issue 29's interrupt runs).
+    fn cut_short(&self) {
+        let now = Instant::now();
+        let mut board = self.health.board();
+        self.interruption(&mut board.replicas[self.replica], now);
     }
 }
 
 impl Ticket {
-    /// Reads the end of this attempt's stream (without a token, or broken off by a transport
-    /// error) as an interruption, if the set sent replica `r` a newer attempt within the last
+    /// Reads the end of this attempt's stream (without a token, broken off by a transport
+    /// error, or cut short after its first token) as an interruption, if the set sent replica `r` a newer attempt within the last
     /// [`INTERRUPTION_WINDOW`] that still holds its slot: a single-slot server (llama-cpp-python's
     /// default) ends the running stream when a newer request arrives, before or after its
     /// first token. The replica then showed it serves one attempt at a time, and is given one
@@ -191,16 +213,16 @@ impl Ticket {
 
     /// The attempt's body broke off (a transport error): perhaps an interruption.
     pub(crate) fn broke(&self) {
-        let now = Instant::now();
-        let mut board = self.health.board();
-        self.interruption(&mut board.replicas[self.replica], now);
+        self.cut_short();
     }
 
     /// Releases the slot (the attempt's body ended or was dropped).
     ///
-    /// Called once, by the attempt's guard.
+    /// Called by the attempt's guard, and when the attempt failed; the first call counts.
     pub(crate) fn release(&self) {
-        self.released.store(true, Ordering::Release);
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let held = self.sent_at.elapsed().as_secs_f64();
         let waiters = {
             let mut board = self.health.board();

@@ -59,13 +59,13 @@ impl<S> Placer<S> {
     ) -> Option<(usize, Arc<Ticket>)> {
         let attempt = req.extensions().get::<Attempt>();
         let mut board = self.health.board();
-        let placed = match self.pick(&mut board, attempt, spot) {
-            Pick::Place(i) => i,
+        let (placed, probe) = match self.pick(&mut board, attempt, spot) {
+            Pick::Place(i) => (i, false),
             Pick::Probe(i) => {
                 if let Some(a) = attempt {
                     a.mark_probe();
                 }
-                i
+                (i, true)
             }
             Pick::Wait(wants) => {
                 if let Some(w) = waker {
@@ -85,6 +85,13 @@ impl<S> Placer<S> {
         };
         let ticket = Arc::new(self.health.start(&mut board, placed, attempt.is_some()));
         drop(board);
+        tracing::debug!(
+            replica = placed,
+            probe,
+            backup = attempt.is_some_and(Attempt::is_backup),
+            since_s = spot.since.elapsed().as_secs_f64(),
+            "tailguard-route: attempt placed"
+        );
         spot.leave();
         if let Some(a) = attempt {
             a.record(ReplicaId(placed as u64));

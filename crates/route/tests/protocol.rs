@@ -95,6 +95,36 @@ async fn a_slot_is_held_until_the_body_ends_or_is_dropped() {
     assert!(res.into_body().collect().await.is_ok());
 }
 
+/// Issue 29: an attempt its sender settles as failed or empty is over, whatever becomes of its
+/// body: the hedge keeps the most informative failure's body, unread, until its race ends,
+/// and that held a single-slot replica from the requests in line for seconds on the real bench.
+#[tokio::test(start_paused = true)]
+async fn a_failed_attempt_frees_its_slot_at_once_though_its_body_lives_on() {
+    for how in [Settle::Failed, Settle::Empty] {
+        let set = ReplicaSet::new(replicas(1)).with_slots(Some(1));
+        let failed = Attempt::primary();
+        let (_, kept) = send(&set, &failed).await;
+        let mut next = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+        assert!(
+            poll_once(&mut next).is_pending(),
+            "{how:?}: the one slot is taken"
+        );
+        failed.settle(how);
+        let Poll::Ready(Ok(placed)) = poll_once(&mut next) else {
+            panic!("{how:?}: the slot frees at the settle");
+        };
+        // The kept body goes later: nothing is released twice.
+        drop(kept);
+        let mut third = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+        assert!(
+            poll_once(&mut third).is_pending(),
+            "{how:?}: one slot, still taken"
+        );
+        drop(placed);
+        assert!(matches!(poll_once(&mut third), Poll::Ready(Ok(_))));
+    }
+}
+
 /// Issue 32: every response says which replica served it, as the `upstream` label the recorder
 /// reads: `replica-{index}` by default, the names given, the base's authority for a set made
 /// from base URIs; a name the replica set itself is kept.
@@ -194,6 +224,34 @@ async fn a_replica_that_interrupts_a_stream_for_a_newer_one_is_given_one_at_a_ti
 
     // After the hold, two at once again (a probe).
     tokio::time::advance(Duration::from_secs(61)).await;
+    let (_, a) = send(&set, &Attempt::primary()).await;
+    let (_, b) = send(&set, &Attempt::primary()).await;
+    drop((a, b));
+}
+
+/// The same after the first token: a stream cut short (its sender reports a terminal event with
+/// no finish reason) just after a newer attempt was placed beside it shows the one slot too.
+/// Before, a replica whose streams all got their first token before a newer one interrupted
+/// them never showed it, and each newer attempt broke the stream beside it.
+#[tokio::test(start_paused = true)]
+async fn a_stream_cut_short_after_its_first_token_for_a_newer_one_shows_one_slot() {
+    let set = ReplicaSet::new(replicas(1));
+    let older = Attempt::primary();
+    let (_, older_res) = send(&set, &older).await;
+    older.settle(Settle::Token);
+    let newer = Attempt::primary();
+    let (_, _newer_res) = send(&set, &newer).await;
+    drop(older_res);
+    older.cut_short();
+    let mut next = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+    assert!(poll_once(&mut next).is_pending(), "one at a time");
+    // With no newer attempt just before it, a cut says nothing of slots.
+    let set = ReplicaSet::new(replicas(1));
+    let alone = Attempt::primary();
+    let (_, res) = send(&set, &alone).await;
+    alone.settle(Settle::Token);
+    drop(res);
+    alone.cut_short();
     let (_, a) = send(&set, &Attempt::primary()).await;
     let (_, b) = send(&set, &Attempt::primary()).await;
     drop((a, b));
