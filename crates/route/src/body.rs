@@ -87,7 +87,7 @@ impl<B: Body> Body for ReplicaBody<B> {
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
         if let (Some(Err(_)), Some(g)) = (&frame, this.guard.as_ref()) {
             // Broken off: a single-slot server's interruption, perhaps (see `Ticket`).
-            g.ticket.broke();
+            g.ticket.cut_short();
         }
         if frame.is_none() || this.inner.is_end_stream() {
             // Ended: the slot frees now, not when the body is dropped.

@@ -161,7 +161,8 @@ impl AttemptClaim for Ticket {
         }
     }
 
-    /// The stream, past its first token, was cut short: perhaps an interruption (see
+    /// The stream, past its first token, was cut short (or, said by the attempt's body, broke
+    /// off in a transport error): perhaps an interruption (see
     /// [`interruption`](Ticket::interruption)). Without this a replica whose every stream of
     /// ours got its first token before a newer one interrupted it never showed its one slot,
     /// and each newer attempt placed beside a stream broke it (issue 29's interrupt runs).
@@ -174,13 +175,14 @@ impl AttemptClaim for Ticket {
 
 impl Ticket {
     /// Reads the end of this attempt's stream (without a token, broken off by a transport
-    /// error, or cut short after its first token) as an interruption, if the set sent replica `r` a newer attempt within the last
-    /// [`INTERRUPTION_WINDOW`] that still holds its slot: a single-slot server (llama-cpp-python's
-    /// default) ends the running stream when a newer request arrives, before or after its
-    /// first token. The replica then showed it serves one attempt at a time, and is given one
-    /// at a time for the hold (renewed by each interruption): placing more would only
-    /// interrupt another stream, while waiting in the set for its slot costs nothing it could
-    /// have served. An interruption is not a failure of the replica.
+    /// error, or cut short after its first token) as an interruption, if the set sent replica
+    /// `r` a newer attempt within the last [`INTERRUPTION_WINDOW`] that still holds its slot: a
+    /// single-slot server (llama-cpp-python's default) ends the running stream when a newer
+    /// request arrives, before or after its first token. The replica then showed it serves one
+    /// attempt at a time, and is given one at a time for the hold (renewed by each
+    /// interruption): placing more would only interrupt another stream, while waiting in the
+    /// set for its slot costs nothing it could have served. An interruption is not a failure
+    /// of the replica.
     ///
     /// An end with no newer attempt just before it (an empty answer, a reset, an interruption
     /// by traffic the set does not see) says nothing of slots, nor does one on a replica seen
@@ -209,11 +211,6 @@ impl Ticket {
             "tailguard-route: replica ended a stream for a newer attempt; placing one at a time"
         );
         true
-    }
-
-    /// The attempt's body broke off (a transport error): perhaps an interruption.
-    pub(crate) fn broke(&self) {
-        self.cut_short();
     }
 
     /// Releases the slot (the attempt's body ended or was dropped).

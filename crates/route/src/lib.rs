@@ -77,18 +77,18 @@
 //!   the last one.
 //! * **Slots** ([`ReplicaSet::with_slots`]): an attempt is placed only on a replica with a free
 //!   slot and holds it until its body ([`ReplicaBody`]) ends or is dropped, or its sender
-//!   settles it as failed or empty (a kept failure's body may live on unread); otherwise it waits
-//!   in the set, and the oldest request waiting takes the next slot that suits it. A primary
-//!   also waits for a full replica instead of taking a free one when the full one is expected
-//!   to give a first token sooner (slot wait included), for at most as long as the free one
-//!   is expected to take.
+//!   settles it as failed or empty (a kept failure's body may live on unread); otherwise it
+//!   waits in the set, and the oldest request waiting takes the next slot that suits it. A
+//!   primary also waits for a full replica instead of taking a free one when the full one is
+//!   expected to give a first token sooner (slot wait included), for at most as long as the
+//!   free one is expected to take.
 //! * **Interruptions** ([`ReplicaSet::with_interruption_hold`]): a replica that ends a stream
 //!   (without a token, broken off, or cut short after its first token as its sender reports,
 //!   [`Attempt::cut_short`](tailguard_core::attempt::Attempt::cut_short)) just after the set
-//!   placed a newer attempt on it (a
-//!   single-slot llama-cpp-python server) gets one attempt at a time for the next 60 s; the
-//!   rest wait in the set for its slot instead of interrupting another stream. With the hedge's
-//!   empty-stream retry, an interrupting server needs no `with_slots`.
+//!   placed a newer attempt on it (a single-slot llama-cpp-python server) gets one attempt at
+//!   a time for the next 60 s; the rest wait in the set for its slot instead of interrupting
+//!   another stream. With the hedge's empty-stream retry, an interrupting server needs no
+//!   `with_slots`.
 //!
 //! ## Metrics
 //!

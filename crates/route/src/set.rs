@@ -149,8 +149,8 @@ impl<S> ReplicaSet<S> {
     /// such a stream without a token counts as a failure). A single-slot llama-cpp-python
     /// server ends its running stream (a bare `[DONE]`, or a close mid-stream) when a newer
     /// request arrives; the set reads a stream that ends that way (after its first token, as
-    /// its sender reports it cut short) within 2 s of placing a newer
-    /// attempt on the same replica as "one slot", and holds further attempts in the gateway
+    /// its sender reports it cut short) within 2 s of placing a newer attempt on the same
+    /// replica as "one slot", and holds further attempts in the gateway
     /// until the slot frees, instead of trading one stream for another. After the hold the
     /// replica takes attempts side by side again (the next interruption teaches it again). The
     /// first interruption of a stream after its first token breaks that stream (the client
