@@ -184,9 +184,12 @@ async fn failovers_have_a_budget_of_their_own() {
         .with_budget(one.clone())
         .with_failover_budget(one.clone().with_max_balance(2.0).with_initial_balance(2.0))
         .layer(ReplicaSet::new([replica(c, server.url())]));
-    // A slow first token spends the only hedge token.
+    // A slow first token spends the only hedge token; the next is refused, and asked for
+    // again borrows the one token of debt the budget allows; the third is refused.
     let (_, o) = send(&svc, &[("x-mock-script-0", "ttft=1s")]).await;
     assert_eq!(o.attempts, 2);
+    let (_, o) = send(&svc, &[("x-mock-script-0", "ttft=1s")]).await;
+    assert_eq!((o.attempts, o.budget_exhausted), (2, true));
     let (_, o) = send(&svc, &[("x-mock-script-0", "ttft=1s")]).await;
     assert_eq!((o.attempts, o.budget_exhausted), (1, true));
     // Failures still fail over, twice (the failover budget), then the 503 reaches the client.

@@ -102,6 +102,14 @@ pub trait AttemptClaim: Send + Sync {
     /// [`Attempt::cut_short`]): a single-slot server may have made room for a newer request.
     /// Nothing by default.
     fn cut_short(&self) {}
+
+    /// Whether the attempt counts as a try of its replica, asked once the sender settled it
+    /// (see [`Attempt::settle`]): `false` when the replica ended it for a reason of its own,
+    /// not for being slow or broken (a single-slot server ended it for a newer request), so
+    /// that a later attempt of the same request may go there again. `true` by default.
+    fn counts_as_tried(&self) -> bool {
+        true
+    }
 }
 
 /// Which attempt of a request this is, and which replicas earlier attempts went to.
@@ -122,7 +130,8 @@ pub struct Attempt {
 /// What the attempts of one request share.
 #[derive(Default)]
 struct Record {
-    tried: Vec<ReplicaId>,
+    /// The replicas tried, each with the number of the attempt that went there.
+    tried: Vec<(u8, ReplicaId)>,
     /// The placer sent the primary on a stale estimate (see [`Attempt::mark_probe`]).
     probe: bool,
     /// The claims bound to each attempt number, and whether the sender settled each; kept
@@ -174,19 +183,20 @@ impl Attempt {
     /// Records that this attempt went to `replica`.
     pub fn record(&self, replica: ReplicaId) {
         let mut r = self.lock();
-        if !r.tried.contains(&replica) {
-            r.tried.push(replica);
+        if !r.tried.iter().any(|(_, t)| *t == replica) {
+            r.tried.push((self.number, replica));
         }
     }
 
-    /// Whether an attempt of this request already went to `replica`.
+    /// Whether an attempt of this request already went to `replica` (and counts as a try of
+    /// it, see [`AttemptClaim::counts_as_tried`]).
     pub fn was_tried(&self, replica: ReplicaId) -> bool {
-        self.lock().tried.contains(&replica)
+        self.lock().tried.iter().any(|(_, t)| *t == replica)
     }
 
     /// The replicas attempts of this request went to, in the order they were recorded.
     pub fn tried(&self) -> Vec<ReplicaId> {
-        self.lock().tried.clone()
+        self.lock().tried.iter().map(|(_, t)| *t).collect()
     }
 
     /// Marks the request a probe: the placer sent its primary to a replica chosen on an
@@ -210,7 +220,10 @@ impl Attempt {
     }
 
     /// Tells the claim bound to this attempt how it ended (the earliest bound, when several
-    /// were); nothing when none is bound, or it was settled already.
+    /// were); nothing when none is bound, or it was settled already. When the claim then says
+    /// the attempt does not count as a try of its replica
+    /// ([`AttemptClaim::counts_as_tried`]), the record forgets the replica this attempt went
+    /// to.
     ///
     /// Called by the sender, once it knows: at the first token, at a failure before it, or
     /// when it commits to the attempt without one.
@@ -229,6 +242,9 @@ impl Attempt {
         // Told outside the lock: a claim may take locks of its own.
         if let Some(c) = claim {
             c.settle(how);
+            if !c.counts_as_tried() {
+                self.lock().tried.retain(|(n, _)| *n != self.number);
+            }
         }
     }
 
@@ -273,5 +289,31 @@ mod tests {
         backup.record(ReplicaId(1));
         backup.record(ReplicaId(1));
         assert_eq!(primary.tried(), vec![ReplicaId(3), ReplicaId(1)]);
+    }
+
+    /// A claim whose replica ended its attempt for a reason of its own.
+    struct Interrupted;
+
+    impl AttemptClaim for Interrupted {
+        fn settle(&self, _how: Settle) {}
+        fn counts_as_tried(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn an_attempt_that_does_not_count_as_a_try_is_forgotten_at_its_settle() {
+        let primary = Attempt::primary();
+        primary.record(ReplicaId(3));
+        primary.bind(Arc::new(Interrupted));
+        let backup = primary.next(1);
+        backup.record(ReplicaId(1));
+        assert!(backup.was_tried(ReplicaId(3)));
+        primary.settle(Settle::Empty);
+        // The primary's replica may take the request again; the backup's is still tried.
+        assert_eq!(backup.tried(), vec![ReplicaId(1)]);
+        let third = primary.next(2);
+        third.record(ReplicaId(3));
+        assert_eq!(primary.tried(), vec![ReplicaId(1), ReplicaId(3)]);
     }
 }

@@ -26,8 +26,9 @@ const UNIT: i64 = 1_000_000;
 /// counts the refusal (`tailguard_hedge_budget_withdrawn_total{budget}` counts the tokens
 /// used). Over any
 /// period the extra attempts are at most `ratio × requests + floor × seconds + max_balance`,
-/// plus at most `max_balance` more that probes borrowed (a probe's backup may take a token from
-/// an empty bucket, which later deposits repay first; see
+/// plus at most `max_balance` more borrowed (a probe's backup, and a backup asked for again
+/// after a refusal, may take a token from an empty bucket, which later deposits repay first;
+/// see
 /// [`FirstTokenHedgeLayer::with_budget`](crate::FirstTokenHedgeLayer::with_budget)).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HedgeBudget {
@@ -199,11 +200,11 @@ impl Budgets {
         bucket.spend(now)
     }
 
-    /// Takes a token from the hedge budget for a probe's backup, which goes when the budget
-    /// has one or can borrow one from its future deposits (see [`Bucket::borrow`]); both
-    /// outcomes are counted as for any withdrawal.
-    pub(crate) fn borrow_for_probe(&self, now: Instant) -> bool {
-        let ok = self.hedge.borrow(now);
+    /// Takes a token from the hedge budget for a backup that may go into debt: a `probe`'s,
+    /// and one asked for again after a refusal (see [`Bucket::borrow`]); both outcomes are
+    /// counted as for any withdrawal.
+    pub(crate) fn borrow(&self, now: Instant, probe: bool) -> bool {
+        let ok = self.hedge.borrow(now, probe);
         let name = if ok {
             "tailguard_hedge_budget_withdrawn_total"
         } else {
@@ -307,14 +308,24 @@ impl Bucket {
     /// Takes one token, from an empty bucket too: it goes into debt, which the deposits that
     /// follow repay before any withdrawal succeeds, so over a run the extra attempts stay
     /// within the budget's bound plus one max balance of debt; `false` when the debt is
-    /// already that deep. `HedgeBudget::none` (a max of 0) lends without counting: it sends
-    /// no other extra attempt, and a probe's backup is what tells a stale estimate's truth.
-    fn borrow(&self, now: Instant) -> bool {
-        if self.unlimited || self.max == 0 {
+    /// already that deep. For a `probe`'s backup, `HedgeBudget::none` (a max of 0) lends
+    /// without counting (it sends no other extra attempt, and a probe's backup is what tells a
+    /// stale estimate's truth); for any other it never lends, and a budget shared across
+    /// gateways only withdraws (each gateway's own debt would add a max balance to the
+    /// cluster's bound).
+    fn borrow(&self, now: Instant, probe: bool) -> bool {
+        if self.unlimited || (self.max == 0 && probe) {
             return true;
         }
+        if self.max == 0 {
+            return false;
+        }
         if let Some(s) = &self.shared {
-            return s.borrow();
+            return if probe {
+                s.borrow()
+            } else {
+                self.withdraw(now)
+            };
         }
         let mut st = self.earned(now);
         if st.balance - UNIT < -self.max {
@@ -386,8 +397,8 @@ mod tests {
         let now = Instant::now();
         assert!(b.withdraw(now));
         // Empty: probes borrow, two tokens deep at most.
-        assert!(b.borrow(now) && b.borrow(now));
-        assert!(!b.borrow(now));
+        assert!(b.borrow(now, false) && b.borrow(now, false));
+        assert!(!b.borrow(now, true));
         assert!(!b.withdraw(now));
         // Four requests repay the debt (half a token each); only the next two earn a token.
         for _ in 0..4 {
@@ -400,7 +411,7 @@ mod tests {
         assert!(!b.withdraw(now));
         // `HedgeBudget::none` lends without counting; nothing else is granted.
         let none = Bucket::new(&HedgeBudget::none(), "hedge");
-        assert!(none.borrow(now) && !none.withdraw(now));
+        assert!(none.borrow(now, true) && !none.borrow(now, false) && !none.withdraw(now));
     }
 
     #[tokio::test(start_paused = true)]

@@ -139,7 +139,9 @@ impl fmt::Debug for DelayKey {
 /// Hedging works from the first request: while the window holds fewer than
 /// [`min_samples`](AdaptiveDelay::with_min_samples), the delay in force is the last estimate
 /// made (kept through quiet periods, since a quiet minute says nothing about how slow first
-/// tokens are), or the [`initial`](AdaptiveDelay::with_initial) delay before any estimate.
+/// tokens are), or before any estimate the [`initial`](AdaptiveDelay::with_initial) delay, or
+/// four times the slowest sample the window holds when that is sooner (a few samples cannot
+/// place a percentile, but a first token that far past all of them is in the tail).
 /// `tailguard_hedge_delay_seconds` always reads the delay in force.
 #[derive(Clone, Debug)]
 pub struct AdaptiveDelay {
@@ -168,9 +170,10 @@ impl AdaptiveDelay {
     ///   follow a load change within a minute;
     /// * min samples **20**: below that a p90 is one or two samples, too noisy to act on; the
     ///   last estimate stays in force until then, or the initial delay before any;
-    /// * initial delay **1 s**: before any estimate, a first token later than a second is
-    ///   worth a backup (an LLM server's first token on a short prompt takes well under that
-    ///   unless it queues), and the budget bounds what the guess costs; a route of long prompts
+    /// * initial delay **1 s**: before any estimate, a first token later than a second (or
+    ///   than four times the slowest seen, when sooner) is worth a backup (an LLM server's
+    ///   first token on a short prompt takes well under that unless it queues), and the
+    ///   budget bounds what the guess costs; a route of long prompts
     ///   sets its own ([`with_initial`](Self::with_initial)). Without it a route at a few
     ///   requests a minute never hedged, and a stuck primary ended at the first-token timeout;
     /// * min delay **50 ms**: hedging sooner doubles prefill work for gains below what a
@@ -390,13 +393,24 @@ mod tests {
     async fn the_initial_delay_until_min_samples() {
         let e = est(0.5);
         let now = Instant::now();
+        assert_eq!(e.current(now), Duration::from_secs(1), "the initial delay");
         for i in 0..9 {
-            e.record(Duration::from_millis(100 + i), false, now);
-            assert_eq!(e.current(now), Duration::from_secs(1), "the initial delay");
+            e.record(Duration::from_millis(100 + 10 * i), false, now);
+            // Four times the slowest seen, when sooner than the initial delay.
+            let d = e.current(now).as_secs_f64();
+            let slowest = (100 + 10 * i) as f64 / 1000.0;
+            assert!((d / (4.0 * slowest) - 1.0).abs() < 0.03, "{d} {slowest}");
         }
         e.record(Duration::from_millis(100), false, now);
         let d = e.current(now).as_millis();
-        assert!((98..=106).contains(&d), "the estimate: {d} ms");
+        assert!((125..=136).contains(&d), "the estimate: {d} ms");
+        // A censored wait counts as seen: no sooner than four times it.
+        let e = est(0.5);
+        e.record(Duration::from_millis(100), true, now);
+        let d = e.current(now).as_millis();
+        assert!((390..=410).contains(&d), "{d} ms");
+        e.record(Duration::from_millis(400), true, now);
+        assert_eq!(e.current(now), Duration::from_secs(1));
     }
 
     #[tokio::test(start_paused = true)]

@@ -167,8 +167,10 @@ impl<M> FirstTokenHedgeLayer<M> {
     /// backed up at the delay even when the budget is empty: it borrows from the budget's
     /// future deposits, at most one max balance deep, so over a run the bound holds within that
     /// debt. A backup the budget refuses is asked for again after twice the delay, then four
-    /// times it, and so on while the race lasts (deposits may have come, or the primary gone
-    /// out as a probe since); a zero delay is not asked again.
+    /// times it, and so on while the race lasts (a zero delay is not asked again); asked for
+    /// again, it borrows as a probe's does: its first token is then three delays late, past
+    /// any slow tail. [`HedgeBudget::none`] and a budget shared across gateways lend to probes
+    /// only.
     pub fn with_budget(self, budget: HedgeBudget) -> Self {
         self.with(|c| {
             c.budget = budget;

@@ -255,11 +255,16 @@ where
         // Failovers draw on a budget of their own (counted there). A probe's backup goes even
         // when the budget is empty, borrowing from its future deposits: the placer chose the
         // primary's replica on stale news to learn about it (core's `Attempt::mark_probe`),
-        // and only a slow probe gets one.
+        // and only a slow probe gets one. So does a backup asked for again after a refusal:
+        // its first token is then three delays late, past any slow tail (issue 29: a primary on
+        // a replica busy with traffic nobody sees waited 3.1 s while the spent budget refused
+        // its backup four times); the debt keeps the budget's bound over a run.
         let failover = trigger == Trigger::Failure;
-        let probe = trigger == Trigger::Delay && self.record.is_probe();
-        let granted = if probe {
-            self.shared.budget.borrow_for_probe(now)
+        let delay = trigger == Trigger::Delay;
+        let granted = if delay && self.record.is_probe() {
+            self.shared.budget.borrow(now, true)
+        } else if delay && self.budget_exhausted {
+            self.shared.budget.borrow(now, false)
         } else {
             self.shared.budget.withdraw(failover, now)
         };
@@ -270,8 +275,7 @@ where
                 "tailguard-hedge: budget exhausted, no attempt sent"
             );
             if trigger == Trigger::Delay && !self.armed.is_zero() {
-                // Asked again after twice the interval (few asks): deposits may come, or the
-                // primary, in the replica set's line now, go out as a probe (which borrows).
+                // Asked again after twice the interval (few asks), when it may borrow.
                 self.armed = self.armed.saturating_mul(2);
                 self.hedge_at = now.checked_add(self.armed);
             }

@@ -384,8 +384,9 @@ async fn budget_holds_under_a_half_slow_upstream() {
         hedged += u32::from(o.attempts - 1);
         refused += u32::from(o.budget_exhausted);
     }
-    // 10% of 200 requests plus the initial token.
-    assert!(hedged <= 21, "{hedged}");
+    // 10% of 200 requests plus the initial token, plus at most one max balance (10 tokens)
+    // of debt: backups asked for again after a refusal borrow from future deposits.
+    assert!(hedged <= 31, "{hedged}");
     assert!(hedged >= 20, "{hedged}");
     assert!(refused > 40, "{refused}");
     assert_eq!(server.stats().requests, u64::from(n + hedged));
@@ -515,9 +516,13 @@ async fn adaptive_delay_converges_to_the_p90_of_a_scripted_ttft_distribution() {
         delays.push(outcome(&res).delay);
         let _ = read_all(res.into_body()).await;
     }
+    // Before 20 samples: the initial delay, or four times the slowest seen when sooner.
+    assert_eq!(delays[0], Some(ms(1000)));
     assert!(
-        delays[..20].iter().all(|d| *d == Some(ms(1000))),
-        "the initial delay before 20 samples: {:?}",
+        delays[..20]
+            .iter()
+            .all(|d| d.is_some_and(|d| d <= ms(1000))),
+        "at most the initial delay before 20 samples: {:?}",
         &delays[..20]
     );
     let d = delays.last().unwrap().unwrap().as_secs_f64() * 1000.0;

@@ -31,7 +31,8 @@ fn counters_for_hedges_sent_won_and_refused() {
     metrics::with_local_recorder(&recorder, || {
         paused_runtime().block_on(async {
             // One token in the bucket: the first slow request is hedged (and the backup
-            // wins), the second is refused.
+            // wins); the second is refused, and asked for again borrows the one token of debt
+            // the bucket allows; the third is refused every time.
             let up = Upstream::new(vec![Plan::sse(ms(10_000)), Plan::sse(ms(10))]);
             let svc = FirstTokenHedgeLayer::new()
                 .with_delay(ms(100))
@@ -46,6 +47,11 @@ fn counters_for_hedges_sent_won_and_refused() {
             assert_eq!(
                 outcome_without_costs(&res),
                 Some(HedgeOutcome::new(2, 1, Some(ms(100))))
+            );
+            let res = svc.clone().oneshot(chat_request()).await.unwrap();
+            assert_eq!(
+                outcome_without_costs(&res),
+                Some(HedgeOutcome::new(2, 1, Some(ms(100))).with_budget_exhausted(true))
             );
             let fut = svc.oneshot(chat_request());
             let res = tokio::time::timeout(ms(20_000), fut)
@@ -71,13 +77,14 @@ fn counters_for_hedges_sent_won_and_refused() {
             (key.name().to_owned(), labels, v)
         })
         .collect();
-    assert_eq!(counter(&snapshot, "tailguard_hedge_sent_total"), 1);
-    assert_eq!(counter(&snapshot, "tailguard_hedge_won_total"), 1);
-    // The second request asks at 100 ms and again at 300, 700, 1,500, 3,100 and 6,300 ms
-    // (doubling intervals) before its primary's first token at 10 s: six refusals.
+    assert_eq!(counter(&snapshot, "tailguard_hedge_sent_total"), 2);
+    assert_eq!(counter(&snapshot, "tailguard_hedge_won_total"), 2);
+    // The second request is refused at 100 ms; the third asks at 100 ms and again at 300,
+    // 700, 1,500, 3,100 and 6,300 ms (doubling intervals) before its primary's first token at
+    // 10 s: seven refusals.
     assert_eq!(
         counter(&snapshot, "tailguard_hedge_budget_exhausted_total"),
-        6
+        7
     );
     let sent = snapshot
         .iter()

@@ -908,9 +908,13 @@ async fn adaptive_delay_converges_to_the_configured_percentile() {
         last = o.delay;
         let _ = res.into_body().collect().await.unwrap();
     }
-    // Before the minimum number of samples, the initial delay.
+    // Before the minimum number of samples, the initial delay, or four times the slowest seen
+    // when sooner.
+    assert_eq!(first_delays[0], Some(ms(1000)));
     assert!(
-        first_delays.iter().all(|d| *d == Some(ms(1000))),
+        first_delays
+            .iter()
+            .all(|d| d.is_some_and(|d| d <= ms(1000))),
         "{first_delays:?}"
     );
     // p90 of uniform(100, 1000) ms is 910 ms; losers were censored, not dropped or counted as
@@ -1179,13 +1183,14 @@ async fn probed(hedge: &FirstTokenHedgeLayer, probe: bool) -> (u8, Option<u8>) {
 
 /// A probe's backup borrows from an empty budget: the budget's one token goes to a slow
 /// request, the probe after it is still backed up, and the next slow request is not (the
-/// debt comes first).
+/// debt, one max balance deep, comes first; its ask again may not borrow deeper).
 #[tokio::test(start_paused = true)]
 async fn a_probe_borrows_from_a_spent_budget() {
     let hedge = FirstTokenHedgeLayer::new().with_delay(ms(200)).with_budget(
         HedgeBudget::new()
             .with_ratio(0.0)
             .with_floor(0.0)
+            .with_max_balance(1.0)
             .with_initial_balance(1.0),
     );
     for (probe, backed_up) in [(false, true), (true, true), (false, false)] {
@@ -1239,42 +1244,28 @@ async fn a_refused_backup_is_asked_for_again_a_delay_later() {
     assert_eq!(start.elapsed(), ms(620), "asked again at 600 ms");
 }
 
-/// The same with deposits: a slow request refused by an empty budget gets its backup at the
-/// first ask after another request's deposit.
+/// Issue 29: asked for again, a refused backup borrows from the budget's future deposits, as
+/// a probe's does: three delays late, the primary is past any slow tail (one on a replica busy
+/// with traffic nobody sees waited 3.1 s while the spent budget refused its backup four
+/// times). A budget of none lends nothing.
 #[tokio::test(start_paused = true)]
-async fn a_refused_backup_goes_once_a_deposit_came() {
-    let up = Upstream::with(|h, attempt| match (h.contains_key("x-slow"), attempt) {
-        (true, 0) => Plan::sse(ms(2_000)),
-        _ => Plan::sse(ms(20)),
-    });
-    // Half a token per request: the slow request's own deposit is not enough.
-    let svc = FirstTokenHedgeLayer::new()
-        .with_delay(ms(200))
-        .with_budget(
-            HedgeBudget::new()
-                .with_ratio(0.5)
-                .with_floor(0.0)
-                .with_initial_balance(0.0),
-        )
-        .layer(up);
-    let mut slow = chat_request();
-    slow.headers_mut().insert("x-slow", "1".parse().unwrap());
-    let start = Instant::now();
-    let first = svc.clone();
-    let slow = tokio::spawn(async move {
-        let res = first.oneshot(slow).await.unwrap();
-        (res, start.elapsed())
-    });
-    tokio::time::sleep(ms(300)).await;
-    let _ = svc.clone().oneshot(chat_request()).await.unwrap();
-    let (res, took) = slow.await.unwrap();
-    let o = outcome(&res).unwrap();
-    assert_eq!((o.attempts, o.winner), (2, Some(1)));
-    assert_eq!(
-        took,
-        ms(620),
-        "refused at 200 ms, granted at 600, its token at 620"
-    );
+async fn a_backup_asked_for_again_borrows_from_the_budget() {
+    let empty = HedgeBudget::new().with_floor(0.0).with_initial_balance(0.0);
+    for (budget, took) in [(empty, 620), (HedgeBudget::none(), 2_000)] {
+        let up = Upstream::with(|_, attempt| Plan::sse(ms(if attempt == 0 { 2_000 } else { 20 })));
+        let hedge = FirstTokenHedgeLayer::new()
+            .with_delay(ms(200))
+            .with_budget(budget);
+        let start = Instant::now();
+        let res = hedge.layer(up).oneshot(chat_request()).await.unwrap();
+        let o = outcome(&res).unwrap();
+        assert!(o.budget_exhausted);
+        assert_eq!(
+            start.elapsed(),
+            ms(took),
+            "refused at 200 ms, asked again at 600"
+        );
+    }
 }
 
 /// Counts what a placer's claim was told after the settle.

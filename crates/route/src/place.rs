@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use crate::config::{Config, Routing};
 use crate::health::{Board, Health, Ticket};
 use crate::line::Spot;
+use crate::score::Prior;
 
 /// The replicas of a set, and what it knows about them: what a set and each of its response
 /// futures share.
@@ -109,17 +110,25 @@ impl<S> Placer<S> {
             .map(|r| r.eject.is_ejected(now))
             .collect();
         let board = &*board;
-        let decay = self.health.decay;
+        let prior = Prior::of(&board.replicas, now, self.health.decay);
         let slots = self.config.slots;
         let ahead = |i: usize| board.line.ahead(spot.key, spot.since, i);
         let room = |i: usize| board.replicas[i].has_room(slots, now, ahead(i));
         let tried = attempt.map(Attempt::tried).unwrap_or_default();
-        if attempt.is_some_and(Attempt::is_backup) && tried.len() < n {
-            // A backup: the best replica not tried yet (an ejected one last).
+        let backup = attempt.is_some_and(Attempt::is_backup) && tried.len() < n;
+        if !backup && self.config.routing == Routing::RoundRobin {
+            let seq = self.next.fetch_add(1, Ordering::Relaxed);
+            return (0..n)
+                .map(|k| seq.wrapping_add(k) % n)
+                .find(|&i| room(i))
+                .map_or_else(|| Pick::Wait((0..n).collect()), Pick::Place);
+        }
+        let (candidates, chosen, probe) = if backup {
+            // A backup: the best replica with room not tried yet (an ejected one last)...
             let untried: Vec<usize> = (0..n)
                 .filter(|i| !tried.contains(&ReplicaId(*i as u64)))
                 .collect();
-            let key = |i: usize| (ejected[i], board.replicas[i].score(now, decay));
+            let key = |i: usize| (ejected[i], board.replicas[i].score(now, &prior));
             let best = untried
                 .iter()
                 .copied()
@@ -128,21 +137,15 @@ impl<S> Placer<S> {
                     let (ka, kb) = (key(a), key(b));
                     ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
                 });
-            return best.map_or(Pick::Wait(untried), Pick::Place);
-        }
-        if self.config.routing == Routing::RoundRobin {
-            let seq = self.next.fetch_add(1, Ordering::Relaxed);
-            return (0..n)
-                .map(|k| (seq + k) % n)
-                .find(|&i| room(i))
-                .map_or_else(|| Pick::Wait((0..n).collect()), Pick::Place);
-        }
-        // A primary: of the replicas in selection, the better of two with room...
-        let healthy: Vec<usize> = (0..n).filter(|&i| !ejected[i]).collect();
-        let free: Vec<usize> = healthy.iter().copied().filter(|&i| room(i)).collect();
-        let (chosen, probe) = match self.two_choices(board, &free, now) {
-            Some((c, probe)) => (Some(c), probe),
-            None => (None, false),
+            (untried, best, false)
+        } else {
+            // A primary: of the replicas in selection, the better of two with room...
+            let healthy: Vec<usize> = (0..n).filter(|&i| !ejected[i]).collect();
+            let free: Vec<usize> = healthy.iter().copied().filter(|&i| room(i)).collect();
+            match self.two_choices(board, &free, now, &prior) {
+                Some((c, probe)) => (healthy, Some(c), probe),
+                None => (healthy, None, false),
+            }
         };
         // ...unless a full one is expected to give a first token sooner, slot wait included,
         // than the chosen one as last known (a single-slot replica that answers in 0.3 s beats
@@ -151,24 +154,26 @@ impl<S> Placer<S> {
         // then the attempt waits for it, for at most as long as the free one is expected to
         // take (its patience: it never ends up much later than it would have there; the hedge
         // may send a backup meanwhile), and takes a replica with room after that.
-        let full = healthy
+        let full = candidates
             .iter()
             .copied()
-            .filter(|&i| !room(i))
+            .filter(|&i| !ejected[i] && !room(i))
             .filter_map(|i| {
                 let r = &board.replicas[i];
-                r.wait_for_slot(slots, now, decay, ahead(i)).map(|w| (i, w))
+                r.wait_for_slot(slots, now, &prior, ahead(i))
+                    .map(|w| (i, w))
             });
         let sooner = full.min_by(|a, b| a.1.total_cmp(&b.1));
         let patient = spot.patience.is_none_or(|until| now < until);
+        let last_known = |c: usize| board.replicas[c].last_known(now, &prior);
         match (chosen, sooner) {
-            (Some(c), Some((i, wait))) if patient && wait < board.replicas[c].last_known(now) => {
-                Pick::Prefer(i, board.replicas[c].last_known(now))
+            (Some(c), Some((i, wait))) if patient && wait < last_known(c) => {
+                Pick::Prefer(i, last_known(c))
             }
             (Some(c), _) if probe => Pick::Probe(c),
             (Some(c), _) => Pick::Place(c),
-            // Every replica in selection is full: wait for the first slot of any of them.
-            (None, _) => Pick::Wait(healthy),
+            // Every candidate is full: wait for the first slot of any of them.
+            (None, _) => Pick::Wait(candidates),
         }
     }
 
@@ -176,9 +181,17 @@ impl<S> Placer<S> {
     /// placement that rests on no news of how long the chosen one takes: it won only because
     /// its estimate decayed (what was last known of it would have lost to the other choice),
     /// or its estimate is only a lower bound (an attempt there was cut short, or failed, and
-    /// no first token came since). A replica placed on learns at once (a token, a failure, or
-    /// the wait a backup cut short).
-    fn two_choices(&self, board: &Board, free: &[usize], now: Instant) -> Option<(usize, bool)> {
+    /// no first token came since), or the set has no news of it at all and no attempt waits
+    /// there yet (the first to go there; those that follow it before its news are no probes,
+    /// so a burst on a fresh set is not backed up past the hedge budget). A replica placed on
+    /// learns at once (a token, a failure, or the wait a backup cut short).
+    fn two_choices(
+        &self,
+        board: &Board,
+        free: &[usize],
+        now: Instant,
+        prior: &Prior,
+    ) -> Option<(usize, bool)> {
         let n = free.len();
         if n <= 1 {
             // The only one with room: a probe when there is another to back it up on.
@@ -191,14 +204,15 @@ impl<S> Placer<S> {
         let a = (h >> 32) as usize % n;
         let b = (a + 1 + (h as u32 as usize) % (n - 1)) % n;
         let (a, b) = (free[a], free[b]);
-        let decay = self.health.decay;
         let (sa, sb) = (
-            board.replicas[a].score(now, decay),
-            board.replicas[b].score(now, decay),
+            board.replicas[a].score(now, prior),
+            board.replicas[b].score(now, prior),
         );
         let (chosen, other) = if sb < sa { (b, sa) } else { (a, sb) };
         let r = &board.replicas[chosen];
-        Some((chosen, r.lower_bound() || r.last_known(now) > other))
+        let first = !r.has_news() && r.waiting.is_empty();
+        let probe = first || r.lower_bound() || r.last_known(now, prior) > other;
+        Some((chosen, probe))
     }
 }
 

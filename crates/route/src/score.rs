@@ -28,6 +28,9 @@ pub(crate) struct Replica {
     /// The estimate is a censored wait (an attempt cut short at it, or a failure after it):
     /// the replica takes at least that long, how much longer nobody saw.
     lower_bound: bool,
+    /// A sample came (a first token, or a wait cut short): before it, the estimate is a
+    /// guess (see [`guess`](Replica::guess)).
+    news: bool,
     /// Attempts holding a slot (from the call until their body ends or is dropped).
     pub(crate) active: u32,
     /// The id of the newest attempt placed on it, and when.
@@ -51,6 +54,7 @@ impl Replica {
             estimate: 0.0,
             at: now,
             lower_bound: false,
+            news: false,
             active: 0,
             newest: (0, now),
             one_at_a_time: None,
@@ -82,13 +86,12 @@ impl Replica {
         &self,
         configured: Option<u32>,
         now: Instant,
-        decay: Duration,
+        prior: &Prior,
         ahead: usize,
     ) -> Option<f64> {
         let slots = f64::from(self.capacity(configured, now)?.max(1));
-        (self.hold > 0.0).then(|| {
-            self.hold * (ahead + 1) as f64 / slots + self.estimate(now, decay) + PRIOR_SECS
-        })
+        (self.hold > 0.0)
+            .then(|| self.hold * (ahead + 1) as f64 / slots + self.guess(now, prior) + PRIOR_SECS)
     }
 
     /// An attempt released its slot after `secs`.
@@ -108,19 +111,43 @@ impl Replica {
         self.estimate * (-elapsed / decay.as_secs_f64().max(1e-9)).exp()
     }
 
-    /// The expected wait of one more attempt: the estimate, raised to the longest wait of an
-    /// attempt still waiting (a censored sample: it takes at least that long), times the
-    /// attempts that would then be waiting.
-    pub(crate) fn score(&self, now: Instant, decay: Duration) -> f64 {
-        self.expected(self.estimate(now, decay), now)
+    /// The estimate decayed to `now`. Before any news of the replica: zero while no attempt
+    /// waits there (worth a try: a new replica gets its first attempt at once), then, while
+    /// that first attempt is unanswered, what the set assumes of a replica it knows nothing of
+    /// ([`Prior`]), so that no more follow it before its news.
+    pub(crate) fn guess(&self, now: Instant, prior: &Prior) -> f64 {
+        if self.news {
+            self.estimate(now, prior.decay)
+        } else if self.waiting.is_empty() {
+            0.0
+        } else {
+            prior.secs
+        }
+    }
+
+    /// The expected wait of one more attempt: the estimate (or the [`guess`](Self::guess)),
+    /// raised to the longest wait of an attempt still waiting (a censored sample: it takes at
+    /// least that long), times the attempts that would then be waiting.
+    pub(crate) fn score(&self, now: Instant, prior: &Prior) -> f64 {
+        self.expected(self.guess(now, prior), now)
     }
 
     /// The expected wait of one more attempt as of the last news of the replica: the score
     /// without the decay since. What a full replica's expected wait is weighed against: a
     /// slow replica's estimate that has only decayed since says nothing new about it, and the
     /// hedge's backups probe it (a fresh sample renews the estimate at once).
-    pub(crate) fn last_known(&self, now: Instant) -> f64 {
-        self.expected(self.estimate, now)
+    pub(crate) fn last_known(&self, now: Instant, prior: &Prior) -> f64 {
+        let known = if self.news {
+            self.estimate
+        } else {
+            self.guess(now, prior)
+        };
+        self.expected(known, now)
+    }
+
+    /// Whether the set has news of the replica (a sample came).
+    pub(crate) fn has_news(&self) -> bool {
+        self.news
     }
 
     fn expected(&self, estimate: f64, now: Instant) -> f64 {
@@ -150,12 +177,38 @@ impl Replica {
         };
         self.estimate = next;
         self.at = now;
+        self.news = true;
     }
 
     /// Whether the estimate is only a lower bound: its peak was a wait cut short (a backup won,
     /// the client left) or a failure, and no first token came since.
     pub(crate) fn lower_bound(&self) -> bool {
         self.lower_bound
+    }
+}
+
+/// What a set assumes of a replica it has no news of while an attempt waits there: the median
+/// estimate of the replicas it has news of (zero while it has none), as if it were like the
+/// others. Before, its estimate stayed zero: it looked faster than any replica that had
+/// answered, and took primary after primary while the first still waited there (issue 29's
+/// interrupt runs: the second and third requests of a fresh gateway both went to the replica
+/// busy with traffic the set cannot see, one 3 s to a first token).
+#[derive(Debug)]
+pub(crate) struct Prior {
+    secs: f64,
+    decay: Duration,
+}
+
+impl Prior {
+    /// The prior of `replicas` at `now`.
+    pub(crate) fn of(replicas: &[Replica], now: Instant, decay: Duration) -> Self {
+        let mut known: Vec<f64> = (replicas.iter())
+            .filter(|r| r.news)
+            .map(|r| r.estimate(now, decay))
+            .collect();
+        known.sort_by(f64::total_cmp);
+        let secs = known.get(known.len() / 2).copied().unwrap_or(0.0);
+        Prior { secs, decay }
     }
 }
 
@@ -185,12 +238,33 @@ mod tests {
         let decay = Duration::from_secs(10);
         let mut r = Replica::new(Instant::now());
         let now = Instant::now();
-        let idle = r.score(now, decay);
+        let prior = Prior::of(&[], now, decay);
+        let idle = r.score(now, &prior);
         r.waiting.push((0, now));
-        let one = r.score(now, decay);
+        let one = r.score(now, &prior);
         assert!(one > idle);
         // The longest wait counts as a lower bound of the estimate.
         let later = now + Duration::from_secs(3);
-        assert!(r.score(later, decay) >= 2.0 * 3.0);
+        assert!(r.score(later, &prior) >= 2.0 * 3.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_with_no_news_is_taken_to_be_like_the_others() {
+        let decay = Duration::from_secs(10);
+        let now = Instant::now();
+        let mut set: Vec<Replica> = (0..4).map(|_| Replica::new(now)).collect();
+        for (r, secs) in set.iter_mut().zip([0.2, 0.4, 3.0]) {
+            r.sample(secs, false, now, decay);
+        }
+        let prior = Prior::of(&set, now, decay);
+        assert!((set[0].guess(now, &prior) - 0.2).abs() < 1e-9);
+        // Nothing waits on the new one: worth a try.
+        assert_eq!(set[3].guess(now, &prior), 0.0);
+        // Its first attempt unanswered: like the others (their median) until news, and a
+        // second attempt there looks twice that long.
+        set[3].waiting.push((0, now));
+        assert!((set[3].guess(now, &prior) - 0.4).abs() < 1e-9);
+        assert!((set[3].last_known(now, &prior) - 2.0 * (0.4 + PRIOR_SECS)).abs() < 1e-9);
+        assert!(set[3].score(now, &prior) > set[1].score(now, &prior));
     }
 }

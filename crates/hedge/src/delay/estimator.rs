@@ -32,6 +32,13 @@ pub(super) fn bucket_value(k: usize) -> Duration {
     Duration::from_secs_f64(ms / 1000.0)
 }
 
+/// Before the first estimate, a first token this many times slower than the slowest sample
+/// seen is hedged even before the initial delay: a few samples cannot place a percentile, but
+/// that far past all of them is the tail of whatever the distribution is (issue 29: a fresh
+/// gateway's primary on a replica busy with traffic nobody sees waited the whole initial
+/// second, while the first tokens seen had taken 0.13 s). The budget bounds what it costs.
+const WARMUP_FACTOR: u32 = 4;
+
 /// Samples by bucket: attempts that produced a first token, and censored ones.
 struct Hist {
     events: [u32; BUCKETS],
@@ -46,6 +53,13 @@ impl Hist {
             censored: [0; BUCKETS],
             total: 0,
         }
+    }
+
+    /// The bucket of the slowest sample, a first token or a censored wait.
+    fn slowest(&self) -> Option<usize> {
+        (0..BUCKETS)
+            .rev()
+            .find(|&k| self.events[k] > 0 || self.censored[k] > 0)
     }
 }
 
@@ -129,7 +143,8 @@ impl Estimator {
     }
 
     /// The delay in force: the estimate of the window, or, while it holds fewer than the
-    /// minimum samples, the last estimate made, or the initial delay.
+    /// minimum samples, the last estimate made, or before any: the initial delay, or
+    /// [`WARMUP_FACTOR`] times the slowest sample of the window when that is sooner.
     pub(crate) fn current(&self, now: Instant) -> Duration {
         let mut st = self.state(now);
         let samples = st.current.total.saturating_add(st.previous.total);
@@ -139,7 +154,10 @@ impl Estimator {
             st.last = Some(d);
             d
         } else {
-            st.last.unwrap_or(self.config.initial.clamp(min, max))
+            let slowest = (st.current.slowest().max(st.previous.slowest()))
+                .map(|k| bucket_value(k).saturating_mul(WARMUP_FACTOR));
+            let initial = slowest.map_or(self.config.initial, |s| s.min(self.config.initial));
+            st.last.unwrap_or(initial.clamp(min, max))
         };
         metrics::gauge!("tailguard_hedge_delay_seconds", "key" => self.label.clone())
             .set(d.as_secs_f64());
