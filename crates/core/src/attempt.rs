@@ -42,6 +42,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -134,6 +135,9 @@ struct Record {
     tried: Vec<(u8, ReplicaId)>,
     /// The placer sent the primary on a stale estimate (see [`Attempt::mark_probe`]).
     probe: bool,
+    /// The attempt the placer marked a probe against an alternative, and how soon it expected
+    /// a first token there (see [`Attempt::mark_probe_against`]).
+    alternative: Option<(u8, Duration)>,
     /// The claims bound to each attempt number, and whether the sender settled each; kept
     /// after the settle for [`Attempt::cut_short`].
     claims: Vec<(u8, Arc<dyn AttemptClaim>, bool)>,
@@ -211,6 +215,27 @@ impl Attempt {
     /// Whether the request is a probe (see [`mark_probe`](Self::mark_probe)).
     pub fn is_probe(&self) -> bool {
         self.lock().probe
+    }
+
+    /// Marks the request a probe, as [`mark_probe`](Self::mark_probe) does, and says how soon
+    /// the placer expected a first token on the replica it would otherwise have chosen, on
+    /// what it knows of that one. A sender may back the probe up once it has waited well past
+    /// that without a token: the probed replica is then no faster than the alternative, which
+    /// is what the placer wanted to learn, and the request need not pay for the lesson.
+    pub fn mark_probe_against(&self, alternative: Duration) {
+        let mut r = self.lock();
+        r.probe = true;
+        r.alternative = Some((self.number, alternative));
+    }
+
+    /// How soon the placer expected a first token elsewhere when it marked this attempt a
+    /// probe (see [`mark_probe_against`](Self::mark_probe_against)); `None` for any other
+    /// attempt of the request.
+    pub fn probe_alternative(&self) -> Option<Duration> {
+        let r = self.lock();
+        r.alternative
+            .filter(|(n, _)| *n == self.number)
+            .map(|(_, d)| d)
     }
 
     /// Binds a placer's `claim` to this attempt, to be told how it ends (see
@@ -315,5 +340,19 @@ mod tests {
         let third = primary.next(2);
         third.record(ReplicaId(3));
         assert_eq!(primary.tried(), vec![ReplicaId(1), ReplicaId(3)]);
+    }
+
+    #[test]
+    fn a_probe_alternative_belongs_to_the_attempt_marked() {
+        let primary = Attempt::primary();
+        primary.mark_probe_against(Duration::from_millis(150));
+        assert!(primary.is_probe());
+        assert_eq!(
+            primary.probe_alternative(),
+            Some(Duration::from_millis(150))
+        );
+        // A later attempt of the request (a backup, a resumed stream's continuation) is not
+        // the one the placer weighed.
+        assert_eq!(primary.next(1).probe_alternative(), None);
     }
 }

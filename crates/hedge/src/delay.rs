@@ -258,22 +258,17 @@ pub(crate) fn within(
     }
 }
 
-/// Polls the sleep in `timer` (armed, or re-armed, for `at`); `true` once `at` has passed.
-pub(crate) fn poll_sleep(
-    timer: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-    at: Instant,
-    cx: &mut std::task::Context<'_>,
-) -> bool {
-    let timer = match timer {
-        Some(t) => {
-            if t.deadline() != at {
-                t.as_mut().reset(at);
-            }
-            t
-        }
-        None => timer.insert(Box::pin(tokio::time::sleep_until(at))),
-    };
-    std::future::Future::poll(timer.as_mut(), cx).is_ready()
+/// When a primary its placer marked a probe against an `alternative` (core's
+/// `Attempt::mark_probe_against`: the first token expected on the replica it would otherwise
+/// have chosen) is backed up, and after what wait: twice the alternative, at least 50 ms (the
+/// adaptive delay's default floor). A probe that has not answered by then is no faster than
+/// the alternative, which is what its placer wanted to learn; the request need not wait the
+/// whole delay for that lesson (issue 29: probes of a replica busy with traffic nobody sees
+/// each cost a request 1-1.5 s of the delay in the real bench's queue mode). It only brings
+/// the backup forward; the budget decides as for any probe. `None`: too far to add.
+pub(crate) fn probe_due(sent_at: Instant, alternative: Duration) -> Option<(Instant, Duration)> {
+    let wait = alternative.saturating_mul(2).max(Duration::from_millis(50));
+    sent_at.checked_add(wait).map(|due| (due, wait))
 }
 
 /// Whether a backup sent at `now` could still win: not when the first-token time `deadlines`

@@ -16,7 +16,7 @@ use tailguard_core::attempt::{Attempt, Settle};
 use tailguard_core::progress::StreamProgress;
 use tailguard_core::replay::Buffering;
 use tailguard_core::{BoxError, Deadlines, EndReport, HedgeOutcome, ReplayBody, deadline};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::answer::{self, Escape};
@@ -31,9 +31,9 @@ use crate::template::Template;
 use crate::verdict::Fault;
 
 mod end;
+mod timer;
 
-/// A deadline that does not come (about 30 years).
-const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+use timer::HedgeTimer;
 
 /// The most informative failure so far: its attempt index, the failure, the attempt's own end
 /// report.
@@ -76,16 +76,15 @@ where
     /// The delay in force for this request (the outcome's), capped by the deadlines at start.
     delay: Option<Duration>,
     /// When the next delay-triggered attempt is due.
-    hedge_at: Option<Instant>,
-    /// The delay that set `hedge_at` (within the deadlines).
-    armed: Duration,
-    timer: Option<Pin<Box<Sleep>>>,
+    timer: HedgeTimer,
     /// The attempts in flight, in the order they were sent.
     attempts: Vec<InFlight<S::Future, RB>>,
     sent: u8,
     pending_send: Option<Trigger>,
     best: Option<Kept<RB, S::Error>>,
     budget_exhausted: bool,
+    /// The primary was found to be a probe against an alternative (see `delay::probe_due`).
+    probe_seen: bool,
     /// A backup was skipped: it could not have won before the deadline.
     deadline_skipped: bool,
     /// The request's progress record, when a layer outside reads the stream (see `CutWatch`).
@@ -142,14 +141,13 @@ where
             record: adopted.unwrap_or_else(Attempt::primary),
             estimator,
             delay: None,
-            hedge_at: None,
-            armed: Duration::ZERO,
-            timer: None,
+            timer: HedgeTimer::default(),
             attempts: Vec::new(),
             sent: 0,
             pending_send: None,
             best: None,
             budget_exhausted: false,
+            probe_seen: false,
         }
     }
 
@@ -210,29 +208,25 @@ where
         // The next delay-triggered attempt goes out `delay` after this one, within what the
         // deadlines leave. The timer itself is armed lazily, only if the race is still
         // undecided when it would go to sleep.
-        let next = self
-            .delay
-            .and_then(|d| delay::within(d, self.deadlines.as_ref(), now));
-        self.hedge_at = match next {
-            Some(d) if self.sent < self.shared.config.max_attempts => {
-                self.armed = d;
-                // A delay too large to add is as good as none.
-                Some(now.checked_add(d).unwrap_or_else(|| now + FAR_FUTURE))
-            }
-            _ => None,
-        };
+        let next = (self.delay)
+            .and_then(|d| delay::within(d, self.deadlines.as_ref(), now))
+            .filter(|_| self.sent < self.shared.config.max_attempts);
+        self.timer.arm(now, next);
     }
 
-    /// Polls the hedge timer (arming it first if needed); `true` when it fired.
-    fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(at) = self.hedge_at else {
-            return false;
-        };
-        let fired = delay::poll_sleep(&mut self.timer, at, cx);
-        if fired {
-            self.hedge_at = None;
+    /// Brings the backup of a primary its placer marked a probe against an alternative
+    /// forward, when that is due sooner than the delay (see `delay::probe_due`); asked until
+    /// the placer has placed the primary, while it is the only attempt.
+    fn back_up_probe_sooner(&mut self) {
+        if self.probe_seen || self.sent != 1 {
+            return;
         }
-        fired
+        let Some(alternative) = self.record.probe_alternative() else {
+            return;
+        };
+        self.probe_seen = true;
+        let primary = self.attempts.first();
+        (self.timer).sooner(primary.and_then(|p| delay::probe_due(p.sent_at, alternative)));
     }
 
     /// Decides to send another attempt, if none is waiting to go out, fewer than `cap` were
@@ -274,16 +268,15 @@ where
                 trigger = trigger.as_str(),
                 "tailguard-hedge: budget exhausted, no attempt sent"
             );
-            if trigger == Trigger::Delay && !self.armed.is_zero() {
+            if trigger == Trigger::Delay {
                 // Asked again after twice the interval (few asks), when it may borrow.
-                self.armed = self.armed.saturating_mul(2);
-                self.hedge_at = now.checked_add(self.armed);
+                self.timer.again(now);
             }
             return;
         }
         if trigger == Trigger::Delay {
             metrics::histogram!("tailguard_hedge_delay_used_seconds")
-                .record(self.armed.as_secs_f64());
+                .record(self.timer.armed().as_secs_f64());
         }
         self.pending_send = Some(trigger);
     }
@@ -374,8 +367,7 @@ where
     /// request's end report (after an inner layer's own, see `answer`).
     fn finalize(&mut self) -> Output<RB, S::Error> {
         self.phase = Phase::Done;
-        self.timer = None;
-        self.hedge_at = None;
+        self.timer.stop();
         metrics::counter!("tailguard_hedge_all_failed_total").increment(1);
         let Some((index, failure, report)) = self.best.take() else {
             let error = "tailguard-hedge: no attempt completed".into();
@@ -476,7 +468,8 @@ where
                     }
                 }
             }
-            if self.poll_timer(cx) {
+            self.back_up_probe_sooner();
+            if self.timer.poll(cx) {
                 self.want(Trigger::Delay, self.shared.config.max_attempts);
                 progressed = true;
             }

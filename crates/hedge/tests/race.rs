@@ -1268,6 +1268,34 @@ async fn a_backup_asked_for_again_borrows_from_the_budget() {
     }
 }
 
+/// Issue 29: a primary its placer marked a probe against an alternative expected to answer in
+/// 100 ms is backed up after twice that, not at the 1 s delay (probes of a replica busy with
+/// traffic nobody sees each cost a request the whole delay); an alternative slower than half
+/// the delay changes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_probe_is_backed_up_once_it_waited_twice_its_alternative() {
+    for (alternative, took) in [(100, 220), (800, 1_020)] {
+        let up = Upstream::with(|_, attempt| Plan::sse(ms(if attempt == 0 { 5_000 } else { 20 })));
+        let placer = tower::ServiceBuilder::new()
+            .map_request(move |req: Request<_>| {
+                let a = req.extensions().get::<tailguard_core::attempt::Attempt>();
+                if let Some(a) = a.filter(|a| !a.is_backup()) {
+                    a.mark_probe_against(ms(alternative));
+                }
+                req
+            })
+            .service(up);
+        let hedge = FirstTokenHedgeLayer::new()
+            .with_delay(ms(1_000))
+            .with_budget(HedgeBudget::none());
+        let start = Instant::now();
+        let res = hedge.layer(placer).oneshot(chat_request()).await.unwrap();
+        let o = outcome(&res).unwrap();
+        assert_eq!((o.attempts, o.winner), (2, Some(1)));
+        assert_eq!(start.elapsed(), ms(took), "alternative {alternative} ms");
+    }
+}
+
 /// Counts what a placer's claim was told after the settle.
 #[derive(Default)]
 struct CutCount(std::sync::atomic::AtomicU32);

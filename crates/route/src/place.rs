@@ -62,9 +62,12 @@ impl<S> Placer<S> {
         let mut board = self.health.board();
         let (placed, probe) = match self.pick(&mut board, attempt, spot) {
             Pick::Place(i) => (i, false),
-            Pick::Probe(i) => {
-                if let Some(a) = attempt {
-                    a.mark_probe();
+            Pick::Probe(i, alternative) => {
+                let alternative = alternative.and_then(|s| Duration::try_from_secs_f64(s).ok());
+                match (attempt, alternative) {
+                    (Some(a), Some(d)) => a.mark_probe_against(d),
+                    (Some(a), None) => a.mark_probe(),
+                    (None, _) => {}
                 }
                 (i, true)
             }
@@ -137,14 +140,14 @@ impl<S> Placer<S> {
                     let (ka, kb) = (key(a), key(b));
                     ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
                 });
-            (untried, best, false)
+            (untried, best, None)
         } else {
             // A primary: of the replicas in selection, the better of two with room...
             let healthy: Vec<usize> = (0..n).filter(|&i| !ejected[i]).collect();
             let free: Vec<usize> = healthy.iter().copied().filter(|&i| room(i)).collect();
             match self.two_choices(board, &free, now, &prior) {
                 Some((c, probe)) => (healthy, Some(c), probe),
-                None => (healthy, None, false),
+                None => (healthy, None, None),
             }
         };
         // ...unless a full one is expected to give a first token sooner, slot wait included,
@@ -170,7 +173,7 @@ impl<S> Placer<S> {
             (Some(c), Some((i, wait))) if patient && wait < last_known(c) => {
                 Pick::Prefer(i, last_known(c))
             }
-            (Some(c), _) if probe => Pick::Probe(c),
+            (Some(c), _) if probe.is_some() => Pick::Probe(c, probe.flatten()),
             (Some(c), _) => Pick::Place(c),
             // Every candidate is full: wait for the first slot of any of them.
             (None, _) => Pick::Wait(candidates),
@@ -184,19 +187,21 @@ impl<S> Placer<S> {
     /// no first token came since), or the set has no news of it at all and no attempt waits
     /// there yet (the first to go there; those that follow it before its news are no probes,
     /// so a burst on a fresh set is not backed up past the hedge budget). A replica placed on
-    /// learns at once (a token, a failure, or the wait a backup cut short).
+    /// learns at once (a token, a failure, or the wait a backup cut short). A probe carries
+    /// the other choice's expected wait when the set has news of that one (see
+    /// [`Attempt::mark_probe_against`]).
     fn two_choices(
         &self,
         board: &Board,
         free: &[usize],
         now: Instant,
         prior: &Prior,
-    ) -> Option<(usize, bool)> {
+    ) -> Option<(usize, Probe)> {
         let n = free.len();
         if n <= 1 {
             // The only one with room: a probe when there is another to back it up on.
             let probe = |i: usize| self.replicas.len() > 1 && board.replicas[i].lower_bound();
-            return free.first().map(|&i| (i, probe(i)));
+            return free.first().map(|&i| (i, probe(i).then_some(None)));
         }
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         // Two distinct candidates from a Weyl sequence: evenly spread, no generator needed.
@@ -208,20 +213,26 @@ impl<S> Placer<S> {
             board.replicas[a].score(now, prior),
             board.replicas[b].score(now, prior),
         );
-        let (chosen, other) = if sb < sa { (b, sa) } else { (a, sb) };
+        let (chosen, other, other_score) = if sb < sa { (b, a, sa) } else { (a, b, sb) };
         let r = &board.replicas[chosen];
         let first = !r.has_news() && r.waiting.is_empty();
-        let probe = first || r.lower_bound() || r.last_known(now, prior) > other;
-        Some((chosen, probe))
+        let probe = first || r.lower_bound() || r.last_known(now, prior) > other_score;
+        let alternative = board.replicas[other].has_news().then_some(other_score);
+        Some((chosen, probe.then_some(alternative)))
     }
 }
+
+/// Whether a placement is a probe (`Some`), and then the other choice's expected wait, in
+/// seconds, when the set has news of it.
+type Probe = Option<Option<f64>>;
 
 /// Where an attempt goes.
 enum Pick {
     /// To this replica, now.
     Place(usize),
-    /// To this replica, now, as a probe (see [`Attempt::mark_probe`]).
-    Probe(usize),
+    /// To this replica, now, as a probe (see [`Attempt::mark_probe`]), with the other
+    /// choice's expected wait in seconds, if known.
+    Probe(usize, Option<f64>),
     /// Nowhere yet: it waits for a slot on one of these.
     Wait(Vec<usize>),
     /// It waits for a slot on this replica although another has room, for at most this many

@@ -25,9 +25,14 @@ use crate::place::Placer;
 /// * **Primary**: by default ([`Routing::LeastWait`]) the better of two replicas by expected
 ///   wait for a first token, which the hedge reports to the set through the request's
 ///   [`Attempt`] (core's [attempt protocol](tailguard_core::attempt)); replicas ejected for
-///   repeated failures or slowness (see [`Ejection`]) are left out. With [`Routing::RoundRobin`], the next replica in turn.
+///   repeated failures or slowness (see [`Ejection`]) are left out. With
+///   [`Routing::RoundRobin`], the next replica in turn. A replica the set has no news of yet
+///   (no first token, no wait cut short) takes one attempt, a probe, and no more until that
+///   one is answered; meanwhile it is taken to be like the others (their median estimate).
 /// * **Backup**: the best-scored replica the request's [`Attempt`] has not recorded (an
 ///   ejected one only when no other is left); when all were tried, the primary's rule again.
+///   An attempt the replica interrupted for a newer one is no try of it (see
+///   [`with_interruption_hold`](Self::with_interruption_hold)): the request may go back there.
 /// * **Slots** ([`with_slots`](Self::with_slots), or one while a replica is learned to serve
 ///   one at a time, see [`with_interruption_hold`](Self::with_interruption_hold)): an attempt
 ///   is placed only on a replica with a free slot, and holds it until its response body ends
@@ -35,11 +40,11 @@ use crate::place::Placer;
 ///   gateway, not in an upstream's own queue) and is placed when a slot frees, **oldest request
 ///   first** (a backup keeps its request's age); a backup waits for a slot on a replica not
 ///   yet tried, and is dropped unsent if the race is decided first.
-/// * **Waiting for a faster replica**: a primary waits for a full replica rather than take a
-///   free one when the full one's expected first token (the attempts ahead of it times its
-///   average slot hold, plus its first-token estimate) comes sooner than the free one's last
-///   known wait; for at most that last known wait (the hedge may back it up meanwhile), then
-///   it takes a replica with room. Slowness steers placement this way; it never leaves a
+/// * **Waiting for a faster replica**: an attempt (a backup among the replicas it may go to)
+///   waits for a full replica rather than take a free one when the full one's expected first
+///   token (the attempts ahead of it times its average slot hold, plus its first-token
+///   estimate) comes sooner than the free one's last known wait; for at most that last known
+///   wait (the hedge may back it up meanwhile), then it takes a replica with room. Slowness steers placement this way; it never leaves a
 ///   request waiting longer than the set expects a replica with room to take.
 ///
 /// The chosen replica's index is recorded as its [`ReplicaId`]. A request without an
@@ -154,7 +159,9 @@ impl<S> ReplicaSet<S> {
     /// until the slot frees, instead of trading one stream for another. After the hold the
     /// replica takes attempts side by side again (the next interruption teaches it again). The
     /// first interruption of a stream after its first token breaks that stream (the client
-    /// sees an in-band error); before its first token, the hedge's empty-stream retry hides it.
+    /// sees an in-band error); before its first token, the hedge's empty-stream retry hides it,
+    /// and that retry may wait for the same replica's slot (the interrupted attempt is no try
+    /// of it).
     /// State gathered so far is reset.
     pub fn with_interruption_hold(self, hold: Duration) -> Self {
         let (decay, ejection) = (

@@ -324,6 +324,8 @@ async fn a_replica_with_no_news_takes_one_attempt_until_it_answers() {
         first.is_probe(),
         "the first placement on a replica with no news"
     );
+    // Nothing known of the other either: no alternative to weigh the probe against.
+    assert_eq!(first.probe_alternative(), None);
     tokio::time::advance(Duration::from_millis(150)).await;
     first.settle(Settle::Token);
     drop(res);
@@ -331,6 +333,10 @@ async fn a_replica_with_no_news_takes_one_attempt_until_it_answers() {
     let probe = Attempt::primary();
     let (unknown, _probe_res) = send(&set, &probe).await;
     assert!(unknown != known && probe.is_probe());
+    // Against the one that answered in 0.15 s: the hedge may back the probe up after twice
+    // that rather than its whole delay.
+    let alternative = probe.probe_alternative().unwrap().as_secs_f64();
+    assert!((0.14..0.16).contains(&alternative), "{alternative}");
     // ...and while it waits there, the next ones go to the replica that answered.
     for _ in 0..3 {
         tokio::time::advance(Duration::from_millis(20)).await;

@@ -52,8 +52,7 @@ where
                 "tailguard-hedge: attempt cancelled"
             );
         }
-        self.timer = None;
-        self.hedge_at = None;
+        self.timer.stop();
         self.pending_send = None;
     }
 
