@@ -164,7 +164,9 @@ impl<M> FirstTokenHedgeLayer<M> {
 
     /// Sets the budget of delay-triggered hedges. A request its placer marked a probe (core's
     /// `Attempt::mark_probe`: its primary went to a replica chosen on a decayed estimate) is
-    /// backed up at the delay even when the budget is empty: it borrows from the budget's
+    /// backed up at the delay (or after twice its alternative's expected wait, when the placer
+    /// gave one and that is sooner: `Attempt::mark_probe_against`) even when the budget is
+    /// empty: it borrows from the budget's
     /// future deposits, at most one max balance deep, so over a run the bound holds within that
     /// debt. A backup the budget refuses is asked for again after twice the delay, then four
     /// times it, and so on while the race lasts (a zero delay is not asked again); asked for

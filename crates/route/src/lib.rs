@@ -68,10 +68,14 @@
 //!   [`Routing::RoundRobin`], the next replica in turn. A primary placed on a replica only
 //!   because its estimate decayed (what was last known of it would have lost to the other
 //!   choice), or whose estimate is only a lower bound (its last news was a wait cut short or a
-//!   failure), is marked a probe
-//!   ([`Attempt::mark_probe`](tailguard_core::attempt::Attempt::mark_probe)): the hedge backs a
-//!   slow probe up even when its budget is empty, borrowing from the budget's future deposits.
-//! * **Backup**: the best-scored replica the request's `Attempt` has not recorded.
+//!   failure), or the first on a replica it has no news of (which takes no more until it
+//!   answers, and meanwhile counts as the others' median), is marked a probe, with the other
+//!   choice's expected wait when that one has news
+//!   ([`Attempt::mark_probe_against`](tailguard_core::attempt::Attempt::mark_probe_against)):
+//!   the hedge backs a slow probe up even when its budget is empty, borrowing from the budget's
+//!   future deposits, and after twice that expected wait when sooner than its delay.
+//! * **Backup**: the best-scored replica the request's `Attempt` has not recorded (an attempt
+//!   its replica interrupted for a newer one does not count: its failover may wait there).
 //! * **Ejection** ([`Ejection`]): consecutive failures before a first token, or a first-token
 //!   estimate far over the others', take a replica out of primary selection for a while; never
 //!   the last one.
