@@ -235,3 +235,46 @@ async fn a_continuation_that_breaks_is_resumed_again_up_to_the_limit() {
     );
     gw.shutdown().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_breaks_at_its_output_limit_ends_with_finish_length() {
+    let gw = Gateway::start(config(true)).await.unwrap();
+    let chat = Api {
+        body: r#"{"model":"mock-llm","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"Hi"}]}"#,
+        ..CHAT
+    };
+    let messages = Api {
+        body: r#"{"model":"mock-llm","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"Hi"}]}"#,
+        ..MESSAGES
+    };
+    for api in [chat, messages] {
+        let (_, whole, _) = send(&gw, &api, &[]).await;
+        let expected = (api.text)(&whole);
+        // The fifth token is the last `max_tokens` allows; the stream breaks before its finish
+        // (an interrupting server's bare terminal event, or a reset): nothing is left to
+        // continue, and the answer is whole.
+        for fault in ["interrupt_after=5", "reset_after=5"] {
+            let (status, sse, broke) = send(&gw, &api, &[("x-mock-script-0", fault)]).await;
+            assert_eq!((status, broke), (StatusCode::OK, false), "{fault}: {sse}");
+            assert_eq!((api.text)(&sse), expected, "{fault}: {sse}");
+            assert!(!sse.contains("error"), "{fault}: {sse}");
+            if api.path == MESSAGES.path {
+                let stops: Vec<Value> = events(&sse)
+                    .into_iter()
+                    .filter(|v| v["type"] == "message_delta")
+                    .collect();
+                assert_eq!(stops.len(), 1, "{sse}");
+                assert_eq!(stops[0]["delta"]["stop_reason"], "max_tokens", "{sse}");
+                assert_eq!(sse.matches("event: message_stop").count(), 1, "{sse}");
+            } else {
+                assert_one_openai_stream(&sse, true);
+                let finish = events(&sse)
+                    .into_iter()
+                    .filter_map(|v| v.pointer("/choices/0/finish_reason").cloned())
+                    .find(|f| !f.is_null());
+                assert_eq!(finish, Some(Value::from("length")), "{sse}");
+            }
+        }
+    }
+    gw.shutdown().await.unwrap();
+}

@@ -190,7 +190,7 @@ impl BreakReason {
 }
 
 /// What came of a break: the stream resumed, its continuation got no stream, the client left
-/// while it was on its way, or none was sent
+/// while it was on its way, the stream was finished at its output limit, or none was sent
 /// (why, as a bounded label: `budget`, `max_resumes`, `tool_call`, or why the request is not
 /// resumable).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -206,19 +206,24 @@ pub enum ResumeOutcome {
     /// A stalled stream went on (a token, or its end) before its continuation's first token:
     /// the continuation was dropped.
     Recovered,
+    /// No continuation was needed: the client had all the output tokens the request allows,
+    /// and the stream was ended with its finish reason (`length`; Anthropic `max_tokens`), as
+    /// the server would have ended it.
+    FinishedAtLimit,
     /// No continuation was sent, for this reason.
     NotSent(&'static str),
 }
 
 impl ResumeOutcome {
-    /// A bounded label: `resumed`, `failed`, `cancelled`, `recovered`, or the reason none was
-    /// sent.
+    /// A bounded label: `resumed`, `failed`, `cancelled`, `recovered`, `finished_at_limit`, or
+    /// the reason none was sent.
     pub fn as_str(self) -> &'static str {
         match self {
             ResumeOutcome::Resumed => "resumed",
             ResumeOutcome::Failed => "failed",
             ResumeOutcome::Cancelled => "cancelled",
             ResumeOutcome::Recovered => "recovered",
+            ResumeOutcome::FinishedAtLimit => "finished_at_limit",
             ResumeOutcome::NotSent(why) => why,
         }
     }

@@ -170,9 +170,10 @@ impl AdaptiveDelay {
     ///   follow a load change within a minute;
     /// * min samples **20**: below that a p90 is one or two samples, too noisy to act on; the
     ///   last estimate stays in force until then, or the initial delay before any;
-    /// * initial delay **1 s**: before any estimate, a first token later than a second (or
-    ///   than four times the slowest seen, when sooner) is worth a backup (an LLM server's
-    ///   first token on a short prompt takes well under that unless it queues), and the
+    /// * initial delay **500 ms**: before any estimate, a first token later than half a second
+    ///   (or than four times the slowest seen, when sooner) is worth a backup (an LLM server's
+    ///   first token on a short prompt takes well under that unless it queues: a fresh
+    ///   gateway's first request placed on a busy replica should not wait longer), and the
     ///   budget bounds what the guess costs; a route of long prompts
     ///   sets its own ([`with_initial`](Self::with_initial)). Without it a route at a few
     ///   requests a minute never hedged, and a stuck primary ended at the first-token timeout;
@@ -187,7 +188,7 @@ impl AdaptiveDelay {
             percentile: 0.9,
             window: Duration::from_secs(30),
             min_samples: 20,
-            initial: Duration::from_secs(1),
+            initial: Duration::from_millis(500),
             min: Duration::from_millis(50),
             max: Duration::from_secs(10),
             key: DelayKey::Global,
@@ -363,6 +364,7 @@ mod tests {
             AdaptiveDelay::new()
                 .with_percentile(p)
                 .with_min_samples(10)
+                .with_initial(Duration::from_secs(1))
                 .with_bounds(Duration::ZERO, Duration::from_secs(600)),
             Arc::from("t"),
         )
@@ -388,6 +390,11 @@ mod tests {
     async fn the_initial_delay_until_min_samples() {
         let e = est(0.5);
         let now = Instant::now();
+        assert_eq!(
+            AdaptiveDelay::new().initial,
+            Duration::from_millis(500),
+            "the default"
+        );
         assert_eq!(e.current(now), Duration::from_secs(1), "the initial delay");
         for i in 0..9 {
             e.record(Duration::from_millis(100 + 10 * i), false, now);

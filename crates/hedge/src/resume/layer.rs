@@ -75,7 +75,9 @@ const MAX_RESUMES: u8 = 2;
 /// [`with_stall_after`](Self::with_stall_after), it stalls. At most [`with_max_resumes`](Self::with_max_resumes) per request
 /// (2), within a budget across requests ([`with_budget`](Self::with_budget)); otherwise, and
 /// when the continuation gets no `2xx` stream, the stream ends as it broke, with what was held
-/// back of it.
+/// back of it. A stream that breaks (other than by an error event) once the client has every
+/// token the output limit allows needs no continuation: it ends as the server would have ended
+/// it, finish reason `length` (Anthropic: `max_tokens`) and the terminal event.
 ///
 /// **One stream for the client.** Complete events pass on as they come (an event still
 /// incomplete is held back, so a break never leaves half an event with the client). A
@@ -96,7 +98,8 @@ const MAX_RESUMES: u8 = 2;
 /// **Metrics.** `tailguard_resumes_total{reason, outcome}`: each break after a first token
 /// (`reason`: `transport`, `truncated`, `error_event`, `done_without_finish`, `stall`) and
 /// what came of it (`resumed`; `failed`: the continuation got no stream; `cancelled`: the
-/// client left while it was on its way; `recovered`: a stalled stream went on first; or why
+/// client left while it was on its way; `recovered`: a stalled stream went on first;
+/// `finished_at_limit`: ended with finish `length`, no tokens left; or why
 /// none was sent: `budget`, `max_resumes`, `tool_call`, a
 /// [`NotResumable`](crate::NotResumable) label);
 /// the budget's `tailguard_hedge_budget_withdrawn_total{budget="resume"}` and

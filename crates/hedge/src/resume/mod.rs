@@ -4,11 +4,13 @@
 //!
 //! `plan` decides at request time whether a request can be resumed and builds continuation
 //! bodies; `read` reads a stream event by event (holding back incomplete events and early
-//! terminal events) and splices continuations. Both are pure: the tower layer drives them.
+//! terminal events) and splices continuations; `finish` ends a stream that broke once its
+//! output limit was used up. All three are pure: the tower layer drives them.
 
 // `plan` and `read` as above; `layer` (the layer, its service and response future) and
 // `body` (the client's body, which drives the reader and sends continuations).
 mod body;
+mod finish;
 mod layer;
 mod plan;
 mod read;

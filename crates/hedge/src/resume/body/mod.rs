@@ -16,8 +16,9 @@ use tailguard_core::attempt::Attempt;
 use tailguard_core::{AnswerBody, BoxError, EndReport, ResumeOutcome, Resumption, Upstream};
 use tokio::time::Instant;
 
+use super::finish;
 use super::layer::{Shared, attempts_of};
-use super::plan::Plan;
+use super::plan::{NotResumable, Plan};
 use super::read::{Break, Reader};
 use super::stall::Stall;
 
@@ -135,6 +136,31 @@ enum Fallback<RB: Body> {
     End(End<RB::Error>),
     /// Goes on: a stalled stream, kept while its continuation was on its way.
     Live(Pin<Box<RB>>),
+}
+
+/// Why no continuation went out for a break.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NotSent {
+    /// A tool call was in progress.
+    ToolCall,
+    /// The request cannot be continued from what was sent (see [`Plan::continuation`]).
+    Request(NotResumable),
+    /// The request took its most resumes.
+    MaxResumes,
+    /// The resume budget is spent.
+    Budget,
+}
+
+impl NotSent {
+    /// The metric label (`tailguard_resumes_total{outcome}`).
+    fn as_str(self) -> &'static str {
+        match self {
+            NotSent::ToolCall => "tool_call",
+            NotSent::Request(why) => why.as_str(),
+            NotSent::MaxResumes => "max_resumes",
+            NotSent::Budget => "budget",
+        }
+    }
 }
 
 /// How a stream ended that was not resumed.
@@ -337,26 +363,37 @@ where
                     fallback: Fallback::End(end.unwrap_or(End::Clean)),
                 };
             }
+            Err(NotSent::Request(NotResumable::NoTokensLeft)) if brk != Break::ErrorEvent => {
+                // The answer is whole; only its finish is missing (see `finish`). The broken
+                // stream's held bytes (a bare terminal event) are dropped with its body.
+                self.outcome(brk, ResumeOutcome::FinishedAtLimit, None);
+                self.reader.take_held();
+                let api = self.ctx.plan.api();
+                self.out
+                    .push_back(finish::at_limit(api, self.reader.sent()));
+                self.phase = Phase::Done;
+            }
             Err(why) => {
-                self.outcome(brk, ResumeOutcome::NotSent(why), None);
+                self.outcome(brk, ResumeOutcome::NotSent(why.as_str()), None);
                 self.give_up(end);
             }
         }
     }
 
-    /// Sends a continuation for `brk` if the request may take one, or says why not.
-    fn resume(&mut self, brk: Break) -> Result<Sending<RB>, &'static str> {
+    /// Sends a continuation for `brk` if the request may take one, or says why not (a tool
+    /// call in progress, the output limit used up, the most resumes taken, the budget spent).
+    fn resume(&mut self, brk: Break) -> Result<Sending<RB>, NotSent> {
         let ctx = &mut self.ctx;
         let sent = self.reader.sent();
         if sent.tool_call {
-            return Err("tool_call");
+            return Err(NotSent::ToolCall);
         }
+        let body = ctx.plan.continuation(sent).map_err(NotSent::Request)?;
         if ctx.resumes >= ctx.shared.max_resumes {
-            return Err("max_resumes");
+            return Err(NotSent::MaxResumes);
         }
-        let body = ctx.plan.continuation(sent).map_err(|e| e.as_str())?;
         if !ctx.shared.budget.spend(Instant::now()) {
-            return Err("budget");
+            return Err(NotSent::Budget);
         }
         ctx.resumes += 1;
         let attempt = ctx.record.next(ctx.attempts);

@@ -30,7 +30,7 @@ where
                 fallback: Fallback::Live(body),
             },
             Err(why) => {
-                self.outcome(Break::Stall, ResumeOutcome::NotSent(why), None);
+                self.outcome(Break::Stall, ResumeOutcome::NotSent(why.as_str()), None);
                 Phase::Live(body)
             }
         };
