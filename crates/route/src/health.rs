@@ -143,6 +143,7 @@ impl AttemptClaim for Ticket {
                 // least that long (a quick failure says nothing of time; a server interrupted
                 // seconds in by traffic the set cannot see looks as slow as it is).
                 r.sample(waited, true, now, h.decay);
+                r.unpause();
                 r.eject.failed();
             }
             // `Answered`, `Ended`, and any kind a later core adds: no sample.

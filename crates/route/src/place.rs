@@ -17,6 +17,8 @@ use crate::config::{Config, Routing};
 use crate::health::{Board, Health, Ticket};
 use crate::line::Spot;
 use crate::score::Prior;
+#[cfg(doc)]
+use crate::score::Replica;
 
 /// The replicas of a set, and what it knows about them: what a set and each of its response
 /// futures share.
@@ -68,6 +70,10 @@ impl<S> Placer<S> {
                     (Some(a), Some(d)) => a.mark_probe_against(d),
                     (Some(a), None) => a.mark_probe(),
                     (None, _) => {}
+                }
+                // A probe on a lower bound pauses the next.
+                if board.replicas[i].lower_bound() {
+                    board.replicas[i].probed(Instant::now(), self.health.decay);
                 }
                 (i, true)
             }
@@ -189,7 +195,11 @@ impl<S> Placer<S> {
     /// so a burst on a fresh set is not backed up past the hedge budget). A replica placed on
     /// learns at once (a token, a failure, or the wait a backup cut short). A probe carries
     /// the other choice's expected wait when the set has news of that one (see
-    /// [`Attempt::mark_probe_against`]).
+    /// [`Attempt::mark_probe_against`]). A replica probed while its estimate is a lower bound
+    /// takes its next such probe only after a growing pause ([`Replica::probed`]); until then
+    /// the other choice goes when the lower bound beats it only by decay, unless it too would
+    /// be a probe that must wait. (The only replica with room
+    /// always takes the attempt.)
     fn two_choices(
         &self,
         board: &Board,
@@ -213,10 +223,29 @@ impl<S> Placer<S> {
             board.replicas[a].score(now, prior),
             board.replicas[b].score(now, prior),
         );
-        let (chosen, other, other_score) = if sb < sa { (b, a, sa) } else { (a, b, sb) };
-        let r = &board.replicas[chosen];
-        let first = !r.has_news() && r.waiting.is_empty();
-        let probe = first || r.lower_bound() || r.last_known(now, prior) > other_score;
+        // Whether placing on `c` is a probe, and one that must wait (see `Replica::probed`).
+        let kind = |c: usize, other_score: f64| {
+            let r = &board.replicas[c];
+            let first = !r.has_news() && r.waiting.is_empty();
+            let decayed = r.last_known(now, prior) > other_score;
+            let stale = r.lower_bound() || decayed;
+            (
+                first || stale,
+                r.lower_bound() && decayed && !r.may_probe(now),
+            )
+        };
+        let mut pair = if sb < sa {
+            [(b, sb), (a, sa)]
+        } else {
+            [(a, sa), (b, sb)]
+        };
+        // The better score, unless it would be a probe its replica may not take yet and the
+        // other would not.
+        if kind(pair[0].0, pair[1].1).1 && !kind(pair[1].0, pair[0].1).1 {
+            pair.swap(0, 1);
+        }
+        let [(chosen, _), (other, other_score)] = pair;
+        let probe = kind(chosen, other_score).0;
         let alternative = board.replicas[other].has_news().then_some(other_score);
         Some((chosen, probe.then_some(alternative)))
     }

@@ -17,6 +17,10 @@ use crate::eject::Ejector;
 /// decides (as tower's default RTT does).
 const PRIOR_SECS: f64 = 0.001;
 
+/// The longest pause between probes of a replica is this many decay periods (see
+/// [`Replica::probed`]).
+const MAX_PROBE_BACKOFF: u32 = 4;
+
 /// One replica's state.
 #[derive(Debug)]
 pub(crate) struct Replica {
@@ -44,6 +48,10 @@ pub(crate) struct Replica {
     /// A moving average of how long an attempt holds a slot here (placement to the end of its
     /// body), in seconds; zero before the first.
     hold: f64,
+    /// Probes placed here on a lower bound since its last first token, and when the next may
+    /// go (see [`probed`](Replica::probed)).
+    probes: u32,
+    probe_after: Option<Instant>,
     pub(crate) eject: Ejector,
 }
 
@@ -61,6 +69,8 @@ impl Replica {
             streaming: 0,
             concurrent_at: None,
             hold: 0.0,
+            probes: 0,
+            probe_after: None,
             eject: Ejector::default(),
         }
     }
@@ -161,6 +171,10 @@ impl Replica {
 
     /// A time to first token (or, `censored`, a wait of at least that long).
     pub(crate) fn sample(&mut self, secs: f64, censored: bool, now: Instant, decay: Duration) {
+        if !censored {
+            // A first token: its estimate is news again, not a bound (see `probed`).
+            self.unpause();
+        }
         let current = self.estimate(now, decay);
         let next = if secs >= current {
             // Peak: a slower sample (or a longer censored wait) replaces the estimate.
@@ -184,6 +198,35 @@ impl Replica {
     /// the client left) or a failure, and no first token came since.
     pub(crate) fn lower_bound(&self) -> bool {
         self.lower_bound
+    }
+
+    /// Whether a primary may be placed here as a probe on its lower bound now (see
+    /// [`probed`](Self::probed)).
+    pub(crate) fn may_probe(&self, now: Instant) -> bool {
+        self.probe_after.is_none_or(|after| now >= after)
+    }
+
+    /// A probe was placed here while its estimate is a lower bound (its last news a wait cut
+    /// short): the next such probe may go one decay period later, then two, then four
+    /// ([`MAX_PROBE_BACKOFF`]), until a first token comes. Without it a replica kept busy by
+    /// traffic the set cannot see was probed every time its estimate decayed below the other
+    /// choice's, every 3 s in issue 29's real bench, each probe cut short by its backup: each
+    /// cost its request a hedge delay and an extra attempt (8 of 50, where the hedge budget
+    /// allows 10%). Backups, which go to the best replica not tried, still sample it
+    /// meanwhile; so does any primary while the other choice is loaded past the bound as last
+    /// known (not decayed).
+    ///
+    /// A failure ends the pause ([`unpause`](Self::unpause)): whether a failing replica stays
+    /// in selection is the ejector's call, which needs its failures to come as they come.
+    pub(crate) fn probed(&mut self, now: Instant, decay: Duration) {
+        let periods = 1u32 << self.probes.min(MAX_PROBE_BACKOFF.ilog2());
+        self.probe_after = now.checked_add(decay.saturating_mul(periods));
+        self.probes = self.probes.saturating_add(1);
+    }
+
+    /// Probes may go at once again (see [`probed`](Self::probed)).
+    pub(crate) fn unpause(&mut self) {
+        (self.probes, self.probe_after) = (0, None);
     }
 }
 

@@ -655,3 +655,63 @@ async fn a_primary_placed_on_a_wait_cut_short_is_a_probe() {
     let (r, _res) = send(&set, &b).await;
     assert!(r == cut && !b.is_probe(), "{r} {}", b.is_probe());
 }
+
+/// Issue 29: a replica kept busy by traffic the set cannot see was probed every time its
+/// estimate decayed below the other's (every 3 s on real llama.cpp), each probe a request that
+/// waited a hedge delay and an extra attempt. Probes on stale news now pause one decay period
+/// (10 s), then two, then four, until the replica answers as fast as it was last known to.
+#[tokio::test(start_paused = true)]
+async fn a_replica_whose_probes_are_cut_short_is_probed_at_growing_intervals() {
+    let set = ReplicaSet::new(replicas(2));
+    let start = tokio::time::Instant::now();
+    // One request every half second, each settled before the next: the busy replica's waits
+    // are cut short at 0.5 s (a backup won elsewhere), the other answers in 0.4 s.
+    let mut busy = None;
+    let mut probes = Vec::new();
+    for _ in 0..300 {
+        let a = Attempt::primary();
+        let (r, _res) = send(&set, &a).await;
+        if r == *busy.get_or_insert(r) {
+            probes.push((start.elapsed().as_secs_f64(), a.is_probe()));
+            tokio::time::advance(Duration::from_millis(500)).await;
+            a.settle(Settle::Cancelled);
+        } else {
+            tokio::time::advance(Duration::from_millis(400)).await;
+            a.settle(Settle::Token);
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+    }
+    assert!(
+        probes.iter().all(|p| p.1),
+        "every placement there is a probe"
+    );
+    let gaps: Vec<f64> = probes.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    // The first (no news) at once; the first on stale news once 0.5 s decayed below 0.4 s
+    // (as every one did before the pause, 3 s apart); then 10, 20, 40, 40 s apart.
+    assert_eq!(gaps.len(), 5, "{gaps:?}");
+    assert!(gaps[0] < 4.0, "{gaps:?}");
+    for (gap, periods) in gaps[1..].iter().zip([1.0, 2.0, 4.0, 4.0]) {
+        assert!(
+            *gap >= 10.0 * periods && *gap < 10.0 * periods + 3.0,
+            "{gaps:?}"
+        );
+    }
+    // A probe answered as fast as the replica was last known to: primaries go there again
+    // on their merits, with no pause.
+    let busy = busy.unwrap();
+    let (a, _res) = loop {
+        let a = Attempt::primary();
+        let (r, res) = send(&set, &a).await;
+        if r == busy {
+            break (a, res);
+        }
+        tokio::time::advance(Duration::from_millis(400)).await;
+        a.settle(Settle::Token);
+        tokio::time::advance(Duration::from_millis(100)).await;
+    };
+    tokio::time::advance(Duration::from_millis(100)).await;
+    a.settle(Settle::Token);
+    let b = Attempt::primary();
+    let (r, _res) = send(&set, &b).await;
+    assert!(r == busy && !b.is_probe());
+}
