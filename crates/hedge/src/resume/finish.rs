@@ -8,27 +8,19 @@
 //! ends it as the server would have: finish reason `length` (Anthropic: `max_tokens`), then the
 //! dialect's terminal event.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::{Value, json};
 
 use super::plan::Api;
-use super::read::Sent;
+use super::read::{Sent, framed};
 
 /// The events that end `sent`'s stream at its output limit, in `api`'s dialect, with the first
 /// stream's `id`, `created` and `model` where it gave them. No usage block: the client's count of
 /// output tokens is what it got.
 pub(crate) fn at_limit(api: Api, sent: &Sent) -> Bytes {
-    let mut out = String::new();
-    let mut event = |name: Option<&str>, data: &str| {
-        if let Some(name) = name {
-            out.push_str("event: ");
-            out.push_str(name);
-            out.push('\n');
-        }
-        out.push_str("data: ");
-        out.push_str(data);
-        out.push_str("\n\n");
-    };
+    let mut out = BytesMut::new();
+    let mut event =
+        |name: &str, data: &str| out.extend_from_slice(&framed(name.as_bytes(), data.as_bytes()));
     match api {
         Api::Chat | Api::Completions => {
             let (object, choice) = match api {
@@ -51,24 +43,24 @@ pub(crate) fn at_limit(api: Api, sent: &Sent) -> Bytes {
                     chunk[key] = value;
                 }
             }
-            event(None, &chunk.to_string());
-            event(None, "[DONE]");
+            event("", &chunk.to_string());
+            event("", "[DONE]");
         }
         Api::Anthropic => {
             if let Some(index) = sent.anthropic_block {
                 let stop = json!({"type": "content_block_stop", "index": index});
-                event(Some("content_block_stop"), &stop.to_string());
+                event("content_block_stop", &stop.to_string());
             }
             let delta = json!({
                 "type": "message_delta",
                 "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
                 "usage": {"output_tokens": sent.output_tokens},
             });
-            event(Some("message_delta"), &delta.to_string());
-            event(Some("message_stop"), r#"{"type":"message_stop"}"#);
+            event("message_delta", &delta.to_string());
+            event("message_stop", r#"{"type":"message_stop"}"#);
         }
     }
-    Bytes::from(out)
+    out.freeze()
 }
 
 #[cfg(test)]

@@ -513,7 +513,7 @@ fn rewrite_usage(usage: &mut Map<String, Value>, keys: [&str; 2], prompt: Option
 
 /// One event, serialized: `event: <name>\n` when named, a `data:` line per line of data, a
 /// blank line.
-fn framed(name: &[u8], data: &[u8]) -> Bytes {
+pub(super) fn framed(name: &[u8], data: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(name.len() + data.len() + 16);
     if !name.is_empty() {
         out.extend_from_slice(b"event: ");
