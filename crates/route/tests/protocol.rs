@@ -715,3 +715,51 @@ async fn a_replica_whose_probes_are_cut_short_is_probed_at_growing_intervals() {
     let (r, _res) = send(&set, &b).await;
     assert!(r == busy && !b.is_probe());
 }
+
+/// Issue 29: a replica kept busy by traffic the set cannot see won primaries on its lower
+/// bound (a wait cut short) whenever the other replica had two attempts waiting, although
+/// every wait there was cut short again; each such primary waited out the hedge delay and was
+/// backed up. A wait cut short again with no first token since doubles the bound.
+#[tokio::test(start_paused = true)]
+async fn a_replica_cut_short_twice_in_a_row_loses_to_one_with_two_waiting() {
+    let set = ReplicaSet::new(replicas(2));
+    // One is cut short after 0.5 s, then the other answers in 0.2 s.
+    let mut took = Vec::new();
+    for (ms, how) in [(500, Settle::Cancelled), (200, Settle::Token)] {
+        let a = Attempt::primary();
+        let (r, _res) = send(&set, &a).await;
+        tokio::time::advance(Duration::from_millis(ms)).await;
+        a.settle(how);
+        took.push(r);
+    }
+    let [cut, answered] = [took[0], took[1]];
+    // Two wait on the one that answered (0.6 s there): the next goes to the bound of 0.5 s...
+    let hold_two = || async {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let a = Attempt::primary();
+            let (r, res) = send(&set, &a).await;
+            assert_eq!(r, answered);
+            held.push((a, res));
+        }
+        held
+    };
+    let held = hold_two().await;
+    let again = Attempt::primary();
+    let (r, _res) = send(&set, &again).await;
+    assert_eq!(r, cut, "a bound of 0.5 s beats two waiting on 0.2 s");
+    for (a, _) in &held {
+        a.settle(Settle::Token);
+    }
+    drop(held);
+    // ...and is cut short at 0.5 s again: it takes longer than that.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    again.settle(Settle::Cancelled);
+    let _held = hold_two().await;
+    let next = Attempt::primary();
+    let (r, _res) = send(&set, &next).await;
+    assert_eq!(
+        r, answered,
+        "cut short twice in a row, it no longer wins on its bound"
+    );
+}
