@@ -146,7 +146,9 @@ impl<M> FirstTokenHedgeLayer<M> {
     /// Sets how many attempts beyond [`with_max_attempts`](Self::with_max_attempts) a stream
     /// that ended without a token (its terminal event or `grpc-status` 0, and no output: what an
     /// interrupting server sends) may send, each at once and from the failover budget, up to
-    /// [`MAX_ATTEMPTS`] in all. Other failures (statuses, transport errors, in-band errors)
+    /// [`MAX_ATTEMPTS`] in all. Such an attempt no longer races, so it does not count against
+    /// `max_attempts` for the delay's backups either: its failover is backed up after the
+    /// delay as a primary is. Other failures (statuses, transport errors, in-band errors)
     /// stay within `max_attempts`. `0`: none.
     pub fn with_empty_stream_retries(self, n: u8) -> Self {
         self.with(|c| {

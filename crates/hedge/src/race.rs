@@ -80,6 +80,8 @@ where
     /// The attempts in flight, in the order they were sent.
     attempts: Vec<InFlight<S::Future, RB>>,
     sent: u8,
+    /// Attempts that ended without a token (see [`delay_cap`](Self::delay_cap)).
+    empties: u8,
     pending_send: Option<Trigger>,
     best: Option<Kept<RB, S::Error>>,
     budget_exhausted: bool,
@@ -144,6 +146,7 @@ where
             timer: HedgeTimer::default(),
             attempts: Vec::new(),
             sent: 0,
+            empties: 0,
             pending_send: None,
             best: None,
             budget_exhausted: false,
@@ -210,8 +213,19 @@ where
         // undecided when it would go to sleep.
         let next = (self.delay)
             .and_then(|d| delay::within(d, self.deadlines.as_ref(), now))
-            .filter(|_| self.sent < self.shared.config.max_attempts);
+            .filter(|_| self.sent < self.delay_cap());
         self.timer.arm(now, next);
+    }
+
+    /// How many attempts the delay may bring in all: `max_attempts`, plus each attempt that
+    /// ended without a token (an interrupting server's bare `[DONE]`), as many as the empty
+    /// retries allow. An attempt ended empty no longer races; without this its failover was
+    /// the race's last attempt, and one placed on a replica busy with traffic nobody sees
+    /// waited with no backup (issue 29's real bench: 5.7 s, then ended empty too).
+    fn delay_cap(&self) -> u8 {
+        let c = &self.shared.config;
+        let extra = self.empties.min(c.empty_retries);
+        c.max_attempts.saturating_add(extra).min(MAX_ATTEMPTS)
     }
 
     /// Brings the backup of a primary its placer marked a probe against an alternative
@@ -289,6 +303,7 @@ where
         // placer may read it as an interruption, and it may take further attempts.
         let empty = fault == Fault::NO_TOKEN;
         let how = if empty { Settle::Empty } else { Settle::Failed };
+        self.empties = self.empties.saturating_add(u8::from(empty));
         self.attempt(index).settle(how);
         tracing::debug!(
             attempt = index,
@@ -470,7 +485,7 @@ where
             }
             self.back_up_probe_sooner();
             if self.timer.poll(cx) {
-                self.want(Trigger::Delay, self.shared.config.max_attempts);
+                self.want(Trigger::Delay, self.delay_cap());
                 progressed = true;
             }
             if self.attempts.is_empty() && self.pending_send.is_none() {

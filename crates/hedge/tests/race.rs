@@ -265,6 +265,40 @@ async fn stream_without_a_token_triggers_the_backup_at_once() {
     failover_at(p, ms(70)).await;
 }
 
+/// Issue 29: a primary a server ended without a token (an interrupting server's bare
+/// `[DONE]`) no longer races, so its failover is backed up after the delay as a primary is;
+/// on real llama.cpp one such failover waited 5.7 s on a busy replica with no backup.
+#[tokio::test(start_paused = true)]
+async fn the_failover_of_a_stream_ended_without_a_token_is_backed_up_after_the_delay() {
+    let empty = Plan::items(vec![data(ROLE), Step::Wait(ms(70)), data(DONE)]);
+    let up = Upstream::new(vec![empty, Plan::sse(ms(10_000)), Plan::sse(ms(100))]);
+    let start = Instant::now();
+    let res = layer()
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    let at: Vec<_> = up.seen().iter().map(|s| s.at - start).collect();
+    assert_eq!(at, [ms(0), ms(70), ms(570)]);
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(3, 2, Some(ms(500)))));
+    assert_eq!(start.elapsed(), ms(670));
+    assert!(up.seen()[1].cancelled);
+    // Two attempts still race at most: the backup's failover is the last of the delay's.
+    let up = Upstream::new(vec![
+        Plan::sse(ms(10_000)),
+        Plan::items(vec![data(ROLE), data(DONE)]),
+        Plan::sse(ms(10_000)),
+    ]);
+    let res = layer()
+        .with_delay(ms(100))
+        .layer(up.clone())
+        .oneshot(chat_request())
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res), Some(HedgeOutcome::new(3, 0, Some(ms(100)))));
+    assert_eq!(up.seen().len(), 3, "the primary, the backup, its failover");
+}
+
 #[tokio::test(start_paused = true)]
 async fn junk_before_the_first_token_fails_over_at_once_and_never_reaches_the_client() {
     // Issue 30.2: the junk, then real tokens. The client gets the backup's stream only.
