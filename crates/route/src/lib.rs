@@ -76,9 +76,7 @@
 //!   future deposits, and after twice that expected wait when sooner than its delay. A replica
 //!   whose estimate is a wait cut short takes such probes (won by decay alone) at growing
 //!   pauses, one decay period, then two, then four, until a first token comes there; the
-//!   other choice goes meanwhile. A wait there cut short again before a first token doubles
-//!   its lower bound (to at most eight times that wait): it takes longer than the waits cut
-//!   short say.
+//!   other choice goes meanwhile.
 //! * **Backup**: the best-scored replica the request's `Attempt` has not recorded (an attempt
 //!   its replica interrupted for a newer one does not count: its failover may wait there).
 //! * **Ejection** ([`Ejection`]): consecutive failures before a first token, or a first-token

@@ -176,16 +176,6 @@ impl Replica {
             self.unpause();
         }
         let current = self.estimate(now, decay);
-        // Cut short again with no first token since: it takes longer than the waits cut short
-        // say. Each repeat doubles the bound (to at most eight times this wait), so a replica
-        // kept busy by traffic the set cannot see stops winning primaries on a bound it keeps
-        // exceeding (issue 29's real bench: primaries placed there whenever the other replica
-        // had two waiting, each backed up after the hedge delay).
-        let secs = if censored && self.lower_bound {
-            (secs.max(current) * 2.0).min(secs * 8.0)
-        } else {
-            secs
-        };
         let next = if secs >= current {
             // Peak: a slower sample (or a longer censored wait) replaces the estimate.
             self.lower_bound = censored;
