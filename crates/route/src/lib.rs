@@ -74,9 +74,11 @@
 //!   ([`Attempt::mark_probe_against`](tailguard_core::attempt::Attempt::mark_probe_against)):
 //!   the hedge backs a slow probe up even when its budget is empty, borrowing from the budget's
 //!   future deposits, and after twice that expected wait when sooner than its delay. A replica
-//!   whose estimate is a wait cut short takes such probes (won by decay alone) at growing
-//!   pauses, one decay period, then two, then four, until a first token comes there; the
-//!   other choice goes meanwhile.
+//!   whose estimate is a wait cut short takes primaries on that bound at growing pauses, one
+//!   decay period, then two, then four, until a first token comes there; the other choice
+//!   goes meanwhile, however many wait there (a cut wait says the replica takes at least
+//!   that long, not how much longer: issue 29's real bench showed such a replica busy with
+//!   traffic nobody sees taking a primary whenever the other had two streams waiting).
 //! * **Backup**: the best-scored replica the request's `Attempt` has not recorded (an attempt
 //!   its replica interrupted for a newer one does not count: its failover may wait there).
 //! * **Ejection** ([`Ejection`]): consecutive failures before a first token, or a first-token

@@ -196,10 +196,10 @@ impl<S> Placer<S> {
     /// learns at once (a token, a failure, or the wait a backup cut short). A probe carries
     /// the other choice's expected wait when the set has news of that one (see
     /// [`Attempt::mark_probe_against`]). A replica probed while its estimate is a lower bound
-    /// takes its next such probe only after a growing pause ([`Replica::probed`]); until then
-    /// the other choice goes when the lower bound beats it only by decay, unless it too would
-    /// be a probe that must wait. (The only replica with room
-    /// always takes the attempt.)
+    /// takes its next primary on that bound only after a growing pause ([`Replica::probed`]),
+    /// whether the bound beats the other choice by decay or because the other is loaded past
+    /// it: until then the other choice goes, unless it too would be a probe that must wait.
+    /// (The only replica with room always takes the attempt.)
     fn two_choices(
         &self,
         board: &Board,
@@ -229,10 +229,7 @@ impl<S> Placer<S> {
             let first = !r.has_news() && r.waiting.is_empty();
             let decayed = r.last_known(now, prior) > other_score;
             let stale = r.lower_bound() || decayed;
-            (
-                first || stale,
-                r.lower_bound() && decayed && !r.may_probe(now),
-            )
+            (first || stale, r.lower_bound() && !r.may_probe(now))
         };
         let mut pair = if sb < sa {
             [(b, sb), (a, sa)]

@@ -715,3 +715,44 @@ async fn a_replica_whose_probes_are_cut_short_is_probed_at_growing_intervals() {
     let (r, _res) = send(&set, &b).await;
     assert!(r == busy && !b.is_probe());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_probed_on_a_lower_bound_waits_out_its_pause_even_against_a_loaded_one() {
+    let set = ReplicaSet::new(replicas(2));
+    // One replica answers in 0.4 s; the other's first wait is cut short at 0.5 s (a backup
+    // won elsewhere).
+    let a = Attempt::primary();
+    let (fast, _res) = send(&set, &a).await;
+    tokio::time::advance(Duration::from_millis(400)).await;
+    a.settle(Settle::Token);
+    let b = Attempt::primary();
+    let (busy, _res_b) = send(&set, &b).await;
+    assert_ne!(busy, fast);
+    tokio::time::advance(Duration::from_millis(500)).await;
+    b.settle(Settle::Cancelled);
+    // A stream waits on the fast one: its expected wait is past the busy one's bound as last
+    // known (not decayed), so the busy one is taken on its bound, a probe.
+    let c = Attempt::primary();
+    let (r, _res_c) = send(&set, &c).await;
+    assert_eq!(r, fast);
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let probe = Attempt::primary();
+    let (r, _res_p) = send(&set, &probe).await;
+    assert!(r == busy && probe.is_probe());
+    tokio::time::advance(Duration::from_millis(500)).await;
+    probe.settle(Settle::Cancelled);
+    // Cut short again: for one decay period (10 s) primaries go to the fast one however
+    // many wait there; the busy one's bound is no news of it.
+    let mut placed = Vec::new();
+    for _ in 0..9 {
+        let d = Attempt::primary();
+        let (r, res) = send(&set, &d).await;
+        assert_eq!(r, fast, "within the pause");
+        placed.push((d, res));
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    tokio::time::advance(Duration::from_millis(600)).await;
+    let e = Attempt::primary();
+    let (r, _res_e) = send(&set, &e).await;
+    assert!(r == busy && e.is_probe(), "after the pause");
+}
