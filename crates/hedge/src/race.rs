@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
 use tailguard_core::attempt::{Attempt, Settle};
 use tailguard_core::progress::StreamProgress;
@@ -21,7 +21,6 @@ use tower_service::Service;
 
 use crate::answer::{self, Escape};
 use crate::body::{CutWatch, Forward, HedgeBody};
-use crate::config::MAX_ATTEMPTS;
 use crate::cost::Costs;
 use crate::delay::{self, Estimator};
 use crate::error::RequestBodyError;
@@ -80,7 +79,7 @@ where
     /// The attempts in flight, in the order they were sent.
     attempts: Vec<InFlight<S::Future, RB>>,
     sent: u8,
-    /// Attempts that ended without a token (see [`delay_cap`](Self::delay_cap)).
+    /// Attempts that ended without a token (see `Config::attempt_cap`).
     empties: u8,
     pending_send: Option<Trigger>,
     best: Option<Kept<RB, S::Error>>,
@@ -167,20 +166,8 @@ where
         body: ReplayBody<B>,
         report: Option<&EndReport>,
     ) -> Request<ReplayBody<B>> {
-        let mut req = self.head.request(body);
-        let attempt = self.attempt(index);
-        if let Some(h) = &self.shared.config.attempt_header {
-            req.headers_mut()
-                .insert(h.clone(), HeaderValue::from(u16::from(attempt.number())));
-        }
-        req.extensions_mut().insert(attempt);
-        // Attempts race, and a loser's stream is not the request's: each gets a progress
-        // record of its own (core's `progress`), read by any layer below that reads it.
-        req.extensions_mut().insert(StreamProgress::detached());
-        if let Some(r) = report {
-            req.extensions_mut().insert(r.clone());
-        }
-        req
+        let header = self.shared.config.attempt_header.as_ref();
+        (self.head).attempt_request(body, self.attempt(index), header, report)
     }
 
     /// Sends attempt number `self.sent` on the (ready) service.
@@ -213,19 +200,8 @@ where
         // undecided when it would go to sleep.
         let next = (self.delay)
             .and_then(|d| delay::within(d, self.deadlines.as_ref(), now))
-            .filter(|_| self.sent < self.delay_cap());
+            .filter(|_| self.sent < self.shared.config.attempt_cap(self.empties));
         self.timer.arm(now, next);
-    }
-
-    /// How many attempts the delay may bring in all: `max_attempts`, plus each attempt that
-    /// ended without a token (an interrupting server's bare `[DONE]`), as many as the empty
-    /// retries allow. An attempt ended empty no longer races; without this its failover was
-    /// the race's last attempt, and one placed on a replica busy with traffic nobody sees
-    /// waited with no backup (issue 29's real bench: 5.7 s, then ended empty too).
-    fn delay_cap(&self) -> u8 {
-        let c = &self.shared.config;
-        let extra = self.empties.min(c.empty_retries);
-        c.max_attempts.saturating_add(extra).min(MAX_ATTEMPTS)
     }
 
     /// Brings the backup of a primary its placer marked a probe against an alternative
@@ -319,13 +295,7 @@ where
         }
         // Every other failure stays within the attempts configured.
         let c = &self.shared.config;
-        let cap = if empty {
-            c.max_attempts
-                .saturating_add(c.empty_retries)
-                .min(MAX_ATTEMPTS)
-        } else {
-            c.max_attempts
-        };
+        let cap = c.attempt_cap(if empty { c.empty_retries } else { 0 });
         self.want(Trigger::Failure, cap);
     }
 
@@ -485,7 +455,7 @@ where
             }
             self.back_up_probe_sooner();
             if self.timer.poll(cx) {
-                self.want(Trigger::Delay, self.delay_cap());
+                self.want(Trigger::Delay, self.shared.config.attempt_cap(self.empties));
                 progressed = true;
             }
             if self.attempts.is_empty() && self.pending_send.is_none() {

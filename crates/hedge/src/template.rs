@@ -1,8 +1,10 @@
 //! The request head every attempt of a race is built from.
 
-use http::Request;
 use http::request::Parts;
-use tailguard_core::RequestFacts;
+use http::{HeaderName, HeaderValue, Request};
+use tailguard_core::attempt::Attempt;
+use tailguard_core::progress::StreamProgress;
+use tailguard_core::{EndReport, RequestFacts};
 
 /// The client's request head, copied for each attempt (`http::request::Parts` cannot be
 /// cloned).
@@ -22,6 +24,31 @@ impl Template {
         *req.version_mut() = self.0.version;
         *req.headers_mut() = self.0.headers.clone();
         *req.extensions_mut() = self.0.extensions.clone();
+        req
+    }
+
+    /// The request of one attempt: a copy of the head with `body`, the attempt's number in
+    /// `header` (when set), the [`Attempt`], a progress record of its own and the attempt's
+    /// end report.
+    pub(crate) fn attempt_request<T>(
+        &self,
+        body: T,
+        attempt: Attempt,
+        header: Option<&HeaderName>,
+        report: Option<&EndReport>,
+    ) -> Request<T> {
+        let mut req = self.request(body);
+        if let Some(h) = header {
+            let number = HeaderValue::from(u16::from(attempt.number()));
+            req.headers_mut().insert(h.clone(), number);
+        }
+        req.extensions_mut().insert(attempt);
+        // Attempts race, and a loser's stream is not the request's: each gets a progress
+        // record of its own (core's `progress`), read by any layer below that reads it.
+        req.extensions_mut().insert(StreamProgress::detached());
+        if let Some(r) = report {
+            req.extensions_mut().insert(r.clone());
+        }
         req
     }
 
