@@ -79,7 +79,7 @@ where
     /// The attempts in flight, in the order they were sent.
     attempts: Vec<InFlight<S::Future, RB>>,
     sent: u8,
-    /// Attempts that ended without a token (see `Config::attempt_cap`).
+    /// Attempts that ended without a token (see [`delay_cap`](Self::delay_cap)).
     empties: u8,
     pending_send: Option<Trigger>,
     best: Option<Kept<RB, S::Error>>,
@@ -200,8 +200,13 @@ where
         // undecided when it would go to sleep.
         let next = (self.delay)
             .and_then(|d| delay::within(d, self.deadlines.as_ref(), now))
-            .filter(|_| self.sent < self.shared.config.attempt_cap(self.empties));
+            .filter(|_| self.sent < self.delay_cap());
         self.timer.arm(now, next);
+    }
+
+    /// How many attempts the delay may bring in all (see `Config::attempt_cap`).
+    fn delay_cap(&self) -> u8 {
+        self.shared.config.attempt_cap(self.empties)
     }
 
     /// Brings the backup of a primary its placer marked a probe against an alternative
@@ -455,7 +460,7 @@ where
             }
             self.back_up_probe_sooner();
             if self.timer.poll(cx) {
-                self.want(Trigger::Delay, self.shared.config.attempt_cap(self.empties));
+                self.want(Trigger::Delay, self.delay_cap());
                 progressed = true;
             }
             if self.attempts.is_empty() && self.pending_send.is_none() {

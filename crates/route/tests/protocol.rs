@@ -716,6 +716,9 @@ async fn a_replica_whose_probes_are_cut_short_is_probed_at_growing_intervals() {
     assert!(r == busy && !b.is_probe());
 }
 
+/// Issue 29: a replica kept busy by traffic the set cannot see won a primary on its lower bound
+/// (a wait cut short) whenever the other replica had streams waiting, pause or no pause; each
+/// such primary waited out the hedge delay and was backed up.
 #[tokio::test(start_paused = true)]
 async fn a_replica_probed_on_a_lower_bound_waits_out_its_pause_even_against_a_loaded_one() {
     let set = ReplicaSet::new(replicas(2));
