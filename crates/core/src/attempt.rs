@@ -10,7 +10,9 @@
 //! attempt once it knows how it went ([`Settle`]): its first token arrived, it failed before
 //! one, or it was answered without one. The claim hears of it, and so the placer learns each
 //! replica's time to first token, which a placer sees nothing of on its own (a streaming
-//! server sends its response head at once).
+//! server sends its response head at once). Before it backs an attempt up after a delay, the
+//! sender asks how long a backup would wait at the least ([`Attempt::backup_wait`]), which a
+//! placer that knows every other replica to be slow answers.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
@@ -110,6 +112,16 @@ pub trait AttemptClaim: Send + Sync {
     /// that a later attempt of the same request may go there again. `true` by default.
     fn counts_as_tried(&self) -> bool {
         true
+    }
+
+    /// How long a backup of the request would wait for its first token at the least, as far
+    /// as the placer knows, wherever it would place the backup now (the replicas `tried`
+    /// excluded): `Some` only when every replica a backup could go to is known to take at
+    /// least that long. A sender holds the backup until the attempt it would back up has
+    /// waited as long (see [`Attempt::backup_wait`]). `None` by default: no such knowledge.
+    fn backup_wait(&self, tried: &[ReplicaId]) -> Option<Duration> {
+        let _ = tried;
+        None
     }
 }
 
@@ -273,6 +285,26 @@ impl Attempt {
         }
     }
 
+    /// How long a backup of this request would wait for its first token at the least, in the
+    /// view of the placer whose claim was bound first ([`AttemptClaim::backup_wait`], asked
+    /// with the replicas tried so far); `None` when no claim is bound or it does not know.
+    ///
+    /// A sender that backs attempts up after a delay holds a backup until the attempt it backs
+    /// up has waited that long: a backup that cannot answer before the attempt already waited
+    /// as long as it would is no better bet than the attempt, and only adds load (issue 29: a
+    /// request queued on the one free replica was backed up on the other, kept busy by traffic
+    /// nobody sees, where the backup waited seconds and lost). A failover (the attempt failed)
+    /// does not ask: it replaces an attempt, it backs none up.
+    pub fn backup_wait(&self) -> Option<Duration> {
+        let (claim, tried) = {
+            let r = self.lock();
+            let claim = r.claims.first().map(|(_, c, _)| c.clone());
+            (claim, r.tried.iter().map(|(_, t)| *t).collect::<Vec<_>>())
+        };
+        // Asked outside the lock: a claim may take locks of its own.
+        claim.and_then(|c| c.backup_wait(&tried))
+    }
+
     /// Tells the claim bound to this attempt (the earliest bound) that its stream, past its
     /// first token, was cut short: it ended with a terminal event and no finish reason (see
     /// `StreamProgress::cut_short`). Called by the sender once the stream it committed to
@@ -340,6 +372,28 @@ mod tests {
         let third = primary.next(2);
         third.record(ReplicaId(3));
         assert_eq!(primary.tried(), vec![ReplicaId(1), ReplicaId(3)]);
+    }
+
+    /// A placer's claim that knows every other replica takes at least 2 s.
+    struct Busy;
+
+    impl AttemptClaim for Busy {
+        fn settle(&self, _how: Settle) {}
+        fn backup_wait(&self, tried: &[ReplicaId]) -> Option<Duration> {
+            (tried == [ReplicaId(0)]).then_some(Duration::from_secs(2))
+        }
+    }
+
+    #[test]
+    fn a_backup_wait_is_the_first_claims_word_on_the_replicas_not_tried() {
+        let primary = Attempt::primary();
+        assert_eq!(primary.backup_wait(), None);
+        primary.record(ReplicaId(0));
+        primary.bind(Arc::new(Busy));
+        assert_eq!(primary.next(1).backup_wait(), Some(Duration::from_secs(2)));
+        // The claim is asked with every replica tried so far.
+        primary.next(1).record(ReplicaId(1));
+        assert_eq!(primary.backup_wait(), None);
     }
 
     #[test]

@@ -189,6 +189,23 @@ impl Budgets {
         self.failover.deposit();
     }
 
+    /// Takes a token for the extra attempt `ask`; `false` when its budget refuses. Failovers
+    /// draw on a budget of their own. A probe's backup goes even when the hedge budget is
+    /// empty, borrowing from its future deposits: the placer chose the primary's replica on
+    /// stale news to learn about it (core's `Attempt::mark_probe`), and only a slow probe gets
+    /// one. So does a backup asked for again after a refusal: its first token is then three
+    /// delays late, past any slow tail (issue 29: a primary on a replica busy with traffic
+    /// nobody sees waited 3.1 s while the spent budget refused its backup four times); the
+    /// debt keeps the budget's bound over a run.
+    pub(crate) fn grant(&self, ask: Ask, now: Instant) -> bool {
+        match ask {
+            Ask::Failover => self.withdraw(true, now),
+            Ask::Backup => self.withdraw(false, now),
+            Ask::Probe => self.borrow(now, true),
+            Ask::Again => self.borrow(now, false),
+        }
+    }
+
     /// Takes a token for an extra attempt from the failover budget (`failover`) or the hedge
     /// budget; `false` when that bucket is empty. Both outcomes are counted.
     pub(crate) fn withdraw(&self, failover: bool, now: Instant) -> bool {
@@ -213,6 +230,19 @@ impl Budgets {
         metrics::counter!(name, "budget" => self.hedge.label).increment(1);
         ok
     }
+}
+
+/// What an extra attempt asks a budget for (see [`Budgets::grant`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// A failover: the attempt before it failed.
+    Failover,
+    /// A backup after the delay.
+    Backup,
+    /// A backup of a probe (core's `Attempt::mark_probe`).
+    Probe,
+    /// A backup asked for again after the budget refused it.
+    Again,
 }
 
 /// The shared state of one budget.

@@ -272,6 +272,21 @@ pub(crate) fn probe_due(sent_at: Instant, alternative: Duration) -> Option<(Inst
     sent_at.checked_add(wait).map(|due| (due, wait))
 }
 
+/// Until when a delay's backup is held, and after what wait, when its placer knows a backup
+/// would wait at least `wait` for a first token (core's `Attempt::backup_wait`: every replica
+/// not tried is known to be slow): until the attempt it backs up, sent at `sent_at`, has
+/// waited as long. `None`: that is past, the backup goes now.
+pub(crate) fn held_until(
+    sent_at: Instant,
+    wait: Duration,
+    now: Instant,
+) -> Option<(Instant, Duration)> {
+    sent_at
+        .checked_add(wait)
+        .filter(|due| *due > now)
+        .map(|due| (due, wait))
+}
+
 /// Whether a backup sent at `now` could still win: not when the first-token time `deadlines`
 /// leave is shorter than the `expected` time to first token (the median of the estimate);
 /// always without either.

@@ -21,6 +21,7 @@ use tower_service::Service;
 
 use crate::answer::{self, Escape};
 use crate::body::{CutWatch, Forward, HedgeBody};
+use crate::budget::Ask;
 use crate::cost::Costs;
 use crate::delay::{self, Estimator};
 use crate::error::RequestBodyError;
@@ -241,23 +242,24 @@ where
             );
             return;
         }
-        // Failovers draw on a budget of their own (counted there). A probe's backup goes even
-        // when the budget is empty, borrowing from its future deposits: the placer chose the
-        // primary's replica on stale news to learn about it (core's `Attempt::mark_probe`),
-        // and only a slow probe gets one. So does a backup asked for again after a refusal:
-        // its first token is then three delays late, past any slow tail (issue 29: a primary on
-        // a replica busy with traffic nobody sees waited 3.1 s while the spent budget refused
-        // its backup four times); the debt keeps the budget's bound over a run.
-        let failover = trigger == Trigger::Failure;
-        let delay = trigger == Trigger::Delay;
-        let granted = if delay && self.record.is_probe() {
-            self.shared.budget.borrow(now, true)
-        } else if delay && self.budget_exhausted {
-            self.shared.budget.borrow(now, false)
-        } else {
-            self.shared.budget.withdraw(failover, now)
+        // A backup its placer knows would wait longer than the attempt it backs up (the last
+        // sent) has waited is held until it has, with no budget spent (`delay::held_until`).
+        let last = self.attempts.last().filter(|_| trigger == Trigger::Delay);
+        let wait = || self.record.backup_wait();
+        if let Some((due, wait)) = last.and_then(|a| delay::held_until(a.sent_at, wait()?, now)) {
+            tracing::debug!(
+                wait_ms = wait.as_millis() as u64,
+                "tailguard-hedge: backup held"
+            );
+            return self.timer.until(due, wait);
+        }
+        let ask = match trigger {
+            Trigger::Failure => Ask::Failover,
+            _ if self.record.is_probe() => Ask::Probe,
+            _ if self.budget_exhausted => Ask::Again,
+            _ => Ask::Backup,
         };
-        if !granted {
+        if !self.shared.budget.grant(ask, now) {
             self.budget_exhausted = true;
             tracing::debug!(
                 trigger = trigger.as_str(),

@@ -1278,6 +1278,54 @@ async fn a_refused_backup_is_asked_for_again_a_delay_later() {
     assert_eq!(start.elapsed(), ms(620), "asked again at 600 ms");
 }
 
+/// A placer's claim that knows a backup would wait at least 700 ms wherever it goes.
+struct KnownSlow;
+
+impl tailguard_core::attempt::AttemptClaim for KnownSlow {
+    fn settle(&self, _how: tailguard_core::attempt::Settle) {}
+    fn backup_wait(&self, _tried: &[tailguard_core::attempt::ReplicaId]) -> Option<Duration> {
+        Some(ms(700))
+    }
+}
+
+/// Issue 29: a backup whose placer knows it would wait at least 700 ms (every replica not
+/// tried is known to be slow: core's `Attempt::backup_wait`) is held until the primary has
+/// waited as long, with no budget spent meanwhile; a primary that answers before then is
+/// never backed up.
+#[tokio::test(start_paused = true)]
+async fn a_backup_is_held_until_its_primary_waited_as_long_as_the_backup_would() {
+    for (primary_ttft, attempts, took) in [(600, 1, 600), (2_000, 2, 720)] {
+        let up = Upstream::with(move |_, attempt| {
+            Plan::sse(ms(if attempt == 0 { primary_ttft } else { 20 }))
+        });
+        let placer = tower::ServiceBuilder::new()
+            .map_request(|req: Request<_>| {
+                let a = req.extensions().get::<tailguard_core::attempt::Attempt>();
+                if let Some(a) = a.filter(|a| !a.is_backup()) {
+                    a.record(tailguard_core::attempt::ReplicaId(0));
+                    a.bind(std::sync::Arc::new(KnownSlow));
+                }
+                req
+            })
+            .service(up);
+        let hedge = FirstTokenHedgeLayer::new().with_delay(ms(200)).with_budget(
+            HedgeBudget::new()
+                .with_initial_balance(1.0)
+                .with_max_balance(1.0),
+        );
+        let start = Instant::now();
+        let res = hedge.layer(placer).oneshot(chat_request()).await.unwrap();
+        let o = outcome(&res).unwrap();
+        assert_eq!(o.attempts, attempts, "primary TTFT {primary_ttft} ms");
+        assert!(!o.budget_exhausted);
+        assert_eq!(
+            start.elapsed(),
+            ms(took),
+            "backup at 700 ms, not at the 200 ms delay"
+        );
+    }
+}
+
 /// Issue 29: asked for again, a refused backup borrows from the budget's future deposits, as
 /// a probe's does: three delays late, the primary is past any slow tail (one on a replica busy
 /// with traffic nobody sees waited 3.1 s while the spent budget refused its backup four

@@ -200,6 +200,21 @@ impl Replica {
         self.lower_bound
     }
 
+    /// The least a backup placed here now would wait for a first token, in seconds, when the
+    /// set is sure the replica stays slow: its estimate is a lower bound, and the probe pause
+    /// that lasts is at least the second in a row (two probes on the bound, a decay period or
+    /// more apart, no first token since; see [`probed`](Self::probed)). The bound as it was
+    /// seen, not decayed. One wait cut short may be a moment's blocking (the mock's scenario
+    /// B: a replica blocked for 800 ms, where backups are what find it free again; holding
+    /// them from the first pause on took B's p99 TTFT from 114 to 240 ms); a replica whose
+    /// probes keep being cut short is kept busy (issue 29's real bench, the mock's D). The
+    /// hedge holds a backup that would go here until the attempt it backs up has waited as
+    /// long (see `Ticket::backup_wait`). `None` otherwise.
+    pub(crate) fn known_slow(&self, now: Instant) -> Option<f64> {
+        let sure = self.lower_bound && !self.may_probe(now) && self.probes >= 2;
+        sure.then_some(self.estimate)
+    }
+
     /// Whether a primary may be placed here as a probe on its lower bound now (see
     /// [`probed`](Self::probed)).
     pub(crate) fn may_probe(&self, now: Instant) -> bool {

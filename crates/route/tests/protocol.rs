@@ -759,3 +759,49 @@ async fn a_replica_probed_on_a_lower_bound_waits_out_its_pause_even_against_a_lo
     let (r, _res_e) = send(&set, &e).await;
     assert!(r == busy && e.is_probe(), "after the pause");
 }
+
+/// Issue 29: requests queued on the one free replica were backed up past the hedge delay on the
+/// other, kept busy by traffic the set cannot see, where each backup waited seconds and lost.
+/// Once the busy one's probes on its bound (a wait cut short) were cut short twice in a row,
+/// the set tells the hedge, while the pause lasts, that a backup would wait at least that bound
+/// (core's `Attempt::backup_wait`); after one probe cut short (it may have been blocked for a
+/// moment), and after the pause, it knows nothing of the kind.
+#[tokio::test(start_paused = true)]
+async fn a_backup_would_wait_at_least_the_bound_of_a_replica_whose_probes_keep_being_cut_short() {
+    let set = ReplicaSet::new(replicas(2));
+    let a = Attempt::primary();
+    let (fast, _res) = send(&set, &a).await;
+    tokio::time::advance(Duration::from_millis(400)).await;
+    a.settle(Settle::Token);
+    let b = Attempt::primary();
+    let (busy, _res_b) = send(&set, &b).await;
+    tokio::time::advance(Duration::from_millis(500)).await;
+    b.settle(Settle::Cancelled);
+    let c = Attempt::primary();
+    let (r, _res_c) = send(&set, &c).await;
+    assert_eq!(r, fast);
+    let mut held = Vec::new();
+    for (after, word) in [(100, None), (10_000, Some(600))] {
+        tokio::time::advance(Duration::from_millis(after)).await;
+        let probe = Attempt::primary();
+        let (r, res) = send(&set, &probe).await;
+        assert!(r == busy && probe.is_probe());
+        assert_eq!(
+            probe.backup_wait(),
+            None,
+            "the fast one is no known-slow replica"
+        );
+        tokio::time::advance(Duration::from_millis(600)).await;
+        probe.settle(Settle::Cancelled);
+        // A primary within the pause, on the fast one, and what its backup would wait.
+        let d = Attempt::primary();
+        let (r, res_d) = send(&set, &d).await;
+        assert_eq!(r, fast);
+        let word = word.map(Duration::from_millis);
+        assert_eq!(d.backup_wait(), word, "after the probe {after} ms on");
+        held.push((res, d, res_d));
+    }
+    // Out of the pause (two decay periods): no word again.
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert_eq!(held[1].1.backup_wait(), None);
+}

@@ -48,6 +48,11 @@ impl HedgeTimer {
         }
     }
 
+    /// Due at `due` (after a wait of `wait`) instead, sooner or later.
+    pub(super) fn until(&mut self, due: Instant, wait: Duration) {
+        (self.at, self.armed) = (Some(due), wait);
+    }
+
     /// The interval that set the due time.
     pub(super) fn armed(&self) -> Duration {
         self.armed
