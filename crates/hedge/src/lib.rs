@@ -71,9 +71,12 @@
 //!    [`StreamTracker`](tailguard_core::StreamTracker), holding the frames.
 //! 4. No token within the delay: a backup is sent (if the [`HedgeBudget`] allows), with an
 //!    [`Attempt`] in its extensions and the [`ATTEMPT_HEADER`], so a router (or
-//!    `tailguard-route`'s `ReplicaSet`) sends it to another replica. An attempt that fails
-//!    before its first token (transport error, reset, retryable status, in-band error, end with
-//!    no token) makes the next go out at once.
+//!    `tailguard-route`'s `ReplicaSet`) sends it to another replica. When that placer says a
+//!    backup would wait at least so long wherever it went
+//!    ([`Attempt::backup_wait`](tailguard_core::attempt::Attempt::backup_wait): every other
+//!    replica is known to be slow), the backup is held until the attempt it backs up has waited
+//!    as long. An attempt that fails before its first token (transport error, reset, retryable
+//!    status, in-band error, end with no token) makes the next go out at once.
 //! 5. The first attempt to produce a token wins: the response future resolves with its head,
 //!    a [`HedgeBody`] that replays what it sent so far and then continues live, and a
 //!    [`HedgeOutcome`](tailguard_core::HedgeOutcome) in the response extensions. The others

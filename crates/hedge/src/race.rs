@@ -245,8 +245,8 @@ where
         // A backup its placer knows would wait longer than the attempt it backs up (the last
         // sent) has waited is held until it has, with no budget spent (`delay::held_until`).
         let last = self.attempts.last().filter(|_| trigger == Trigger::Delay);
-        let wait = || self.record.backup_wait();
-        if let Some((due, wait)) = last.and_then(|a| delay::held_until(a.sent_at, wait()?, now)) {
+        let known = || self.record.backup_wait();
+        if let Some((due, wait)) = last.and_then(|a| delay::held_until(a.sent_at, known()?, now)) {
             tracing::debug!(
                 wait_ms = wait.as_millis() as u64,
                 "tailguard-hedge: backup held"

@@ -187,8 +187,8 @@ impl AttemptClaim for Ticket {
     }
 
     /// The least a backup would wait when every replica not `tried` is known to be slow
-    /// ([`Replica::known_slow`]: waits cut short, probes on that bound since, no first token): the
-    /// hedge then holds the backup until the attempt it backs up has waited that long. Issue
+    /// ([`Replica::known_slow`]: waits cut short, probes on that bound since, no first token):
+    /// the hedge then holds the backup until the attempt it backs up has waited that long. Issue
     /// 29's real bench: requests queued on the one free single-slot replica in a burst were
     /// backed up past the adaptive delay on the other, kept busy by traffic the set cannot
     /// see, where each waited seconds and lost (5 of a run's 8 extra attempts).

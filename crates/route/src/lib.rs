@@ -81,6 +81,12 @@
 //!   traffic nobody sees taking a primary whenever the other had two streams waiting).
 //! * **Backup**: the best-scored replica the request's `Attempt` has not recorded (an attempt
 //!   its replica interrupted for a newer one does not count: its failover may wait there).
+//!   When every such replica is known to be slow (its probes on a wait cut short were cut
+//!   short twice in a row, and its pause lasts), the set tells the hedge the least a backup
+//!   would wait there
+//!   ([`Attempt::backup_wait`](tailguard_core::attempt::Attempt::backup_wait)), and the hedge
+//!   holds the backup until the attempt it backs up has waited as long (issue 29's real bench:
+//!   requests queued on the one free replica were backed up on the busy one, and lost).
 //! * **Ejection** ([`Ejection`]): consecutive failures before a first token, or a first-token
 //!   estimate far over the others', take a replica out of primary selection for a while; never
 //!   the last one.

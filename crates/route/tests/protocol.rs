@@ -716,28 +716,36 @@ async fn a_replica_whose_probes_are_cut_short_is_probed_at_growing_intervals() {
     assert!(r == busy && !b.is_probe());
 }
 
+/// On a set of two: one replica answers in 0.4 s, the other's first wait is cut short at 0.5 s
+/// (a backup won elsewhere), then a stream waits on the fast one (not settled). The fast
+/// replica, the busy one, and the responses, which hold their slots while kept.
+async fn one_wait_cut_short(
+    set: &ReplicaSet<Replica>,
+) -> (u64, u64, Vec<Response<ReplicaBody<Full<Bytes>>>>) {
+    let a = Attempt::primary();
+    let (fast, res_a) = send(set, &a).await;
+    tokio::time::advance(Duration::from_millis(400)).await;
+    a.settle(Settle::Token);
+    let b = Attempt::primary();
+    let (busy, res_b) = send(set, &b).await;
+    assert_ne!(busy, fast);
+    tokio::time::advance(Duration::from_millis(500)).await;
+    b.settle(Settle::Cancelled);
+    let c = Attempt::primary();
+    let (r, res_c) = send(set, &c).await;
+    assert_eq!(r, fast);
+    (fast, busy, vec![res_a, res_b, res_c])
+}
+
 /// Issue 29: a replica kept busy by traffic the set cannot see won a primary on its lower bound
 /// (a wait cut short) whenever the other replica had streams waiting, pause or no pause; each
 /// such primary waited out the hedge delay and was backed up.
 #[tokio::test(start_paused = true)]
 async fn a_replica_probed_on_a_lower_bound_waits_out_its_pause_even_against_a_loaded_one() {
     let set = ReplicaSet::new(replicas(2));
-    // One replica answers in 0.4 s; the other's first wait is cut short at 0.5 s (a backup
-    // won elsewhere).
-    let a = Attempt::primary();
-    let (fast, _res) = send(&set, &a).await;
-    tokio::time::advance(Duration::from_millis(400)).await;
-    a.settle(Settle::Token);
-    let b = Attempt::primary();
-    let (busy, _res_b) = send(&set, &b).await;
-    assert_ne!(busy, fast);
-    tokio::time::advance(Duration::from_millis(500)).await;
-    b.settle(Settle::Cancelled);
+    let (fast, busy, _held) = one_wait_cut_short(&set).await;
     // A stream waits on the fast one: its expected wait is past the busy one's bound as last
     // known (not decayed), so the busy one is taken on its bound, a probe.
-    let c = Attempt::primary();
-    let (r, _res_c) = send(&set, &c).await;
-    assert_eq!(r, fast);
     tokio::time::advance(Duration::from_millis(100)).await;
     let probe = Attempt::primary();
     let (r, _res_p) = send(&set, &probe).await;
@@ -769,17 +777,7 @@ async fn a_replica_probed_on_a_lower_bound_waits_out_its_pause_even_against_a_lo
 #[tokio::test(start_paused = true)]
 async fn a_backup_would_wait_at_least_the_bound_of_a_replica_whose_probes_keep_being_cut_short() {
     let set = ReplicaSet::new(replicas(2));
-    let a = Attempt::primary();
-    let (fast, _res) = send(&set, &a).await;
-    tokio::time::advance(Duration::from_millis(400)).await;
-    a.settle(Settle::Token);
-    let b = Attempt::primary();
-    let (busy, _res_b) = send(&set, &b).await;
-    tokio::time::advance(Duration::from_millis(500)).await;
-    b.settle(Settle::Cancelled);
-    let c = Attempt::primary();
-    let (r, _res_c) = send(&set, &c).await;
-    assert_eq!(r, fast);
+    let (fast, busy, _held) = one_wait_cut_short(&set).await;
     let mut held = Vec::new();
     for (after, word) in [(100, None), (10_000, Some(600))] {
         tokio::time::advance(Duration::from_millis(after)).await;
