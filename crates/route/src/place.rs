@@ -122,9 +122,13 @@ impl<S> Placer<S> {
         let prior = Prior::of(&board.replicas, now, self.health.decay);
         let slots = self.config.slots;
         let ahead = |i: usize| board.line.ahead(spot.key, spot.since, i);
-        let room = |i: usize| board.replicas[i].has_room(slots, now, ahead(i));
         let tried = attempt.map(Attempt::tried).unwrap_or_default();
         let backup = attempt.is_some_and(Attempt::is_backup) && tried.len() < n;
+        let hold = self.health.interruption_hold;
+        let room = |i: usize| {
+            let r = &board.replicas[i];
+            r.has_room(slots, now, ahead(i)) && !(backup && r.may_cut_a_stream(now, hold))
+        };
         if !backup && self.config.routing == Routing::RoundRobin {
             let seq = self.next.fetch_add(1, Ordering::Relaxed);
             return (0..n)

@@ -82,6 +82,20 @@ impl Replica {
         if alone { Some(1) } else { configured }
     }
 
+    /// Whether one more attempt placed here now could end a stream of the set's: one streams
+    /// here, and the replica was not seen streaming two at once within `hold` (the
+    /// interruption hold; zero: not learned). As far as the set knows it is a single-slot
+    /// server, which ends the running stream for a newer request (llama-cpp-python's default)
+    /// or queues the newer one behind it. A backup waits for that stream to end instead (issue
+    /// 29's interrupt runs: the first request of every run was cut off after its first token
+    /// by the second's backup, placed beside it while the second's primary waited on the busy
+    /// replica). Primaries are not held back: they are how the set sees two streams at once.
+    pub(crate) fn may_cut_a_stream(&self, now: Instant, hold: Duration) -> bool {
+        let concurrent =
+            (self.concurrent_at).is_some_and(|t| now.saturating_duration_since(t) < hold);
+        !hold.is_zero() && self.streaming > 0 && !concurrent
+    }
+
     /// Whether `ahead` attempts and one more fit now.
     pub(crate) fn has_room(&self, configured: Option<u32>, now: Instant, ahead: usize) -> bool {
         self.capacity(configured, now)

@@ -803,3 +803,53 @@ async fn a_backup_would_wait_at_least_the_bound_of_a_replica_whose_probes_keep_b
     tokio::time::advance(Duration::from_secs(20)).await;
     assert_eq!(held[1].1.backup_wait(), None);
 }
+
+/// Issue 29's interrupt runs: the first request of every run was cut off after its first token
+/// by the second request's backup, placed beside its stream while the second's primary waited
+/// on the busy replica (llama-cpp-python ends the running stream for a newer request). A backup
+/// does not go to a replica streaming one of the set's attempts until the set has seen it
+/// stream two at once: it waits for the stream to end. Primaries still go beside a stream
+/// (that is how the set sees two at once), and once it has, backups go beside streams too.
+#[tokio::test(start_paused = true)]
+async fn a_backup_waits_for_a_stream_to_end_on_a_replica_not_seen_streaming_two_at_once() {
+    let set = ReplicaSet::new(replicas(2));
+    let first = Attempt::primary();
+    let (streaming, first_res) = send(&set, &first).await;
+    first.settle(Settle::Token);
+    let second = Attempt::primary();
+    let (other, _second_res) = send(&set, &second).await;
+    assert_ne!(other, streaming);
+    // The second's backup: the only replica not tried streams the first.
+    let mut backup = Box::pin(set.clone().oneshot(request(&second.next(1))));
+    assert!(
+        poll_once(&mut backup).is_pending(),
+        "held while the stream runs"
+    );
+    tokio::time::advance(Duration::from_millis(300)).await;
+    assert!(poll_once(&mut backup).is_pending());
+    // The stream ends: the backup takes the replica.
+    drop(first_res);
+    let res = backup.await.unwrap();
+    assert_eq!(second.tried().last(), Some(&ReplicaId(streaming)));
+    drop(res);
+
+    // Two streams at once on one replica: it serves several; a backup goes beside a stream.
+    let set = ReplicaSet::new(replicas(2));
+    let (a, b) = (Attempt::primary(), Attempt::primary());
+    let (ra, res_a) = send(&set, &a).await;
+    a.settle(Settle::Token);
+    let (rb, res_b) = send(&set, &b).await;
+    b.settle(Settle::Token);
+    let c = Attempt::primary();
+    let (rc, res_c) = send(&set, &c).await;
+    c.settle(Settle::Token);
+    assert!(
+        ra != rb && (rc == ra || rc == rb),
+        "a primary goes beside a stream"
+    );
+    let d = Attempt::primary();
+    d.record(ReplicaId(if rc == ra { rb } else { ra }));
+    let (_, res_d) = send(&set, &d.next(1)).await;
+    assert_eq!(d.tried().last(), Some(&ReplicaId(rc)));
+    drop((res_a, res_b, res_c, res_d));
+}
