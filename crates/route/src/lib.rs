@@ -103,7 +103,11 @@
 //!   placed a newer attempt on it (a single-slot llama-cpp-python server) gets one attempt at
 //!   a time for the next 60 s; the rest wait in the set for its slot instead of interrupting
 //!   another stream. With the hedge's empty-stream retry, an interrupting server needs no
-//!   `with_slots`.
+//!   `with_slots`. Before the set has seen a replica interrupt, a backup does not go beside a
+//!   stream on a replica it has not seen streaming two attempts at once within that hold: it
+//!   waits for the stream to end (issue 29's interrupt runs: the first request of every run was
+//!   cut off after its first token by the second's backup). Primaries are not held back:
+//!   they are how the set sees a replica serve several at once.
 //!
 //! ## Metrics
 //!
