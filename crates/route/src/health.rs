@@ -227,9 +227,7 @@ impl Ticket {
         let recent = now.saturating_duration_since(at) <= INTERRUPTION_WINDOW;
         // A replica seen streaming two attempts at once within the hold serves several at
         // a time: under load, some newer attempt is always just placed when a stream breaks.
-        let concurrent = r
-            .concurrent_at
-            .is_some_and(|t| now.saturating_duration_since(t) < hold);
+        let concurrent = r.seen_concurrent(now, hold);
         if hold.is_zero() || concurrent || newest <= self.id || !recent || r.active <= mine {
             return false;
         }

@@ -91,9 +91,13 @@ impl Replica {
     /// by the second's backup, placed beside it while the second's primary waited on the busy
     /// replica). Primaries are not held back: they are how the set sees two streams at once.
     pub(crate) fn may_cut_a_stream(&self, now: Instant, hold: Duration) -> bool {
-        let concurrent =
-            (self.concurrent_at).is_some_and(|t| now.saturating_duration_since(t) < hold);
-        !hold.is_zero() && self.streaming > 0 && !concurrent
+        !hold.is_zero() && self.streaming > 0 && !self.seen_concurrent(now, hold)
+    }
+
+    /// Whether it was seen streaming two attempts at once within the last `hold`: it serves
+    /// several at a time.
+    pub(crate) fn seen_concurrent(&self, now: Instant, hold: Duration) -> bool {
+        (self.concurrent_at).is_some_and(|t| now.saturating_duration_since(t) < hold)
     }
 
     /// Whether `ahead` attempts and one more fit now.
