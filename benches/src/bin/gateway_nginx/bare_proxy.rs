@@ -5,13 +5,22 @@
 //! the bench (`gateway_nginx --bare-proxy URL...`), on a 2-worker runtime like the gateway's,
 //! so the gap between it and nginx is what hyper and tokio cost, and the gap between it and the
 //! gateway is what the gateway adds.
+//!
+//! With `--read-tokens` it also reads each response stream once, as the gateway's innermost
+//! reading layer does (one [`Reading`] of a [`StreamProgress`], usage asked for, the dialect
+//! chosen per response): the floor of what any token-aware front pays per frame, between the
+//! bare proxy and the gateway in `--cpu` (issue 31).
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, header};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -19,10 +28,17 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tailguard::core::BoxError;
+use tailguard::core::Dialect;
+use tailguard::core::progress::{Reading, StreamProgress};
 use tokio::net::TcpListener;
 
 /// Serves on a free port of 127.0.0.1 until killed; prints `listening on http://ADDR` first.
-pub(crate) fn main(upstreams: &[String]) -> Result<(), BoxError> {
+/// `args`: `[--read-tokens] URL...`.
+pub(crate) fn main(args: &[String]) -> Result<(), BoxError> {
+    let (read_tokens, upstreams) = match args.split_first() {
+        Some((flag, rest)) if flag == "--read-tokens" => (true, rest),
+        _ => (false, args),
+    };
     let upstreams: Arc<[Uri]> = upstreams
         .iter()
         .map(|u| u.parse())
@@ -39,10 +55,10 @@ pub(crate) fn main(upstreams: &[String]) -> Result<(), BoxError> {
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(serve(upstreams))
+        .block_on(serve(upstreams, read_tokens))
 }
 
-async fn serve(upstreams: Arc<[Uri]>) -> Result<(), BoxError> {
+async fn serve(upstreams: Arc<[Uri]>, read_tokens: bool) -> Result<(), BoxError> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client = Client::builder(TokioExecutor::new()).build::<_, Incoming>(connector);
@@ -65,12 +81,66 @@ async fn serve(upstreams: Arc<[Uri]>) -> Result<(), BoxError> {
             *req.uri_mut() =
                 Uri::from_parts(parts).expect("a checked base URL with a path is a URI");
             req.headers_mut().remove(header::HOST);
-            client.request(req)
+            let res = client.request(req);
+            async move {
+                let res = res.await?;
+                let reading = read_tokens.then(|| {
+                    let progress = StreamProgress::detached();
+                    progress.want_usage();
+                    progress.reading(&Dialect::Auto, res.headers())
+                });
+                Ok::<_, hyper_util::client::legacy::Error>(
+                    res.map(|inner| ReadBody { inner, reading }),
+                )
+            }
         });
         tokio::spawn(async move {
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
+    }
+}
+
+/// The response body, passed through; with a [`Reading`], each frame is read on its way.
+struct ReadBody {
+    inner: Incoming,
+    reading: Option<Reading>,
+}
+
+impl Body for ReadBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if let Some(reading) = &mut this.reading {
+            match &frame {
+                Some(Ok(f)) => {
+                    if let Some(data) = f.data_ref() {
+                        reading.observe(data);
+                    } else if let Some(trailers) = f.trailers_ref() {
+                        reading.observe_trailers(trailers);
+                    }
+                }
+                None => {
+                    reading.finish();
+                }
+                Some(Err(_)) => {}
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

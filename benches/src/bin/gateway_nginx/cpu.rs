@@ -1,8 +1,13 @@
 //! `--cpu`: the gateway's CPU per request against the bare hyper proxy's (issue 31's target:
 //! at most 1.15x), in interleaved rounds at one rate over the same two mock replicas.
 //!
-//! Both fronts run at once, each in its own process group; a round drives one, then the other
-//! (the order alternating), each for the window at the rate after a warm-up, and reads the
+//! A third front, the reading proxy (the bare proxy reading each stream once with core's
+//! progress record, as the gateway's innermost reading layer does), measures the floor of
+//! what reading tokens costs at all: the gateway's ratio to it is what the layers add beyond
+//! the one reading.
+//!
+//! The fronts run at once, each in its own process group; a round drives one after the other
+//! (the order rotating), each for the window at the rate after a warm-up, and reads the
 //! front's CPU ticks from `/proc` before and after. Per request = ticks over requests
 //! completed. Ratios within a round, then the median over rounds.
 
@@ -38,6 +43,12 @@ pub(crate) struct CpuResult {
     /// The gateway's CPU per request over the bare proxy's, by round.
     ratios: Vec<f64>,
     median_ratio: f64,
+    /// The reading proxy's over the bare proxy's, by round.
+    reading_ratios: Vec<f64>,
+    median_reading_ratio: f64,
+    /// The gateway's over the reading proxy's, by round.
+    over_reading_ratios: Vec<f64>,
+    median_over_reading_ratio: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -85,9 +96,11 @@ pub(crate) async fn bench(
     let (mock_bin, gateway_bin) = procs::build_binaries()?;
     let (_mock, replicas) = procs::start_mock(&mock_bin, dir, REPLICAS, SCRIPT)?;
     let (gateway, gateway_url) = procs::start_gateway(&gateway_bin, dir, &replicas)?;
-    let (bare, bare_url) = procs::start_bare_proxy(dir, &replicas)?;
-    let fronts: [(&'static str, &Proc, &str); 2] = [
+    let (bare, bare_url) = procs::start_bare_proxy(dir, &replicas, false)?;
+    let (reading, reading_url) = procs::start_bare_proxy(dir, &replicas, true)?;
+    let fronts: [(&'static str, &Proc, &str); 3] = [
         ("bare proxy", &bare, &bare_url),
+        ("reading proxy", &reading, &reading_url),
         ("gateway", &gateway, &gateway_url),
     ];
     for (front, _, url) in fronts {
@@ -95,12 +108,13 @@ pub(crate) async fn bench(
         measure(&[url.to_owned()], rate, Duration::from_secs(2)).await?;
     }
     let mut runs = Vec::new();
-    let mut ratios = Vec::new();
+    let (mut ratios, mut reading_ratios, mut over_reading_ratios) =
+        (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
-        let mut per = [0.0; 2];
-        for k in 0..2 {
-            // Alternate which front goes first.
-            let i = (k + round) % 2;
+        let mut per = [0.0; 3];
+        for k in 0..3 {
+            // Rotate which front goes first.
+            let i = (k + round) % 3;
             let (front, p, url) = fronts[i];
             let (cpu, run) = one(front, p, url, rate, window).await?;
             per[i] = cpu;
@@ -111,9 +125,12 @@ pub(crate) async fn bench(
                 run,
             });
         }
-        ratios.push(per[1] / per[0]);
+        ratios.push(per[2] / per[0]);
+        reading_ratios.push(per[1] / per[0]);
+        over_reading_ratios.push(per[2] / per[1]);
         eprintln!(
-            "round {round}: gateway / bare proxy = {:.2}x",
+            "round {round}: gateway / bare proxy = {:.2}x, reading proxy / bare proxy = {:.2}x",
+            per[2] / per[0],
             per[1] / per[0]
         );
     }
@@ -126,6 +143,10 @@ pub(crate) async fn bench(
         rounds: runs,
         median_ratio: median(ratios.clone()),
         ratios,
+        median_reading_ratio: median(reading_ratios.clone()),
+        reading_ratios,
+        median_over_reading_ratio: median(over_reading_ratios.clone()),
+        over_reading_ratios,
     })
 }
 
@@ -144,6 +165,10 @@ pub(crate) fn save(
             .collect::<Vec<_>>()
             .join(", "),
         res.median_ratio
+    );
+    println!(
+        "reading proxy (one reading of each stream) / bare proxy: median {:.2}x; gateway / reading proxy: median {:.2}x",
+        res.median_reading_ratio, res.median_over_reading_ratio
     );
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
     std::fs::create_dir_all(&dir)?;

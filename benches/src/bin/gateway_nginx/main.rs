@@ -256,7 +256,7 @@ async fn bench(opts: Opts, dir: &std::path::Path) -> Result<Vec<FrontResult>, Bo
     eprintln!("gateway: {url}");
     results.push(bench_front("gateway", &[url], Some(slo), opts).await?.0);
     drop(gateway);
-    let (_bare, url) = procs::start_bare_proxy(dir, &replicas)?;
+    let (_bare, url) = procs::start_bare_proxy(dir, &replicas, false)?;
     eprintln!("bare proxy: {url}");
     results.push(bench_front("bare proxy", &[url], Some(slo), opts).await?.0);
     Ok(results)
@@ -296,8 +296,10 @@ usage: cargo run --release -p tailguard-benches --bin gateway_nginx -- [OPTIONS]
 
   --quick            3 s per load run and 2 bisection steps (default: 10 s and 4)
   --window SECONDS   length of each load run
-  --cpu              instead: the gateway's CPU per request against the bare hyper proxy's at
-                     300/s, in interleaved rounds (issue 31), to results/gateway_cpu.json
+  --cpu              instead: the gateway's CPU per request against the bare hyper proxy's
+                     and against the bare proxy reading each stream once (the floor of any
+                     token-aware front) at 300/s, in interleaved rounds (issue 31), to
+                     results/gateway_cpu.json
   --rounds N         --cpu's rounds (default 3)
   --help             this text
 

@@ -193,14 +193,22 @@ pub(crate) fn start_gateway(
 
 /// The layer-less hyper proxy ([`crate::bare_proxy`]): this program again, with
 /// `--bare-proxy` and the replicas' URLs.
+/// With `read_tokens`, it also reads each stream once, as a token-aware front must.
 pub(crate) fn start_bare_proxy(
     dir: &Path,
     upstreams: &[String],
+    read_tokens: bool,
 ) -> Result<(Proc, String), BoxError> {
     let mut args = vec!["--bare-proxy".to_owned()];
+    let (name, log) = if read_tokens {
+        args.push("--read-tokens".to_owned());
+        ("reading proxy", "reading_proxy.log")
+    } else {
+        ("bare proxy", "bare_proxy.log")
+    };
     args.extend(upstreams.iter().cloned());
     let exe = std::env::current_exe()?;
-    let mut p = Proc::spawn("bare proxy", &exe, &args, dir.join("bare_proxy.log"))?;
+    let mut p = Proc::spawn(name, &exe, &args, dir.join(log))?;
     let line = p.wait_for_lines("listening on", 1)?;
     let url = url_in(&line[0])?;
     Ok((p, url))
