@@ -118,6 +118,15 @@ impl PhaseSink for TracingSink {
     }
 }
 
+/// Records `value` on `span` if there is one. Recording `None` records nothing, but
+/// `tracing_subscriber`'s `fmt` output still writes the separator before it (a double space in
+/// the log line).
+fn record_some<V: tracing::Value>(span: &tracing::Span, field: &str, value: Option<V>) {
+    if let Some(value) = value {
+        span.record(field, value);
+    }
+}
+
 /// Fills the fields of the request's span.
 fn record_span(r: &PhaseReport) {
     let span = &r.span;
@@ -129,10 +138,10 @@ fn record_span(r: &PhaseReport) {
         span.record("status", s.as_u16());
     }
     span.record("end_reason", end_reason_label(&r.end_reason));
-    span.record("queue_wait_s", secs(r.queue_wait));
-    span.record("time_to_headers_s", secs(r.time_to_headers));
-    span.record("ttft_s", secs(r.time_to_first_token));
-    span.record("tpot_s", secs(r.time_per_output_token));
+    record_some(span, "queue_wait_s", secs(r.queue_wait));
+    record_some(span, "time_to_headers_s", secs(r.time_to_headers));
+    record_some(span, "ttft_s", secs(r.time_to_first_token));
+    record_some(span, "tpot_s", secs(r.time_per_output_token));
     span.record("total_s", r.total.as_secs_f64());
     span.record("output_events", r.output_events);
     span.record("events", r.events);
@@ -145,8 +154,8 @@ fn record_span(r: &PhaseReport) {
         span.record("completion_tokens", u.completion_tokens);
     }
     if let Some(f) = &r.facts {
-        span.record("max_tokens", f.max_tokens);
-        span.record("prompt_bytes", f.prompt_bytes);
+        record_some(span, "max_tokens", f.max_tokens);
+        record_some(span, "prompt_bytes", f.prompt_bytes);
     }
     if let Some(h) = &r.hedge {
         span.record("hedge_attempts", h.attempts);

@@ -23,6 +23,8 @@ use tracing::{Event, Metadata, Subscriber};
 struct Captured {
     spans: HashMap<u64, (String, HashMap<String, String>)>,
     events: Vec<(Option<u64>, String, HashMap<String, String>)>,
+    /// `record` calls on a span that carried no value (a `None`).
+    empty_records: usize,
 }
 
 #[derive(Clone, Default)]
@@ -58,9 +60,12 @@ impl Subscriber for Capture {
         Id::from_u64(id)
     }
     fn record(&self, span: &Id, values: &Record<'_>) {
+        let mut recorded = HashMap::new();
+        values.record(&mut Fields(&mut recorded));
         let mut seen = self.seen.lock().unwrap();
+        seen.empty_records += usize::from(recorded.is_empty());
         if let Some((_, fields)) = seen.spans.get_mut(&span.into_u64()) {
-            values.record(&mut Fields(fields));
+            fields.extend(recorded);
         }
     }
     fn record_follows_from(&self, _: &Id, _: &Id) {}
@@ -77,8 +82,8 @@ impl Subscriber for Capture {
     fn exit(&self, _: &Id) {}
 }
 
-#[test]
-fn one_span_with_every_phase_and_one_event() {
+/// What one request with `facts` (its upstream streams two tokens) left in a [`Capture`].
+fn capture_one(facts: RequestFacts) -> Arc<Mutex<Captured>> {
     let capture = Capture::default();
     let seen = capture.seen.clone();
     tracing::subscriber::with_default(capture, || {
@@ -105,16 +110,21 @@ fn one_span_with_every_phase_and_one_event() {
                 .header("x-request-id", "req-7")
                 .body(Empty::new())
                 .unwrap();
-            req.extensions_mut().insert(
-                RequestFacts::new()
-                    .with_model("gpt-4o-mini-x")
-                    .with_max_tokens(9),
-            );
+            req.extensions_mut().insert(facts);
             let res = svc.oneshot(req).await.unwrap();
             res.into_body().collect().await.unwrap();
         });
     });
+    seen
+}
 
+#[test]
+fn one_span_with_every_phase_and_one_event() {
+    let seen = capture_one(
+        RequestFacts::new()
+            .with_model("gpt-4o-mini-x")
+            .with_max_tokens(9),
+    );
     let seen = seen.lock().unwrap();
     let spans: Vec<_> = seen
         .spans
@@ -159,4 +169,21 @@ fn one_span_with_every_phase_and_one_event() {
         Some("completed")
     );
     assert_eq!(fields.get("request_id").map(String::as_str), Some("req-7"));
+}
+
+/// A phase the request did not have (no admission queue, no `max_tokens`) is not recorded on
+/// the span at all: recording `None` records no value, yet `tracing_subscriber`'s `fmt` output
+/// writes a separator for it (a double space in the log line).
+#[test]
+fn a_phase_the_request_did_not_have_is_not_recorded() {
+    let seen = capture_one(RequestFacts::new().with_model("gpt-4o"));
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.empty_records, 0, "no record call without a value");
+    let (_, f) = seen
+        .spans
+        .values()
+        .find(|(n, _)| n == "llm_request")
+        .expect("the request's span");
+    assert_eq!(f.get("ttft_s").map(String::as_str), Some("0.1"));
+    assert!(!f.contains_key("max_tokens") && !f.contains_key("queue_wait_s"));
 }
