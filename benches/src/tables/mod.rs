@@ -81,6 +81,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
     let throughput = json("gateway_throughput.json")?;
     let cluster = json("cluster_admission.json")?;
     let nginx = json("gateway_nginx.json")?;
+    let cpu = json("gateway_cpu.json")?;
     let adaptive = json("adaptive_limit.json")?;
     let tail = json("tail_latency.json")?;
     let resume = json("resume_broken.json")?;
@@ -109,6 +110,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
                     throughput: &throughput,
                     cluster: &cluster,
                     nginx: &nginx,
+                    cpu: &cpu,
                     adaptive: &adaptive,
                     resume: &resume,
                     fairness: &fairness,

@@ -15,6 +15,7 @@ pub(super) struct Runs<'a> {
     pub(super) throughput: &'a Value,
     pub(super) cluster: &'a Value,
     pub(super) nginx: &'a Value,
+    pub(super) cpu: &'a Value,
     pub(super) adaptive: &'a Value,
     pub(super) resume: &'a Value,
     pub(super) fairness: &'a Value,
@@ -219,6 +220,32 @@ pub(super) fn summary(r: &Runs<'_>, doc: Doc) -> Result<String, Error> {
             flag("sustained_target_met")
         ),
         &run(r.nginx, "gateway_nginx.json"),
+    )?;
+
+    // Issue 31: CPU per request against the bare proxy and against the reading floor.
+    let c = r.cpu;
+    let rounds = |k: &str| -> Result<String, Error> {
+        let v = c[k]
+            .as_array()
+            .ok_or_else(|| format!("gateway_cpu.json: no {k}"))?;
+        Ok(v.iter()
+            .filter_map(Value::as_f64)
+            .map(x)
+            .collect::<Vec<_>>()
+            .join(", "))
+    };
+    let median = num(c, &["median_ratio"])?;
+    row(
+        "CPU per request at 300 streams/s (`--bin gateway_nginx -- --cpu`), medians of interleaved rounds: gateway / bare hyper proxy; reading proxy (the bare proxy reading each stream once) / bare; gateway / reading proxy",
+        format!(
+            "**{}** ({}); {}; {}",
+            x(median),
+            rounds("ratios")?,
+            x(num(c, &["median_reading_ratio"])?),
+            x(num(c, &["median_over_reading_ratio"])?)
+        ),
+        format!("≤ 1.15x: {}", met(median <= 1.15)),
+        &run(c, "gateway_cpu.json"),
     )?;
 
     // Scenario E, every step by the bench's own rule.
