@@ -37,7 +37,8 @@ fn committed_tables_match_their_json() {
 }
 
 /// Scenario E's verdict at the capacity drop comes from the bench's own rule: static 128 (the
-/// only limit within 5% of the top goodput), and the adaptive limit's goodput is 0.72x of it.
+/// only limit within 5% of the top goodput), and the adaptive limit's goodput is below 0.95x
+/// of it (0.72x in dbfe1ba's run, 0.71x in 0d21cd8's): the README's "missed".
 #[test]
 fn scenario_e_verdicts_use_the_best_static_rule_on_every_step() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -49,5 +50,9 @@ fn scenario_e_verdicts_use_the_best_static_rule_on_every_step() {
     assert_eq!(verdicts.len(), 5, "one verdict per step, the drop included");
     let drop = verdicts.last().unwrap();
     assert_eq!(drop.best_static, "static 128");
-    assert_eq!(format!("{:.2}", drop.goodput_ratio), "0.72");
+    assert!(
+        drop.goodput_ratio < 0.95,
+        "goodput ratio {:.2}",
+        drop.goodput_ratio
+    );
 }
