@@ -159,12 +159,12 @@ fn record_span(r: &PhaseReport) {
     }
     if let Some(h) = &r.hedge {
         span.record("hedge_attempts", h.attempts);
-        span.record("hedge_winner", h.winner);
+        record_some(span, "hedge_winner", h.winner);
         if !h.losers.is_empty() {
             let ran: Vec<f64> = h.losers.iter().map(|l| l.ran.as_secs_f64()).collect();
             span.record("hedge_losers_ran_s", tracing::field::debug(&ran));
             span.record("hedge_wasted_prompt_bytes", h.wasted_prompt_bytes);
-            span.record("hedge_wasted_prompt_tokens", h.wasted_prompt_tokens);
+            record_some(span, "hedge_wasted_prompt_tokens", h.wasted_prompt_tokens);
         }
         if h.deadline_skipped {
             span.record("hedge_deadline_skipped", true);
