@@ -11,6 +11,7 @@
 //! when the run started ([`crate::run`]); a run above [`LOAD_BOUND`] is marked, and a JSON
 //! written before benches recorded their load says "load not recorded".
 
+mod batching;
 mod budgets;
 mod render;
 mod resume;
@@ -87,6 +88,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
     let resume = json("resume_broken.json")?;
     let budgets = json("tenant_budgets.json")?;
     let fairness = json("tenant_fairness.json")?;
+    let batching = json("batching_overload.json")?;
     let b = Doc::Benches;
     let table = |name, body| Table { doc: b, name, body };
     Ok(vec![
@@ -100,6 +102,10 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
         table("adaptive_limit", render::adaptive_limit(&adaptive, b)?),
         table("resume_broken", resume::resume_broken(&resume, b)?),
         table("tenant_budgets", budgets::tenant_budgets(&budgets, b)?),
+        table(
+            "batching_overload",
+            batching::batching_overload(&batching, b)?,
+        ),
         Table {
             doc: Doc::Root,
             name: "summary",
@@ -115,6 +121,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
                     resume: &resume,
                     fairness: &fairness,
                     budgets: &budgets,
+                    batching: &batching,
                 },
                 Doc::Root,
             )?,

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use super::batching;
 use super::render::{StepVerdict, adaptive_verdicts};
 use super::{Doc, Error, load_note, met, num, thousands};
 
@@ -20,6 +21,7 @@ pub(super) struct Runs<'a> {
     pub(super) resume: &'a Value,
     pub(super) fairness: &'a Value,
     pub(super) budgets: &'a Value,
+    pub(super) batching: &'a Value,
 }
 
 /// A strategy of a `tail_latency` scenario.
@@ -279,6 +281,35 @@ pub(super) fn summary(r: &Runs<'_>, doc: Doc) -> Result<String, Error> {
             met(verdicts.iter().all(|v| v.goodput_ratio >= 0.95))
         ),
         &ad_run,
+    )?;
+
+    // Issue 29: a batching upstream offered twice its slots.
+    let bo = r.batching;
+    let cell = |name: &str| -> Result<(String, bool), Error> {
+        let c = batching::config(bo, name)?;
+        let two = batching::last_step(c)?;
+        Ok((
+            format!(
+                "{:.2}x, {}, {:.2}x",
+                num(two, &["at_replica_peak_slots"])?,
+                x(num(c, &["p99_vs_unloaded"])?),
+                num(two, &["goodput_vs_capacity"])?
+            ),
+            batching::target_met(c)?,
+        ))
+    };
+    let (slots, slots_met) = cell("--replica-slots 8 --admission-queue-timeout 250ms")?;
+    let (adaptive, adaptive_met) =
+        cell("--admission-adaptive true --admission-queue-timeout 250ms")?;
+    row(
+        "a batching upstream (8 slots, its own queue) offered 2x its capacity (`--bin batching_overload`): streams at the replica at most (slots); the admitted's p99 TTFT vs unloaded; completed vs capacity. Told the slots (`--replica-slots 8`); the adaptive limit; both with `--admission-queue-timeout 250ms`",
+        format!("**{slots}**; {adaptive}"),
+        format!(
+            "≤ 2x, ≤ 3x, refusals 429/503 with `Retry-After`: {}; {}",
+            met(slots_met),
+            met(adaptive_met)
+        ),
+        &run(bo, "batching_overload.json"),
     )?;
 
     // Issue 33: mid-stream resume, one stream in ten broken.

@@ -2,7 +2,8 @@
 //!
 //! The upstream has K slots: a request's first token comes after the wait for a free slot plus
 //! its prefill, then it streams its tokens a gap apart and frees the slot. K changes at run time
-//! through a handle. Closed-loop clients (more than K) keep it busy; refused ones back off.
+//! through a handle. Closed-loop clients (more than K) keep it busy; refused ones back off. The
+//! last test offers it twice what its slots serve, open loop (issue 29's batching upstream).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -44,6 +45,9 @@ impl Body for ChanBody {
 struct Batching {
     slots: Arc<Semaphore>,
     k: Arc<AtomicUsize>,
+    /// Requests inside the upstream (in a slot or waiting for one), and their peak.
+    inside: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
 }
 
 impl Batching {
@@ -51,7 +55,15 @@ impl Batching {
         Batching {
             slots: Arc::new(Semaphore::new(k)),
             k: Arc::new(AtomicUsize::new(k)),
+            inside: Arc::default(),
+            peak: Arc::default(),
         }
+    }
+
+    /// The most requests inside at once since the last call.
+    fn take_peak(&self) -> usize {
+        self.peak
+            .swap(self.inside.load(Ordering::SeqCst), Ordering::SeqCst)
     }
 
     /// Changes K: new slots at once, removed ones as they free.
@@ -87,6 +99,9 @@ impl Service<Request<()>> for Batching {
             .unwrap_or(1);
         let (tx, rx) = mpsc::channel(TOKENS + 1);
         let slots = self.slots.clone();
+        let n = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(n, Ordering::SeqCst);
+        let inside = self.inside.clone();
         tokio::spawn(async move {
             let work = async {
                 let _slot = slots.acquire_owned().await.ok()?;
@@ -103,6 +118,7 @@ impl Service<Request<()>> for Batching {
                 _ = work => {}
                 _ = tx.closed() => {}
             }
+            inside.fetch_sub(1, Ordering::SeqCst);
         });
         let res = Response::builder()
             .header("content-type", "text/event-stream")
@@ -387,4 +403,136 @@ async fn a_rising_limit_admits_the_waiters_at_once() {
     assert_eq!(h.limit(), 16);
     assert_eq!((h.in_flight(), h.queued()), (10, 0));
     assert_eq!(h.baseline_ttft(), Some(PREFILL));
+}
+
+/// What an open-loop client saw of one request: its time to first token, or its refusal.
+enum Seen {
+    FirstToken(Duration),
+    Refused(http::StatusCode, bool),
+}
+
+/// Issue 29's batching upstream offered twice what its K slots serve, open loop (a request
+/// every 30 ms against 8 slots of 480 ms streams, 16.7/s), through a gate whose queue waits at
+/// most twice the unloaded first token (200 ms against the 100 ms prefill). Returns the
+/// requests sent after `settle`, what each saw, the most requests inside the upstream at once
+/// after `settle`, and the streams completed after it.
+async fn overload(
+    svc: Svc,
+    up: &Batching,
+    settle: Duration,
+    run: Duration,
+) -> (Vec<Seen>, usize, usize) {
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut sent = Vec::new();
+    let mut at = start;
+    let mut peak_reset = false;
+    while at < start + run {
+        tokio::time::sleep_until(at).await;
+        if !peak_reset && at >= start + settle {
+            up.take_peak();
+            done.store(0, Ordering::SeqCst);
+            peak_reset = true;
+        }
+        let (svc, done) = (svc.clone(), done.clone());
+        let t = tokio::spawn(async move {
+            let t0 = Instant::now();
+            let res = svc.oneshot(Request::new(())).await.expect("infallible");
+            if !res.status().is_success() {
+                let ra = res.headers().contains_key(http::header::RETRY_AFTER);
+                return Seen::Refused(res.status(), ra);
+            }
+            let mut body = res.into_body();
+            let _ = body.frame().await;
+            let ttft = t0.elapsed();
+            let _ = body.collect().await;
+            done.fetch_add(1, Ordering::SeqCst);
+            Seen::FirstToken(ttft)
+        });
+        if at >= start + settle {
+            sent.push(t);
+        }
+        at += Duration::from_millis(30);
+    }
+    let peak = up.take_peak();
+    let completed = done.load(Ordering::SeqCst);
+    let mut seen = Vec::new();
+    for t in sent {
+        seen.push(t.await.unwrap());
+    }
+    (seen, peak, completed)
+}
+
+/// The p99 time to first token of the admitted, and whether every refusal was a 503 with a
+/// `Retry-After`; asserts some were refused.
+fn admitted_p99(seen: &[Seen]) -> Duration {
+    let mut ttft: Vec<Duration> = seen
+        .iter()
+        .filter_map(|s| match s {
+            Seen::FirstToken(t) => Some(*t),
+            Seen::Refused(..) => None,
+        })
+        .collect();
+    let refused: Vec<_> = seen
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Refused(status, ra) => Some((*status, *ra)),
+            Seen::FirstToken(_) => None,
+        })
+        .collect();
+    assert!(
+        refused.len() > seen.len() / 4,
+        "{} of {} refused",
+        refused.len(),
+        seen.len()
+    );
+    assert!(
+        refused
+            .iter()
+            .all(|&(s, ra)| s == http::StatusCode::SERVICE_UNAVAILABLE && ra),
+        "every refusal a 503 with Retry-After: {refused:?}"
+    );
+    ttft.sort();
+    ttft[ttft.len() * 99 / 100]
+}
+
+#[tokio::test(start_paused = true)]
+async fn twice_the_slots_offered_the_admitted_wait_little_and_the_rest_are_refused() {
+    const K: usize = 8;
+    let stream = PREFILL + GAP * (TOKENS as u32 - 1);
+    let capacity = K as f64 / stream.as_secs_f64();
+    let (settle, run) = (Duration::from_secs(10), Duration::from_secs(40));
+    let measured = (run - settle).as_secs_f64();
+
+    // Told the slots (`--replica-slots`): nothing waits inside the upstream.
+    let up = Batching::new(K);
+    let svc = BoundedAdmissionLayer::new(K as u32)
+        .with_queue_timeout(PREFILL * 2)
+        .layer(up.clone());
+    let (seen, peak, completed) = overload(svc, &up, settle, run).await;
+    assert!(peak <= K, "{peak} inside {K} slots");
+    let p99 = admitted_p99(&seen);
+    assert!(p99 <= PREFILL * 3, "p99 TTFT {p99:?}");
+    assert!(
+        completed as f64 >= 0.95 * capacity * measured,
+        "{completed} completed"
+    );
+
+    // The adaptive limit, told nothing: within twice the slots, the upstream kept busy.
+    let up = Batching::new(K);
+    let layer = BoundedAdmissionLayer::new(128)
+        .with_queue_timeout(PREFILL * 2)
+        .with_adaptive_limit(Some(rare_probes()));
+    let svc = layer.layer(up.clone());
+    // From its ceiling the limit loses at most a quarter per window: ~20 s down to K.
+    let settle = Duration::from_secs(25);
+    let (seen, peak, completed) =
+        overload(svc, &up, settle, settle + Duration::from_secs(30)).await;
+    assert!(peak <= 2 * K, "{peak} inside {K} slots");
+    let p99 = admitted_p99(&seen);
+    eprintln!("adaptive: peak inside {peak}, p99 TTFT {p99:?}, completed {completed}");
+    assert!(
+        completed as f64 >= 0.9 * capacity * measured,
+        "{completed} completed"
+    );
 }
