@@ -18,6 +18,9 @@ use crate::score::Replica;
 /// within this; a later end is something else.
 const INTERRUPTION_WINDOW: Duration = Duration::from_secs(2);
 
+/// The most times an interruption hold doubles: 64 holds, about an hour at the default 60 s.
+const MAX_HOLD_DOUBLINGS: u32 = 6;
+
 /// The state of a whole set, under one lock (picks compare every replica anyway).
 #[derive(Debug)]
 pub(crate) struct Board {
@@ -134,6 +137,7 @@ impl AttemptClaim for Ticket {
                         // single-slot server making room for a newer request.
                         r.concurrent_at = Some(now);
                         r.one_at_a_time = None;
+                        r.interruptions = 0;
                     }
                 }
             }
@@ -231,6 +235,12 @@ impl Ticket {
         if hold.is_zero() || concurrent || newest <= self.id || !recent || r.active <= mine {
             return false;
         }
+        // Each interruption since the replica last streamed two at once doubles the hold (up to
+        // 64 times), as Envoy lengthens an ejection: a server that interrupts again once its
+        // hold is over is an interrupting server, and each relearning costs a client its
+        // stream. A hold of the configured length still lets a replica misread once recover.
+        let hold = hold.saturating_mul(1 << r.interruptions.min(MAX_HOLD_DOUBLINGS));
+        r.interruptions = r.interruptions.saturating_add(1);
         r.one_at_a_time = Some(now + hold);
         metrics::counter!("tailguard_route_interruptions_total",
             "replica" => self.replica.to_string())

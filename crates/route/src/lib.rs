@@ -101,7 +101,8 @@
 //!   (without a token, broken off, or cut short after its first token as its sender reports,
 //!   [`Attempt::cut_short`](tailguard_core::attempt::Attempt::cut_short)) just after the set
 //!   placed a newer attempt on it (a single-slot llama-cpp-python server) gets one attempt at
-//!   a time for the next 60 s; the rest wait in the set for its slot instead of interrupting
+//!   a time for the next 60 s (twice as long after each repeat, until it is seen streaming two
+//!   at once); the rest wait in the set for its slot instead of interrupting
 //!   another stream. With the hedge's empty-stream retry, an interrupting server needs no
 //!   `with_slots`. Before the set has seen a replica interrupt, a backup does not go beside a
 //!   stream on a replica it has not seen streaming two attempts at once within that hold: it

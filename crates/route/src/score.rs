@@ -41,6 +41,9 @@ pub(crate) struct Replica {
     pub(crate) newest: (u64, Instant),
     /// Until when it gets one attempt at a time: it ended a stream when a newer one arrived.
     pub(crate) one_at_a_time: Option<Instant>,
+    /// Interruptions seen since it last streamed two attempts at once: each doubles the next
+    /// hold.
+    pub(crate) interruptions: u32,
     /// Attempts past their first token that still hold their slot.
     pub(crate) streaming: u32,
     /// When it last streamed two attempts at once: it serves more than one at a time.
@@ -66,6 +69,7 @@ impl Replica {
             active: 0,
             newest: (0, now),
             one_at_a_time: None,
+            interruptions: 0,
             streaming: 0,
             concurrent_at: None,
             hold: 0.0,

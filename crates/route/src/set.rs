@@ -150,14 +150,16 @@ impl<S> ReplicaSet<S> {
     }
 
     /// Sets how long a replica that interrupted a stream for a newer attempt gets one attempt
-    /// at a time (default **60 s**, renewed by each interruption; `Duration::ZERO`: never, and
+    /// at a time (default **60 s**, doubled by each interruption since the replica last streamed two
+    /// attempts at once, up to 64 times; `Duration::ZERO`: never, and
     /// such a stream without a token counts as a failure). A single-slot llama-cpp-python
     /// server ends its running stream (a bare `[DONE]`, or a close mid-stream) when a newer
     /// request arrives; the set reads a stream that ends that way (after its first token, as
     /// its sender reports it cut short) within 2 s of placing a newer attempt on the same
     /// replica as "one slot", and holds further attempts in the gateway
     /// until the slot frees, instead of trading one stream for another. After the hold the
-    /// replica takes attempts side by side again (the next interruption teaches it again). The
+    /// replica takes attempts side by side again; the next interruption teaches it again, for
+    /// twice as long each time (up to 64 holds) until it is seen streaming two at once. The
     /// first interruption of a stream after its first token breaks that stream (the client
     /// sees an in-band error); before its first token, the hedge's empty-stream retry hides it,
     /// and that retry may wait for the same replica's slot (the interrupted attempt is no try

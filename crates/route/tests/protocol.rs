@@ -222,11 +222,74 @@ async fn a_replica_that_interrupts_a_stream_for_a_newer_one_is_given_one_at_a_ti
         drop(res);
     }
 
-    // After the hold, two at once again (a probe).
+    // After the hold, two at once again (a probe)...
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let older = Attempt::primary();
+    let (_, older_res) = send(&set, &older).await;
+    let newer = Attempt::primary();
+    let (_, newer_res) = send(&set, &newer).await;
+    // ...which the server interrupts again: a hold of twice the first, 120 s.
+    drop(older_res.into_body().collect().await.unwrap());
+    older.settle(Settle::Empty);
+    newer.settle(Settle::Token);
+    drop(newer_res);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let first = Attempt::primary();
+    let (_, first_res) = send(&set, &first).await;
+    first.settle(Settle::Token);
+    let mut next = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+    assert!(
+        poll_once(&mut next).is_pending(),
+        "still one at a time at 61 s"
+    );
+    drop(first_res);
+    drop(next.await.unwrap());
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let (_, a) = send(&set, &Attempt::primary()).await;
+    let mut b = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+    assert!(poll_once(&mut b).is_ready(), "two at once after 121 s");
+    drop(a);
+}
+
+/// A replica seen streaming two attempts at once serves several: the doubling of its
+/// interruption hold starts over.
+#[tokio::test(start_paused = true)]
+async fn two_streams_at_once_reset_the_interruption_hold() {
+    let set = ReplicaSet::new(replicas(1));
+    for _ in 0..2 {
+        let older = Attempt::primary();
+        let (_, older_res) = send(&set, &older).await;
+        let newer = Attempt::primary();
+        let (_, newer_res) = send(&set, &newer).await;
+        drop(older_res.into_body().collect().await.unwrap());
+        older.settle(Settle::Empty);
+        newer.settle(Settle::Token);
+        drop(newer_res);
+        // Past the hold of either interruption (60 s, then 120 s).
+        tokio::time::advance(Duration::from_secs(121)).await;
+    }
+    // Two streams at once...
+    let (a, b) = (Attempt::primary(), Attempt::primary());
+    let (_, a_res) = send(&set, &a).await;
+    let (_, b_res) = send(&set, &b).await;
+    a.settle(Settle::Token);
+    b.settle(Settle::Token);
+    drop((a_res, b_res));
+    // ...long enough ago not to vouch for it, then an interruption: a hold of 60 s again.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let older = Attempt::primary();
+    let (_, older_res) = send(&set, &older).await;
+    let newer = Attempt::primary();
+    let (_, newer_res) = send(&set, &newer).await;
+    drop(older_res.into_body().collect().await.unwrap());
+    older.settle(Settle::Empty);
+    newer.settle(Settle::Token);
+    drop(newer_res);
     tokio::time::advance(Duration::from_secs(61)).await;
     let (_, a) = send(&set, &Attempt::primary()).await;
-    let (_, b) = send(&set, &Attempt::primary()).await;
-    drop((a, b));
+    let mut b = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
+    assert!(poll_once(&mut b).is_ready(), "two at once after 61 s");
+    drop(a);
 }
 
 /// The same after the first token: a stream cut short (its sender reports a terminal event with
