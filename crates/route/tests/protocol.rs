@@ -224,15 +224,8 @@ async fn a_replica_that_interrupts_a_stream_for_a_newer_one_is_given_one_at_a_ti
 
     // After the hold, two at once again (a probe)...
     tokio::time::advance(Duration::from_secs(61)).await;
-    let older = Attempt::primary();
-    let (_, older_res) = send(&set, &older).await;
-    let newer = Attempt::primary();
-    let (_, newer_res) = send(&set, &newer).await;
     // ...which the server interrupts again: a hold of twice the first, 120 s.
-    drop(older_res.into_body().collect().await.unwrap());
-    older.settle(Settle::Empty);
-    newer.settle(Settle::Token);
-    drop(newer_res);
+    interrupt(&set).await;
     tokio::time::advance(Duration::from_secs(61)).await;
     let first = Attempt::primary();
     let (_, first_res) = send(&set, &first).await;
@@ -251,20 +244,26 @@ async fn a_replica_that_interrupts_a_stream_for_a_newer_one_is_given_one_at_a_ti
     drop(a);
 }
 
+/// Two attempts placed at once on a one-replica set, the server ending the older empty (an
+/// interruption) and the newer streaming to its end.
+async fn interrupt(set: &ReplicaSet<Replica>) {
+    let older = Attempt::primary();
+    let (_, older_res) = send(set, &older).await;
+    let newer = Attempt::primary();
+    let (_, newer_res) = send(set, &newer).await;
+    drop(older_res.into_body().collect().await.unwrap());
+    older.settle(Settle::Empty);
+    newer.settle(Settle::Token);
+    drop(newer_res);
+}
+
 /// A replica seen streaming two attempts at once serves several: the doubling of its
 /// interruption hold starts over.
 #[tokio::test(start_paused = true)]
 async fn two_streams_at_once_reset_the_interruption_hold() {
     let set = ReplicaSet::new(replicas(1));
     for _ in 0..2 {
-        let older = Attempt::primary();
-        let (_, older_res) = send(&set, &older).await;
-        let newer = Attempt::primary();
-        let (_, newer_res) = send(&set, &newer).await;
-        drop(older_res.into_body().collect().await.unwrap());
-        older.settle(Settle::Empty);
-        newer.settle(Settle::Token);
-        drop(newer_res);
+        interrupt(&set).await;
         // Past the hold of either interruption (60 s, then 120 s).
         tokio::time::advance(Duration::from_secs(121)).await;
     }
@@ -277,14 +276,7 @@ async fn two_streams_at_once_reset_the_interruption_hold() {
     drop((a_res, b_res));
     // ...long enough ago not to vouch for it, then an interruption: a hold of 60 s again.
     tokio::time::advance(Duration::from_secs(61)).await;
-    let older = Attempt::primary();
-    let (_, older_res) = send(&set, &older).await;
-    let newer = Attempt::primary();
-    let (_, newer_res) = send(&set, &newer).await;
-    drop(older_res.into_body().collect().await.unwrap());
-    older.settle(Settle::Empty);
-    newer.settle(Settle::Token);
-    drop(newer_res);
+    interrupt(&set).await;
     tokio::time::advance(Duration::from_secs(61)).await;
     let (_, a) = send(&set, &Attempt::primary()).await;
     let mut b = Box::pin(set.clone().oneshot(request(&Attempt::primary())));
