@@ -7,9 +7,10 @@
 //! The functions on the per-request and per-frame paths are generic or `#[inline]`, so they are
 //! compiled into each bench as if they were written there.
 //!
-//! Also: [`run`], the start time and load average every bench writes into its JSON, and
+//! Also: [`batching`], what the batching-replica benches share; [`run`], the start time and load average every bench writes into its JSON, and
 //! [`tables`], the renderer of the READMEs' benchmark tables from that JSON.
 
+pub mod batching;
 pub mod run;
 pub mod tables;
 

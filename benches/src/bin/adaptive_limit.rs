@@ -27,6 +27,7 @@ use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
+use tailguard_benches::batching::{SCRIPT, adaptive_limit, body, ms};
 use tailguard_gateway::{Args, Config, Gateway, metrics_handle};
 use tailguard_mock::load::{EndReason, LoadConfig, LoadReport};
 use tailguard_mock::{MockServer, Outcome, ReplicaOptions, Script};
@@ -38,15 +39,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const SLOTS: u32 = 16;
 /// Slots of the first replica after the drop.
 const SLOTS_AFTER_DROP: u32 = 8;
-/// The replicas' script: 30 ms plus 0.5 ms per prompt token (50 ms for the bench's 100-word
-/// prompt) to the first token, then 32 tokens about 25 ms apart.
-const SCRIPT: &str =
-    "ttft=lognormal(30ms,0.3),prefill_per_token=500us,tokens=32,gap=lognormal(25ms,0.2)";
 /// The two replicas' capacity in streams per second: 32 slots over a stream of about
 /// 80 ms + 31 × 25 ms × 1.25 (a full batch) ≈ 1.05 s.
 const CAPACITY: f64 = 2.0 * SLOTS as f64 / 1.05;
-/// The gauge of the adaptive limit.
-const LIMIT_GAUGE: &str = "tailguard_admission_limit";
 /// Load slices.
 const SLICE: Duration = Duration::from_secs(2);
 
@@ -148,18 +143,6 @@ struct LimitResult {
     limit_series: Vec<(f64, f64)>,
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> Option<f64> {
-    (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1e3)
-}
-
-/// A chat request with a 100-word prompt.
-fn body() -> String {
-    let prompt = vec!["word"; 100].join(" ");
-    format!(
-        r#"{{"model":"mock-model","stream":true,"messages":[{{"role":"user","content":"{prompt}"}}]}}"#
-    )
-}
-
 fn gateway_config(limit: Limit, upstreams: &[String]) -> Result<Config, BoxError> {
     let mut c = Config::resolve(Default::default(), &Args::default())?;
     c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -179,15 +162,6 @@ fn gateway_config(limit: Limit, upstreams: &[String]) -> Result<Config, BoxError
         }
     }
     Ok(c)
-}
-
-/// The adaptive limit from the gateway's metrics (the last sample of the gauge).
-fn adaptive_limit() -> Option<f64> {
-    let text = metrics_handle().render();
-    text.lines()
-        .filter(|l| l.starts_with(LIMIT_GAUGE) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .next_back()
 }
 
 async fn run_limit(limit: Limit, scale: u32) -> Result<LimitResult, BoxError> {

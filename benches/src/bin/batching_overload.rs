@@ -23,11 +23,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
+use tailguard_benches::batching::{SCRIPT, adaptive_limit, body, ms};
 use tailguard_gateway::{Args, Config, Gateway, metrics_handle};
 use tailguard_mock::load::{EndReason, LoadConfig};
 use tailguard_mock::{MockServer, Outcome, ReplicaOptions, Script};
@@ -37,18 +37,12 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The replica's slots: "a handful".
 const SLOTS: u32 = 8;
-/// The replica's script (scenario E's): 30 ms plus 0.5 ms per prompt token (50 ms for the
-/// bench's 100-word prompt) to the first token, then 32 tokens about 25 ms apart.
-const SCRIPT: &str =
-    "ttft=lognormal(30ms,0.3),prefill_per_token=500us,tokens=32,gap=lognormal(25ms,0.2)";
 /// Streams per second the slots complete: 8 slots over a stream of about
 /// 80 ms + 31 × 25 ms × 1.25 (a full batch) plus the client's and the replica's own work,
 /// 1.1 s as measured (a first run with 1.05 s completed 0.95x of it under overload).
 const CAPACITY: f64 = SLOTS as f64 / 1.1;
 /// The part of the 2x step left out as the configuration settles.
 const SETTLE: Duration = Duration::from_secs(10);
-/// The adaptive limit's gauge.
-const LIMIT_GAUGE: &str = "tailguard_admission_limit";
 
 /// One step of the offered load; a step with no name is sent but not measured (the 2x
 /// step's first [`SETTLE`]).
@@ -174,18 +168,6 @@ struct VariantResult {
     p99_vs_unloaded: Option<f64>,
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> Option<f64> {
-    (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1e3)
-}
-
-/// A chat request with a 100-word prompt.
-fn body() -> String {
-    let prompt = vec!["word"; 100].join(" ");
-    format!(
-        r#"{{"model":"mock-model","stream":true,"messages":[{{"role":"user","content":"{prompt}"}}]}}"#
-    )
-}
-
 fn gateway_config(v: &Variant, upstream: &str) -> Result<Config, BoxError> {
     let mut args = Args {
         upstreams: Some(vec![upstream.to_owned()]),
@@ -200,15 +182,6 @@ fn gateway_config(v: &Variant, upstream: &str) -> Result<Config, BoxError> {
         c.admission.queue_timeout = t;
     }
     Ok(c)
-}
-
-/// The adaptive limit from the gateway's metrics (the last sample of the gauge).
-fn adaptive_limit() -> Option<f64> {
-    let text = metrics_handle().render();
-    text.lines()
-        .filter(|l| l.starts_with(LIMIT_GAUGE) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .next_back()
 }
 
 /// One request every 250 ms from `from` to `to`: the refused ones' `Retry-After`.
@@ -310,10 +283,7 @@ async fn run_variant(v: &Variant, scale: u32) -> Result<VariantResult, BoxError>
     for (from, to, run) in runs {
         reports.push((from, to, run.await??));
     }
-    let probe = match probe_task {
-        Some(t) => t.await?,
-        None => unreachable!("the last step is 2x"),
-    };
+    let probe = probe_task.ok_or("no measured 2x step")?.await?;
     let final_limit = adaptive_limit().filter(|_| v.adaptive);
     gw.shutdown().await?;
     let log = mock.stats().log;

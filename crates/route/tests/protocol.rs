@@ -257,6 +257,16 @@ async fn interrupt(set: &ReplicaSet<Replica>) {
     drop(newer_res);
 }
 
+/// Two attempts streaming at once on a one-replica set, then both ending.
+async fn two_at_once(set: &ReplicaSet<Replica>) {
+    let (a, b) = (Attempt::primary(), Attempt::primary());
+    let (_, a_res) = send(set, &a).await;
+    let (_, b_res) = send(set, &b).await;
+    a.settle(Settle::Token);
+    b.settle(Settle::Token);
+    drop((a_res, b_res));
+}
+
 /// A replica seen streaming two attempts at once serves several: the doubling of its
 /// interruption hold starts over.
 #[tokio::test(start_paused = true)]
@@ -268,12 +278,7 @@ async fn two_streams_at_once_reset_the_interruption_hold() {
         tokio::time::advance(Duration::from_secs(121)).await;
     }
     // Two streams at once...
-    let (a, b) = (Attempt::primary(), Attempt::primary());
-    let (_, a_res) = send(&set, &a).await;
-    let (_, b_res) = send(&set, &b).await;
-    a.settle(Settle::Token);
-    b.settle(Settle::Token);
-    drop((a_res, b_res));
+    two_at_once(&set).await;
     // ...long enough ago not to vouch for it, then an interruption: a hold of 60 s again.
     tokio::time::advance(Duration::from_secs(61)).await;
     interrupt(&set).await;
@@ -412,12 +417,7 @@ async fn a_replica_with_no_news_takes_one_attempt_until_it_answers() {
 async fn a_replica_seen_streaming_two_at_once_is_never_held_to_one() {
     let set = ReplicaSet::new(replicas(1));
     // Two streams at once, then both end.
-    let (a, b) = (Attempt::primary(), Attempt::primary());
-    let (_, a_res) = send(&set, &a).await;
-    let (_, b_res) = send(&set, &b).await;
-    a.settle(Settle::Token);
-    b.settle(Settle::Token);
-    drop((a_res, b_res));
+    two_at_once(&set).await;
     // What reads as an interruption on a replica not seen so (see the test above): a newer
     // attempt placed, then the older stream ends empty.
     let older = Attempt::primary();
