@@ -93,7 +93,9 @@ impl Replica {
     /// or queues the newer one behind it. A backup waits for that stream to end instead (issue
     /// 29's interrupt runs: the first request of every run was cut off after its first token
     /// by the second's backup, placed beside it while the second's primary waited on the busy
-    /// replica). Primaries are not held back: they are how the set sees two streams at once.
+    /// replica). A primary is held back only while another replica in selection has room and
+    /// may not cut one: with none, it goes beside the stream, which is how the set sees two
+    /// streams at once.
     pub(crate) fn may_cut_a_stream(&self, now: Instant, hold: Duration) -> bool {
         !hold.is_zero() && self.streaming > 0 && !self.seen_concurrent(now, hold)
     }
