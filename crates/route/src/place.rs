@@ -129,17 +129,15 @@ impl<S> Placer<S> {
         let cuts = |i: usize| board.replicas[i].may_cut_a_stream(now, hold);
         // A replica that may cut a stream is taken for a single-slot one: by a backup always
         // (it waits for the stream to end), by a primary while another replica in selection
-        // is clear (room, no attempt of the set's waiting for a first token there, no stream
-        // it may cut). A primary then waits for the stream to end only when that is expected
-        // to be sooner than the clear one (as for any full replica, below); issue 29's
-        // interrupt runs lost the first stream of a run to a primary placed beside it while
-        // the other replica was busy with traffic the set cannot see. With no clear replica
-        // (one with attempts stuck before their first token is none) a primary goes beside the
-        // stream: that is how the set learns that a replica serves several at once (or,
-        // interrupted, that it serves one).
-        let clear = |i: usize| board.replicas[i].waiting.is_empty() && !cuts(i);
-        let spare = (0..n).any(|i| !ejected[i] && fits(i) && clear(i));
-        let alone = |i: usize| cuts(i) && (backup || spare);
+        // has room and may not cut one, and no older attempt waits for this one. A primary
+        // then waits for the stream to end when that is expected to be sooner than the one
+        // with room (as for any full replica, below); issue 29's interrupt runs lost a run's
+        // first streams to primaries placed beside them before the set had seen the replica
+        // interrupt. Anything else goes beside the stream, as the next primary does while one
+        // waits: that is how the set learns that a replica serves several at once (or,
+        // interrupted, that it serves one), so a batching server waits one attempt at most.
+        let spare = (0..n).any(|i| !ejected[i] && fits(i) && !cuts(i));
+        let alone = |i: usize| cuts(i) && (backup || (spare && ahead(i) == 0));
         let room = |i: usize| fits(i) && !alone(i);
         if !backup && self.config.routing == Routing::RoundRobin {
             let seq = self.next.fetch_add(1, Ordering::Relaxed);
@@ -185,7 +183,9 @@ impl<S> Placer<S> {
             .filter(|&i| !ejected[i] && !room(i))
             .filter_map(|i| {
                 let r = &board.replicas[i];
-                let slots = if alone(i) { Some(1) } else { slots };
+                if alone(i) {
+                    return Some((i, r.wait_for_stream(now, &prior, ahead(i))));
+                }
                 r.wait_for_slot(slots, now, &prior, ahead(i))
                     .map(|w| (i, w))
             });

@@ -124,8 +124,23 @@ impl Replica {
         ahead: usize,
     ) -> Option<f64> {
         let slots = f64::from(self.capacity(configured, now)?.max(1));
-        (self.hold > 0.0)
-            .then(|| self.hold * (ahead + 1) as f64 / slots + self.guess(now, prior) + PRIOR_SECS)
+        (self.hold > 0.0).then(|| self.behind(self.hold, slots, ahead, now, prior))
+    }
+
+    /// [`wait_for_slot`](Self::wait_for_slot) on a replica taken for a single-slot one while
+    /// a stream of the set's runs there (see [`may_cut_a_stream`](Self::may_cut_a_stream)):
+    /// before the first hold was seen, the newest attempt placed here is taken to hold its
+    /// slot as long again as it has so far.
+    pub(crate) fn wait_for_stream(&self, now: Instant, prior: &Prior, ahead: usize) -> f64 {
+        let ran = now.saturating_duration_since(self.newest.1).as_secs_f64();
+        let hold = if self.hold > 0.0 { self.hold } else { ran };
+        self.behind(hold, 1.0, ahead, now, prior)
+    }
+
+    /// Behind `ahead` attempts, each holding one of `slots` for `hold` seconds, then a first
+    /// token.
+    fn behind(&self, hold: f64, slots: f64, ahead: usize, now: Instant, prior: &Prior) -> f64 {
+        hold * (ahead + 1) as f64 / slots + self.guess(now, prior) + PRIOR_SECS
     }
 
     /// An attempt released its slot after `secs`.
