@@ -436,12 +436,19 @@ impl State {
         let classifier = self.dialect.classifier();
         let mut class =
             classifier.classify(&event.limited(self.class_limit), self.first_token_seen);
+        // A whole event's data, and the reasons it may carry, searched for at most once.
+        let data = match event {
+            Event::Sse { data, .. } | Event::Line { data } if data.is_complete() => {
+                Some(data.bytes)
+            }
+            _ => None,
+        };
+        let mut searched = None;
+        let mut reasons = || *searched.get_or_insert_with(|| data.map(Reasons::in_event));
         if class == Class::Token
             && self.first_token_seen
             && self.usage.is_some()
-            && let Event::Sse { data, .. } | Event::Line { data } = event
-            && data.is_complete()
-            && may_be_a_finish(data.bytes)
+            && reasons().is_some_and(|r| r.finish)
             && classifier.classify(event, false) == Class::Meta
         {
             class = Class::Meta;
@@ -464,9 +471,7 @@ impl State {
         if !self.finish_seen
             && matches!(self.wire, Wire::OpenAiSse | Wire::AnthropicSse)
             && matches!(class, Class::Token | Class::Meta)
-            && let Event::Sse { data, .. } | Event::Line { data } = event
-            && data.is_complete()
-            && (may_be_a_finish(data.bytes) || may_be_a_stop(data.bytes))
+            && reasons().is_some_and(Reasons::any)
         {
             self.finish_seen = true;
         }
@@ -483,11 +488,7 @@ impl State {
             }
             Class::Meta => {
                 obs.meta += 1;
-                if !self.first_token_seen
-                    && let Event::Sse { data, .. } | Event::Line { data } = event
-                    && data.is_complete()
-                    && (may_be_a_finish(data.bytes) || may_be_a_stop(data.bytes))
-                {
+                if !self.first_token_seen && reasons().is_some_and(Reasons::any) {
                     obs.finished = true;
                     self.finished_empty = true;
                 }
@@ -521,32 +522,58 @@ fn may_carry_usage(bytes: &[u8]) -> bool {
     has_member_starting(bytes, &FINDER, b'{')
 }
 
-/// `"finish_reason"` with a string value somewhere in `bytes` (servers that send the key on
-/// every chunk send `null` until the last): the events worth classifying whole for output.
-fn may_be_a_finish(bytes: &[u8]) -> bool {
-    static FINDER: LazyLock<memmem::Finder<'static>> =
-        LazyLock::new(|| memmem::Finder::new(b"\"finish_reason\""));
-    has_member_starting(bytes, &FINDER, b'"')
+/// The reasons an event's data may carry: `"finish_reason"` (OpenAI; servers that send it on
+/// every chunk send `null` until the last) or `"stop_reason"` (an Anthropic `message_delta`
+/// that ends the message; `message_start` carries `null`), each with a string value somewhere
+/// in the bytes: the events worth classifying whole.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reasons {
+    finish: bool,
+    stop: bool,
 }
 
-/// `"stop_reason"` with a string value somewhere in `bytes`: an Anthropic `message_delta` that
-/// ends the message (`message_start` carries `null`).
-fn may_be_a_stop(bytes: &[u8]) -> bool {
-    static FINDER: LazyLock<memmem::Finder<'static>> =
-        LazyLock::new(|| memmem::Finder::new(b"\"stop_reason\""));
-    has_member_starting(bytes, &FINDER, b'"')
+impl Reasons {
+    /// Both keys end in `_reason"`, so one search finds either: every event of a stream is
+    /// searched, and one search instead of two (the finish key was also searched twice) cut
+    /// the reading's instructions per 50-token stream by a fifth under callgrind (issue 31).
+    fn in_event(bytes: &[u8]) -> Reasons {
+        static FINDER: LazyLock<memmem::Finder<'static>> =
+            LazyLock::new(|| memmem::Finder::new(b"_reason\""));
+        let mut found = Reasons::default();
+        for at in FINDER.find_iter(bytes) {
+            let key = &bytes[..at];
+            let slot = if key.ends_with(b"\"finish") {
+                &mut found.finish
+            } else if key.ends_with(b"\"stop") {
+                &mut found.stop
+            } else {
+                continue;
+            };
+            *slot |= value_starts(&bytes[at + b"_reason\"".len()..], b'"');
+        }
+        found
+    }
+
+    fn any(self) -> bool {
+        self.finish || self.stop
+    }
 }
 
 /// Whether some occurrence of the key `key` finds in `bytes` is followed (after optional
 /// whitespace, `:` and optional whitespace) by `first`.
 fn has_member_starting(bytes: &[u8], key: &memmem::Finder<'_>, first: u8) -> bool {
     let len = key.needle().len();
-    key.find_iter(bytes).any(
-        |at| match bytes[at + len..].trim_ascii_start().split_first() {
-            Some((b':', rest)) => rest.trim_ascii_start().first() == Some(&first),
-            _ => false,
-        },
-    )
+    key.find_iter(bytes)
+        .any(|at| value_starts(&bytes[at + len..], first))
+}
+
+/// Whether `after`, the bytes after a JSON key, hold optional whitespace, `:`, optional
+/// whitespace and then `first`.
+fn value_starts(after: &[u8], first: u8) -> bool {
+    match after.trim_ascii_start().split_first() {
+        Some((b':', rest)) => rest.trim_ascii_start().first() == Some(&first),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -807,6 +834,42 @@ mod tests {
         // follows decides, and rejects this one). Overlapping ones (`"usage"usage"`) cannot
         // occur in JSON, where a quote that closes a string cannot open the next.
         assert!(may_carry_usage(br#""usage""usage":{}"#));
+    }
+
+    #[test]
+    fn one_search_finds_either_reason_with_a_string_value() {
+        let r = |bytes: &[u8]| {
+            let r = Reasons::in_event(bytes);
+            (r.finish, r.stop)
+        };
+        assert_eq!(
+            r(br#"{"choices":[{"finish_reason":"stop"}]}"#),
+            (true, false)
+        );
+        assert_eq!(
+            r(br#"{"delta":{"stop_reason" :  "end_turn"}}"#),
+            (false, true)
+        );
+        assert_eq!(
+            r(br#"{"finish_reason":null,"stop_reason":"x"}"#),
+            (false, true)
+        );
+        assert_eq!(
+            r(br#"{"finish_reason":null,"x":{"finish_reason":"length"}}"#),
+            (true, false)
+        );
+        assert_eq!(
+            r(br#"{"finish_reason":null,"stop_reason":null}"#),
+            (false, false)
+        );
+        // Another key ending the same way, an escaped key inside a string, a cut-off key.
+        assert_eq!(
+            r(br#"{"other_reason":"x","s":"\"finish_reason\":\"y"}"#),
+            (false, false)
+        );
+        assert_eq!(r(br#"{"finish_reason""#), (false, false));
+        assert_eq!(r(br#"_reason":"x""#), (false, false));
+        assert_eq!(r(b""), (false, false));
     }
 
     #[test]
