@@ -164,17 +164,17 @@ impl<M> FirstTokenHedgeLayer<M> {
         })
     }
 
-    /// Sets the budget of delay-triggered hedges. A request its placer marked a probe (core's
-    /// `Attempt::mark_probe`: its primary went to a replica chosen on a decayed estimate) is
-    /// backed up at the delay (or after twice its alternative's expected wait, when the placer
-    /// gave one and that is sooner: `Attempt::mark_probe_against`) even when the budget is
-    /// empty: it borrows from the budget's
-    /// future deposits, at most one max balance deep, so over a run the bound holds within that
-    /// debt. A backup the budget refuses is asked for again after twice the delay, then four
-    /// times it, and so on while the race lasts (a zero delay is not asked again); asked for
-    /// again, it borrows as a probe's does: its first token is then three delays late, past
-    /// any slow tail. [`HedgeBudget::none`] and a budget shared across gateways lend to probes
-    /// only.
+    /// Sets the budget of delay-triggered hedges. Every backup takes a token from it,
+    /// including a probe's (core's `Attempt::mark_probe`: its primary went to a replica chosen on
+    /// a decayed estimate; it is backed up at the delay, or after twice its alternative's
+    /// expected wait when the placer gave one and that is sooner:
+    /// `Attempt::mark_probe_against`). A backup the budget refuses is asked for again after
+    /// twice the delay, then four times it, and so on while the race lasts (a zero delay is not
+    /// asked again): the deposits of the requests that came meanwhile may pay for it. From its
+    /// third ask, its primary then seven delays late (stuck, not merely slow), it borrows from
+    /// the deposits to come, at most one max balance deep, repaid before any other withdrawal:
+    /// hedging works from the first request of a quiet route whose replica stopped answering.
+    /// [`HedgeBudget::none`] lends nothing, and a budget shared across gateways only withdraws.
     pub fn with_budget(self, budget: HedgeBudget) -> Self {
         self.with(|c| {
             c.budget = budget;

@@ -21,7 +21,6 @@ use tower_service::Service;
 
 use crate::answer::{self, Escape};
 use crate::body::{CutWatch, Forward, HedgeBody};
-use crate::budget::Ask;
 use crate::cost::Costs;
 use crate::delay::{self, Estimator};
 use crate::error::RequestBodyError;
@@ -34,6 +33,13 @@ mod end;
 mod timer;
 
 use timer::HedgeTimer;
+
+/// Refusals after which a backup may borrow from the budget: asked at the delay, again two
+/// delays later, then four (doubling intervals), its third ask comes when its primary has
+/// waited seven delays, past any slow tail: stuck, not queued behind a stream or two (issue
+/// 29: borrowing from the second ask, three delays late, sent backups for a burst of primaries
+/// merely queued on the free replica of the real bench, and lost).
+const STUCK_AFTER_REFUSALS: u8 = 2;
 
 /// The most informative failure so far: its attempt index, the failure, the attempt's own end
 /// report.
@@ -85,6 +91,8 @@ where
     pending_send: Option<Trigger>,
     best: Option<Kept<RB, S::Error>>,
     budget_exhausted: bool,
+    /// How many times the hedge budget refused this race a backup.
+    refusals: u8,
     /// The primary was found to be a probe against an alternative (see `delay::probe_due`).
     probe_seen: bool,
     /// A backup was skipped: it could not have won before the deadline.
@@ -150,6 +158,7 @@ where
             pending_send: None,
             best: None,
             budget_exhausted: false,
+            refusals: 0,
             probe_seen: false,
         }
     }
@@ -253,20 +262,21 @@ where
             );
             return self.timer.until(due, wait);
         }
-        let ask = match trigger {
-            Trigger::Failure => Ask::Failover,
-            _ if self.record.is_probe() => Ask::Probe,
-            _ if self.budget_exhausted => Ask::Again,
-            _ => Ask::Backup,
+        let failover = trigger == Trigger::Failure;
+        let granted = if failover || self.refusals < STUCK_AFTER_REFUSALS {
+            self.shared.budget.withdraw(failover, now)
+        } else {
+            self.shared.budget.borrow(now)
         };
-        if !self.shared.budget.grant(ask, now) {
+        if !granted {
             self.budget_exhausted = true;
+            self.refusals = self.refusals.saturating_add(u8::from(!failover));
             tracing::debug!(
                 trigger = trigger.as_str(),
                 "tailguard-hedge: budget exhausted, no attempt sent"
             );
             if trigger == Trigger::Delay {
-                // Asked again after twice the interval (few asks), when it may borrow.
+                // Asked again after twice the interval (few asks): deposits may have come.
                 self.timer.again(now);
             }
             return;

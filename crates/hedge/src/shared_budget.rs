@@ -164,18 +164,6 @@ impl Reconciled {
         Some(true)
     }
 
-    /// Takes a token for a probe's backup, from an empty allowance too (see `Bucket::borrow`):
-    /// the allowance goes into debt, at most the max balance, repaid by the next grants.
-    pub(crate) fn borrow(&self) -> bool {
-        let mut st = self.state();
-        st.asked = st.asked.saturating_add(1);
-        if st.allowance - 1.0 < -self.max_balance {
-            return false;
-        }
-        st.allowance -= 1.0;
-        true
-    }
-
     /// One exchange: reports the pending deposits, takes the tokens for the next period.
     async fn exchange(&self) {
         let ex = {

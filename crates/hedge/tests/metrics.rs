@@ -31,8 +31,9 @@ fn counters_for_hedges_sent_won_and_refused() {
     metrics::with_local_recorder(&recorder, || {
         paused_runtime().block_on(async {
             // One token in the bucket: the first slow request is hedged (and the backup
-            // wins); the second is refused, and asked for again borrows the one token of debt
-            // the bucket allows; the third is refused every time.
+            // wins); the second is refused twice, and its third ask, its primary stuck seven
+            // delays, borrows the one token of debt the bucket allows; the third is refused
+            // every time.
             let up = Upstream::new(vec![Plan::sse(ms(10_000)), Plan::sse(ms(10))]);
             let svc = FirstTokenHedgeLayer::new()
                 .with_delay(ms(100))
@@ -40,7 +41,8 @@ fn counters_for_hedges_sent_won_and_refused() {
                     HedgeBudget::new()
                         .with_ratio(0.0)
                         .with_floor(0.0)
-                        .with_max_balance(1.0),
+                        .with_max_balance(1.0)
+                        .with_initial_balance(1.0),
                 )
                 .layer(up);
             let res = svc.clone().oneshot(chat_request()).await.unwrap();
@@ -48,10 +50,16 @@ fn counters_for_hedges_sent_won_and_refused() {
                 outcome_without_costs(&res),
                 Some(HedgeOutcome::new(2, 1, Some(ms(100))))
             );
+            let start = tokio::time::Instant::now();
             let res = svc.clone().oneshot(chat_request()).await.unwrap();
             assert_eq!(
                 outcome_without_costs(&res),
                 Some(HedgeOutcome::new(2, 1, Some(ms(100))).with_budget_exhausted(true))
+            );
+            assert_eq!(
+                start.elapsed(),
+                ms(710),
+                "borrowed at the third ask, at 700 ms"
             );
             let fut = svc.oneshot(chat_request());
             let res = tokio::time::timeout(ms(20_000), fut)
@@ -79,12 +87,12 @@ fn counters_for_hedges_sent_won_and_refused() {
         .collect();
     assert_eq!(counter(&snapshot, "tailguard_hedge_sent_total"), 2);
     assert_eq!(counter(&snapshot, "tailguard_hedge_won_total"), 2);
-    // The second request is refused at 100 ms; the third asks at 100 ms and again at 300,
-    // 700, 1,500, 3,100 and 6,300 ms (doubling intervals) before its primary's first token at
-    // 10 s: seven refusals.
+    // The second request is refused at 100 and 300 ms; the third asks at 100 ms and again at
+    // 300, 700, 1,500, 3,100 and 6,300 ms (doubling intervals) before its primary's first
+    // token at 10 s: eight refusals.
     assert_eq!(
         counter(&snapshot, "tailguard_hedge_budget_exhausted_total"),
-        7
+        8
     );
     let sent = snapshot
         .iter()
