@@ -25,7 +25,6 @@ minutes.
 """
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -148,9 +147,8 @@ def main(argv):
                            capture_output=True, text=True).stdout.strip() != ""
     result = {
         "bench": "instructions",
-        "run": {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="seconds"),
-                "loadavg_start": os.getloadavg()[0],
+        "run": {"started_unix_s": int(time.time()),
+                "load_average_start": list(os.getloadavg()),
                 "commit": commit + ("-dirty" if dirty else "")},
         "config": {"script": SCRIPT, "rate": RATE, "warmup": WARMUP, "measured": MEASURED,
                    "seed": SEED},

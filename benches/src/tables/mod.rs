@@ -83,6 +83,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
     let cluster = json("cluster_admission.json")?;
     let nginx = json("gateway_nginx.json")?;
     let cpu = json("gateway_cpu.json")?;
+    let instructions = json("instructions.json")?;
     let adaptive = json("adaptive_limit.json")?;
     let tail = json("tail_latency.json")?;
     let resume = json("resume_broken.json")?;
@@ -117,6 +118,7 @@ pub fn render_all(results: &Path) -> Result<Vec<Table>, Error> {
                     cluster: &cluster,
                     nginx: &nginx,
                     cpu: &cpu,
+                    instructions: &instructions,
                     adaptive: &adaptive,
                     resume: &resume,
                     fairness: &fairness,

@@ -17,6 +17,7 @@ pub(super) struct Runs<'a> {
     pub(super) cluster: &'a Value,
     pub(super) nginx: &'a Value,
     pub(super) cpu: &'a Value,
+    pub(super) instructions: &'a Value,
     pub(super) adaptive: &'a Value,
     pub(super) resume: &'a Value,
     pub(super) fairness: &'a Value,
@@ -248,6 +249,24 @@ pub(super) fn summary(r: &Runs<'_>, doc: Doc) -> Result<String, Error> {
         ),
         format!("≤ 1.15x: {}", met(median <= 1.15)),
         &run(c, "gateway_cpu.json"),
+    )?;
+
+    // Issue 31, the user-space part of the CPU row, counted rather than timed.
+    let i = r.instructions;
+    let per = |front: &str| num(i, &["fronts", front, "per_request"]);
+    let ratio = |k: &str| num(i, &["ratios", k]);
+    row(
+        "user-space instructions per request under callgrind, same fronts and mocks at 20 streams/s (`benches/instructions/instructions.py`): gateway / bare hyper proxy; reading proxy / bare; gateway / reading proxy",
+        format!(
+            "**{}** ({:.0}k against {:.0}k); {}; {}",
+            x(ratio("gateway / bare proxy")?),
+            per("gateway")? / 1e3,
+            per("bare proxy")? / 1e3,
+            x(ratio("reading proxy / bare proxy")?),
+            x(ratio("gateway / reading proxy")?)
+        ),
+        "none (the CPU row's user-space part, without its noise)".to_owned(),
+        &run(i, "instructions.json"),
     )?;
 
     // Scenario E, every step by the bench's own rule.
