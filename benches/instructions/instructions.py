@@ -62,7 +62,8 @@ def wait_for(path, pattern, count, timeout=120):
 
 
 def front(name, cmd, bins, work):
-    """Runs one front under callgrind over fresh replicas; returns its figures."""
+    """Runs one front (`cmd(urls)`: its command line over the replicas' URLs) under callgrind
+    over fresh replicas; returns its figures."""
     mock_log = os.path.join(work, f"{name}-mock.log")
     front_log = os.path.join(work, f"{name}-front.log")
     out = os.path.join(work, f"{name}.callgrind")
@@ -73,11 +74,8 @@ def front(name, cmd, bins, work):
     fr = None
     try:
         urls = wait_for(mock_log, r"http://127\.0\.0\.1:\d+", 2)
-        argv = [a for part in cmd for a in (urls if part == "URLS" else
-                                            [x for u in urls for x in ("--upstream", u)]
-                                            if part == "UPSTREAMS" else [part])]
         fr = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"] + argv,
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"] + cmd(urls),
             stdout=open(front_log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         url = wait_for(front_log, r"listening on (http://127\.0\.0\.1:\d+)", 1)[0]
         load = [bins["mock"], "load", "--url", url, "--rate", str(RATE)]
@@ -137,9 +135,10 @@ def main(argv):
             "bench": os.path.join(rel, "gateway_nginx"),
             "gateway": os.path.join(rel, "tailguard-gateway")}
     fronts = [
-        ("bare proxy", [bins["bench"], "--bare-proxy", "URLS"]),
-        ("reading proxy", [bins["bench"], "--bare-proxy", "--read-tokens", "URLS"]),
-        ("gateway", [bins["gateway"], "--listen", "127.0.0.1:0", "UPSTREAMS"]),
+        ("bare proxy", lambda urls: [bins["bench"], "--bare-proxy", *urls]),
+        ("reading proxy", lambda urls: [bins["bench"], "--bare-proxy", "--read-tokens", *urls]),
+        ("gateway", lambda urls: [bins["gateway"], "--listen", "127.0.0.1:0"]
+         + [a for u in urls for a in ("--upstream", u)]),
     ]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()

@@ -205,14 +205,7 @@ impl Budgets {
     /// Takes a token from the hedge budget for the backup of a stuck primary, from an empty
     /// bucket too (see [`Bucket::borrow`]); both outcomes are counted as for any withdrawal.
     pub(crate) fn borrow(&self, now: Instant) -> bool {
-        let ok = self.hedge.borrow(now);
-        let name = if ok {
-            "tailguard_hedge_budget_withdrawn_total"
-        } else {
-            "tailguard_hedge_budget_exhausted_total"
-        };
-        metrics::counter!(name, "budget" => self.hedge.label).increment(1);
-        ok
+        self.hedge.counted(self.hedge.borrow(now))
     }
 }
 
@@ -276,7 +269,11 @@ impl Bucket {
     /// Takes a token for an extra attempt, as [`withdraw`](Self::withdraw) does, and counts
     /// both outcomes under the bucket's label.
     pub(crate) fn spend(&self, now: Instant) -> bool {
-        let ok = self.withdraw(now);
+        self.counted(self.withdraw(now))
+    }
+
+    /// Counts the outcome `ok` of a request for a token under the bucket's label; returns it.
+    fn counted(&self, ok: bool) -> bool {
         let name = if ok {
             "tailguard_hedge_budget_withdrawn_total"
         } else {
