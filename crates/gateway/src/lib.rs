@@ -85,7 +85,7 @@ use tailguard::admission::{AdaptiveLimit, BoundedAdmissionLayer};
 use tailguard::core::facts::PromptMember;
 use tailguard::core::{BoxError, ClassPolicy, Priority, RequestFacts, RequestFactsLayer};
 use tailguard::hedge::{FirstTokenHedgeLayer, HedgeBudget, HedgeDelay, ResumeLayer};
-use tailguard::phases::LatencyPhaseRecorderLayer;
+use tailguard::phases::{LatencyPhaseRecorderLayer, TracingSink};
 use tailguard::priority::PriorityClassLayer;
 use tailguard::route::{Ejection, ReplicaSet, Routing};
 use tailguard::timeout::SseIdleTimeoutLayer;
@@ -139,6 +139,9 @@ fn hedged(parts: &http::request::Parts) -> bool {
 /// in-band when `drain` turns `true`.
 pub fn build_stack(config: &Config, replicas: Vec<Replica>, drain: watch::Receiver<bool>) -> Stack {
     let recorder = LatencyPhaseRecorderLayer::new()
+        .without_sinks()
+        .with_sink(metrics::metrics_sink())
+        .with_sink(TracingSink::new())
         .with_routes(HEDGED_ROUTES)
         .with_models(config.models.clone())
         .with_upstream("gateway");

@@ -1,6 +1,6 @@
 //! The Prometheus exporter, with the recorder's bucket constants so histograms are histograms.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
@@ -34,30 +34,53 @@ pub fn prometheus_recorder() -> PrometheusRecorder {
     builder.build_recorder()
 }
 
+/// The process-wide recorder: its handle, and the recorder itself when it is the `metrics`
+/// facade's global recorder (installed on first use, so every layer's metrics reach it).
+struct Installed {
+    handle: PrometheusHandle,
+    global: Option<&'static PrometheusRecorder>,
+}
+
+fn installed() -> &'static Installed {
+    static INSTALLED: OnceLock<Installed> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        // Leaked once, so that the global recorder and the phases' sink share it.
+        let recorder: &'static PrometheusRecorder = Box::leak(Box::new(prometheus_recorder()));
+        let handle = recorder.handle();
+        let global = metrics::set_global_recorder(recorder)
+            .is_ok()
+            .then_some(recorder);
+        if global.is_some() {
+            MetricsSink::new().describe();
+            let upkeep = handle.clone();
+            // Histogram samples are folded into buckets on render and on upkeep; run it now
+            // and then so an unscraped gateway does not accumulate samples.
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(std::time::Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    }
+                })
+                .ok();
+        }
+        Installed { handle, global }
+    })
+}
+
 /// The handle of the process-wide recorder, installed on first use (as the `metrics` facade's
 /// global recorder, so every layer's metrics reach it).
 pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = prometheus_recorder();
-            let handle = recorder.handle();
-            if metrics::set_global_recorder(recorder).is_ok() {
-                MetricsSink::new().describe();
-                let upkeep = handle.clone();
-                // Histogram samples are folded into buckets on render and on upkeep; run it
-                // now and then so an unscraped gateway does not accumulate samples.
-                std::thread::Builder::new()
-                    .name("metrics-upkeep".into())
-                    .spawn(move || {
-                        loop {
-                            std::thread::sleep(std::time::Duration::from_secs(5));
-                            upkeep.run_upkeep();
-                        }
-                    })
-                    .ok();
-            }
-            handle
-        })
-        .clone()
+    installed().handle.clone()
+}
+
+/// The request recorder's metrics sink: straight into the process-wide recorder when it is the
+/// global one, so the sink keeps the handles it registers (see `MetricsSink`'s caching); through
+/// the facade when another program installed its own recorder first.
+pub(crate) fn metrics_sink() -> MetricsSink {
+    match installed().global {
+        Some(recorder) => MetricsSink::new().with_shared_recorder(Arc::new(recorder)),
+        None => MetricsSink::new(),
+    }
 }

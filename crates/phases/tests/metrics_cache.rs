@@ -140,6 +140,91 @@ async fn own_recorder_handles_are_reused() {
     );
 }
 
+/// A recorder that counts registrations, recording nowhere.
+#[derive(Default)]
+struct Registrations(std::sync::atomic::AtomicUsize);
+
+impl Registrations {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn one(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl metrics::Recorder for Registrations {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        self.one();
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        self.one();
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        self.one();
+        metrics::Histogram::noop()
+    }
+}
+
+/// With a recorder of its own, the sink registers each metric of a label set once, however many
+/// requests it records; through the facade, once per request, as the `metrics` macros do.
+#[tokio::test(start_paused = true)]
+async fn own_recorder_registers_once_per_label_set() {
+    let rec = std::sync::Arc::new(Registrations::default());
+    let sink = MetricsSink::new().with_shared_recorder(rec.clone());
+    let svc = LatencyPhaseRecorderLayer::new()
+        .without_sinks()
+        .with_sink(sink)
+        .layer(upstream());
+    request(&svc, Some("/a")).await;
+    let first = rec.count();
+    assert!(first > 0);
+    for _ in 0..20 {
+        request(&svc, Some("/a")).await;
+    }
+    assert_eq!(rec.count(), first);
+
+    let facade = Registrations::default();
+    let svc = LatencyPhaseRecorderLayer::new()
+        .without_sinks()
+        .with_sink(MetricsSink::new())
+        .layer(upstream());
+    let guard = metrics::set_default_local_recorder(&facade);
+    for _ in 0..3 {
+        request(&svc, Some("/a")).await;
+    }
+    drop(guard);
+    assert_eq!(facade.count(), 3 * first);
+}
+
 /// A route function that (wrongly) produces unbounded labels cannot grow the cache past its
 /// cap; the label sets beyond it are still recorded, and still add up.
 #[tokio::test(start_paused = true)]
