@@ -47,7 +47,7 @@ static METADATA: Metadata<'static> =
 pub struct MetricsSink {
     names: MetricNames,
     recorder: Option<Arc<dyn Recorder + Send + Sync>>,
-    keys: Arc<LabelSets>,
+    label_sets: Arc<LabelSets>,
 }
 
 /// How many label sets a [`MetricsSink`] keeps the keys of; see
@@ -61,7 +61,7 @@ impl fmt::Debug for MetricsSink {
         f.debug_struct("MetricsSink")
             .field("names", &self.names)
             .field("own_recorder", &self.recorder.is_some())
-            .field("cached_label_sets", &self.keys.len())
+            .field("cached_label_sets", &self.label_sets.len())
             .finish()
     }
 }
@@ -75,7 +75,7 @@ impl MetricsSink {
     /// Uses the names of `names` (e.g. [`MetricNames::otel_genai`]).
     pub fn with_names(mut self, names: MetricNames) -> Self {
         self.names = names;
-        self.keys = Arc::default();
+        self.label_sets = Arc::default();
         self
     }
 
@@ -88,7 +88,7 @@ impl MetricsSink {
     /// Emits into a shared `recorder`.
     pub fn with_shared_recorder(mut self, recorder: Arc<dyn Recorder + Send + Sync>) -> Self {
         self.recorder = Some(recorder);
-        self.keys = Arc::default();
+        self.label_sets = Arc::default();
         self
     }
 
@@ -101,7 +101,7 @@ impl MetricsSink {
     /// one per label set with an end reason, plus one per label set of a streamed response (its
     /// inter-token gaps). At most [`MAX_CACHED_LABEL_SETS`]; see [Caching](MetricsSink#caching).
     pub fn cached_label_sets(&self) -> usize {
-        self.keys.len()
+        self.label_sets.len()
     }
 
     /// Describes every metric (unit and help text) to the recorder; call once at start-up.
@@ -188,7 +188,7 @@ impl MetricsSink {
             streamed: labels.streamed,
             end_reason,
         };
-        self.keys.get_or_build(set, |set| {
+        self.label_sets.get_or_build(set, |set| {
             Metrics::new(set.keys(&self.names), self.recorder.is_some())
         })
     }
