@@ -3,9 +3,13 @@
 //! twice what its slots serve, through the gateway.
 //!
 //! ```text
-//! cargo run --release -p tailguard-benches --bin batching_overload           # ~4 minutes
+//! cargo run --release -p tailguard-benches --bin batching_overload           # ~13 minutes
 //! cargo run --release -p tailguard-benches --bin batching_overload -- --quick
+//! cargo run --release -p tailguard-benches --bin batching_overload -- --only adaptive
 //! ```
+//!
+//! `--only TEXT` runs the configurations whose flags contain `TEXT` and prints them without
+//! writing the JSON (which holds every configuration).
 //!
 //! Each configuration gets a fresh replica and a fresh gateway (hedging off: there is one
 //! replica) and the same open-loop Poisson load: 0.25x the replica's capacity (the unloaded
@@ -378,7 +382,12 @@ struct Output<'a> {
 }
 
 fn main() -> Result<(), BoxError> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1));
     let scale = if quick { 4 } else { 1 };
     let run = tailguard_benches::run::RunInfo::start();
     println!("{}", run.summary());
@@ -387,12 +396,15 @@ fn main() -> Result<(), BoxError> {
         .build()?;
     let _ = metrics_handle();
     let mut results = Vec::new();
-    for v in &VARIANTS {
+    for v in VARIANTS
+        .iter()
+        .filter(|v| only.is_none_or(|o| v.name.contains(o.as_str())))
+    {
         eprintln!("running {} ...", v.name);
         results.push(rt.block_on(run_variant(v, scale))?);
     }
     print(&results);
-    if quick {
+    if quick || only.is_some() {
         return Ok(());
     }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");

@@ -58,9 +58,11 @@
 //!   by a quarter per window meanwhile and overshot the knee by half (scenario E at 1x
 //!   capacity in `benches/`: p99 TTFT 2.2x the best static limit's).
 //! * Headroom `√limit` (Envoy's, and Gradient2's queue size): lets the limit probe above the current
-//!   concurrency and grow when the upstream has room; at equilibrium the gradient is
-//!   `1 − 1/√limit`, a small standing excess TTFT that shrinks relative to the limit as it
-//!   grows.
+//!   concurrency and grow when the upstream has room. It is added only after a window without
+//!   queueing (gradient 1): added to a queueing window too, as Gradient2 does, it holds the
+//!   limit where the gradient is `1 − 1/√limit`, a standing queue of about √limit streams
+//!   inside the upstream, which every admitted request waits behind (issue 29's batching
+//!   upstream: the admitted's p99 TTFT 5–8x the unloaded one).
 //! * `smoothing` ([`DEFAULT_SMOOTHING`], 0.5): the limit moves half way to the target per
 //!   window, so with the clamp one window costs at most a quarter of the limit, while a real
 //!   capacity drop is followed within a few windows; growth is `√limit / 2` per window (from 16,
@@ -73,6 +75,29 @@
 //!   to double before the gradient has to let it grow.
 //! * A window's statistic below the baseline lowers the baseline to it (a loaded TTFT is never
 //!   below the no-load one, so the baseline was measured high).
+//!
+//! # The knee
+//!
+//! Under a steady overload the limit would still climb past the knee by its headroom, queue,
+//! and back off, window after window; each climb makes the requests admitted meanwhile wait
+//! inside the upstream for a stream to end. So the controller remembers where a climb failed,
+//! as TCP CUBIC remembers the window of its last loss:
+//!
+//! * A raise of the limit is *blamed* for queueing seen within two windows of it (the queue of
+//!   a batching server shows once the streams admitted into it reach their prefill). The limit
+//!   it reached becomes the **knee**, and the limit is held below the knee for a **hold** of
+//!   windows without queueing: 1 after the first failure, doubling per failure to at most 16.
+//! * After the hold the limit may rise to the knee or past it again (a *re-probe*). The first
+//!   sample above the tolerance from a request admitted after a re-probe fails it at once, not
+//!   at the window's end: under a steady overload a re-probe costs the few requests admitted
+//!   around it, not a window of them. (A threshold of twice the baseline, to be surer that
+//!   the one sample waited for a slot, read no better in `batching_overload`: 1.98x and
+//!   3.04x against 1.57x and 3.04x.)
+//! * A window without queueing after a re-probe forgets the knee and the backoff: the upstream
+//!   has gained room, and the limit grows by its headroom again.
+//!
+//! So a capacity that rises is found within about 16 windows plus the climb; a capacity that
+//! falls is followed as before (the gradient does not wait for a raise to blame).
 //!
 //! # The baseline
 //!

@@ -11,6 +11,11 @@ use crate::adaptive::AdaptiveLimit;
 
 /// The gradient's clamp (see [`crate::adaptive`]).
 const GRADIENT: (f64, f64) = (0.5, 1.0);
+/// The longest hold, in windows, below a knee that raises kept finding (see [`Knee`]).
+const MAX_HOLD: u32 = 16;
+/// Windows after a raise in which queueing is blamed on it: a server's queue shows in TTFT
+/// once the streams admitted into it reach their prefill, up to a window later.
+const RAISE_BLAME: u32 = 2;
 
 /// One TTFT sample.
 #[derive(Clone, Copy, Debug)]
@@ -105,7 +110,94 @@ pub(crate) struct Controller {
     probes: u64,
     logged: u32,
     gradient: f64,
+    knee: Knee,
     gauges: Gauges,
+}
+
+/// What the raises of the limit found (see "The knee" in [`crate::adaptive`]).
+#[derive(Debug, Default)]
+struct Knee {
+    /// The limit the last failed raise reached: TTFT showed queueing right after it.
+    at: Option<u32>,
+    /// Windows left before the limit may reach `at` again.
+    hold: u32,
+    /// The hold the next failed raise gets (doubling, up to [`MAX_HOLD`]).
+    backoff: u32,
+    /// The last raise, while queueing may still be blamed on it.
+    raise: Option<Raise>,
+}
+
+#[derive(Debug)]
+struct Raise {
+    /// The limit it reached.
+    to: u32,
+    /// When, and the windows ended since.
+    at: Instant,
+    windows: u32,
+}
+
+impl Knee {
+    /// Notes a window's verdict (`queued`: its statistic was above the tolerance); returns the
+    /// highest limit allowed while a hold lasts.
+    fn window(&mut self, queued: bool) -> Option<u32> {
+        match self.raise.as_mut() {
+            Some(r) if queued => {
+                let to = r.to;
+                self.failed(to);
+            }
+            Some(r) => {
+                // A clean window at or past the knee: it has moved up (or was never there).
+                if self.at.is_some_and(|k| r.to >= k) {
+                    self.at = None;
+                    self.backoff = 0;
+                }
+                r.windows += 1;
+                if r.windows >= RAISE_BLAME {
+                    self.raise = None;
+                }
+            }
+            None if !queued => self.hold = self.hold.saturating_sub(1),
+            None => {}
+        }
+        self.cap()
+    }
+
+    /// Notes a sample above the tolerance from a request granted at `granted`: a raise back to
+    /// the knee fails at the first one admitted after it, before a window shows it. Returns
+    /// the limit to fall back to.
+    fn queued(&mut self, granted: Instant) -> Option<u32> {
+        let k = self.at?;
+        let r = self
+            .raise
+            .as_ref()
+            .filter(|r| r.to >= k && granted >= r.at)?;
+        let to = r.to;
+        self.failed(to);
+        self.cap()
+    }
+
+    /// A raise to `to` found queueing: `to` is the knee now, held off for a doubled backoff.
+    fn failed(&mut self, to: u32) {
+        self.raise = None;
+        self.at = Some(to);
+        self.backoff = (self.backoff * 2).clamp(1, MAX_HOLD);
+        self.hold = self.backoff;
+    }
+
+    fn cap(&self) -> Option<u32> {
+        self.at.filter(|_| self.hold > 0).map(|k| k - 1)
+    }
+
+    /// Notes the limit before and after a window's update at `now`.
+    fn updated(&mut self, before: u32, after: u32, now: Instant) {
+        if after > before {
+            self.raise = Some(Raise {
+                to: after,
+                at: now,
+                windows: 0,
+            });
+        }
+    }
 }
 
 impl Controller {
@@ -129,6 +221,7 @@ impl Controller {
             probes: 0,
             logged: initial,
             gradient: 1.0,
+            knee: Knee::default(),
             gauges: Gauges::new(),
         };
         c.gauges.limit.set(f64::from(c.limit()));
@@ -172,6 +265,16 @@ impl Controller {
             return;
         }
         let secs = s.ttft.as_secs_f64();
+        let queued = self
+            .baseline
+            .is_some_and(|b| secs > b * (1.0 + self.cfg.tolerance));
+        if queued
+            && self.probe.is_none()
+            && let Some(cap) = self.knee.queued(s.granted)
+        {
+            self.limit = self.limit.min(f64::from(cap.max(self.cfg.min)));
+            self.limit_changed();
+        }
         if s.censored {
             self.censored.push(secs);
         } else {
@@ -248,15 +351,24 @@ impl Controller {
         self.gauges.baseline.set(b);
         let (lo, hi) = GRADIENT;
         let gradient = (b * (1.0 + self.cfg.tolerance) / s).clamp(lo, hi);
-        let mut target = self.limit * gradient + self.limit.sqrt();
+        let queued = gradient < hi;
+        // Headroom only when the window showed no queueing: added to a queueing window it
+        // would hold a standing queue of about √limit inside the upstream.
+        let headroom = if queued { 0.0 } else { self.limit.sqrt() };
+        let mut target = self.limit * gradient + headroom;
         if f64::from(peak) < self.limit / 2.0 {
             // Application-limited: no evidence the upstream has room for more; decay toward
             // twice the concurrency seen.
             target = target.min(self.limit).min(2.0 * f64::from(peak));
         }
         let a = self.cfg.smoothing;
-        let next = (1.0 - a) * self.limit + a * target;
+        let mut next = (1.0 - a) * self.limit + a * target;
+        if let Some(cap) = self.knee.window(queued) {
+            next = next.min(f64::from(cap));
+        }
+        let before = self.limit();
         self.limit = next.clamp(f64::from(self.cfg.min), f64::from(self.max));
+        self.knee.updated(before, self.limit(), now);
         self.gradient = gradient;
         self.gauges.gradient.set(gradient);
         self.limit_changed();
@@ -379,5 +491,61 @@ mod tests {
         assert_eq!(c.limit(), DEFAULT_MIN_LIMIT);
         c.observe(None, start + DEFAULT_PROBE_TIMEOUT);
         assert_eq!((c.limit(), c.baseline()), (12, None));
+    }
+
+    /// A window of `DEFAULT_WINDOW_SAMPLES` samples of `ms` granted at `granted`, ending
+    /// `DEFAULT_WINDOW` after `from` with `in_use` units in use; returns its end.
+    fn window(
+        c: &mut Controller,
+        from: Instant,
+        granted: Instant,
+        ms: u64,
+        in_use: u32,
+    ) -> Instant {
+        let end = from + crate::adaptive::DEFAULT_WINDOW;
+        c.note_in_use(in_use);
+        for _ in 0..DEFAULT_WINDOW_SAMPLES {
+            c.observe(Some(sample(granted, ms, false)), end);
+        }
+        end
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_climb_is_remembered_and_re_probed_with_a_doubling_hold() {
+        let start = Instant::now();
+        let cfg = AdaptiveLimit::new().with_initial(8);
+        let mut c = Controller::new(cfg, 16, start);
+        for _ in 0..DEFAULT_MIN_LIMIT {
+            c.observe(Some(sample(start, 100, false)), start);
+        }
+        // A clean window at 8 in use: up by half of √8 (9.41).
+        let t = window(&mut c, start, start, 100, 8);
+        assert_eq!(c.limit(), 9);
+        // The next window queues: the raise is blamed, 9 is the knee; the gradient halves the
+        // target and no headroom is added (7.06).
+        let t = window(&mut c, t, t, 300, 9);
+        assert_eq!(c.limit(), 7);
+        // A hold of one clean window, then the climb (8.39, then 9.84).
+        let t = window(&mut c, t, t, 100, 7);
+        assert_eq!(c.limit(), 8);
+        let t = window(&mut c, t, t, 100, 8);
+        assert_eq!(c.limit(), 10, "a re-probe, past the knee");
+        // A sample above the tolerance from a request admitted before the re-probe says
+        // nothing about it; the first from one admitted after it fails it at once: 10 is the
+        // knee, the limit one below, and the hold doubles.
+        c.observe(Some(sample(t - Duration::from_millis(1), 300, false)), t);
+        assert_eq!(c.limit(), 10);
+        c.observe(Some(sample(t, 300, false)), t + Duration::from_millis(300));
+        assert_eq!(c.limit(), 9);
+        let t = window(&mut c, t, t, 100, 9);
+        assert_eq!(c.limit(), 9, "held for two windows");
+        let t = window(&mut c, t, t, 100, 9);
+        assert_eq!(c.limit(), 11, "re-probe (10.5)");
+        // A clean window past the knee: the upstream has room; the knee is forgotten and the
+        // limit grows by its headroom (12.4), up to the old knee and past it.
+        let t = window(&mut c, t, t, 100, 11);
+        assert_eq!(c.limit(), 12);
+        c.observe(Some(sample(t, 300, false)), t + Duration::from_millis(300));
+        assert_eq!(c.limit(), 12, "no knee: one slow sample moves nothing");
     }
 }
