@@ -116,7 +116,8 @@
 //!   (off by default) makes the capacity a ceiling: the gate admits up to a limit that follows
 //!   the upstream's time to first token, measured from each permit's grant to the first output
 //!   token, against a no-load baseline re-measured by briefly holding the limit at its minimum
-//!   (a gradient controller; see [`adaptive`] for the algorithm and its constants). Reserved
+//!   (a gradient controller that remembers the knee where raising the limit last made first
+//!   tokens queue; see [`adaptive`] for the algorithm and its constants). Reserved
 //!   shares, the cap on one request's cost and `Retry-After` are fractions of the *current*
 //!   limit; when it falls below what is in use nothing is revoked (new admissions wait), when
 //!   it rises waiters are admitted at once. [`AdmissionHandle::limit`] reads it; gauges
