@@ -265,9 +265,7 @@ impl Controller {
             return;
         }
         let secs = s.ttft.as_secs_f64();
-        let queued = self
-            .baseline
-            .is_some_and(|b| secs > b * (1.0 + self.cfg.tolerance));
+        let queued = self.baseline.is_some_and(|b| secs > self.no_queueing(b));
         if queued
             && self.probe.is_none()
             && let Some(cap) = self.knee.queued(s.granted)
@@ -350,7 +348,7 @@ impl Controller {
         self.baseline = Some(b);
         self.gauges.baseline.set(b);
         let (lo, hi) = GRADIENT;
-        let gradient = (b * (1.0 + self.cfg.tolerance) / s).clamp(lo, hi);
+        let gradient = (self.no_queueing(b) / s).clamp(lo, hi);
         let queued = gradient < hi;
         // Headroom only when the window showed no queueing: added to a queueing window it
         // would hold a standing queue of about √limit inside the upstream.
@@ -372,6 +370,12 @@ impl Controller {
         self.gradient = gradient;
         self.gauges.gradient.set(gradient);
         self.limit_changed();
+    }
+
+    /// The highest TTFT that still counts as no queueing against `baseline`: the tolerance
+    /// above it, for a window's statistic and for one sample alike.
+    fn no_queueing(&self, baseline: f64) -> f64 {
+        baseline * (1.0 + self.cfg.tolerance)
     }
 
     fn restart_window(&mut self, now: Instant) {
