@@ -108,12 +108,14 @@
 //!   stream on a replica it has not seen streaming two attempts at once within that hold: it
 //!   waits for the stream to end (issue 29's interrupt runs: the first request of every run was
 //!   cut off after its first token by the second's backup). Nor does a primary while another
-//!   replica in selection has room and may not cut a stream, unless an attempt already waits
-//!   for this one: it takes the other, or waits for the stream to end when that is expected
-//!   sooner (the replica's average slot hold, or before its first, as long again as the
-//!   stream has run, then its first-token time), for at most as long as the other is expected
-//!   to take. The next primary goes beside the stream: that is how the set learns a replica
-//!   serves several at once, so a batching server delays one attempt at most.
+//!   replica in selection has room and may not cut a stream: it takes the other, or waits for
+//!   the stream to end when that is expected sooner (the replica's average slot hold, or
+//!   before its first, as long again as the stream has run, then its first-token time), for
+//!   at most as long as the other is expected to take. Only when no such replica is left
+//!   (every replica in selection streams, or a set of one) does a primary go beside the
+//!   stream: that is how the set learns a replica serves several at once. Until then a
+//!   batching server's primaries take the replicas with room, or wait no longer than those
+//!   are expected to take.
 //!
 //! ## Metrics
 //!

@@ -129,15 +129,17 @@ impl<S> Placer<S> {
         let cuts = |i: usize| board.replicas[i].may_cut_a_stream(now, hold);
         // A replica that may cut a stream is taken for a single-slot one: by a backup always
         // (it waits for the stream to end), by a primary while another replica in selection
-        // has room and may not cut one, and no older attempt waits for this one. A primary
-        // then waits for the stream to end when that is expected to be sooner than the one
-        // with room (as for any full replica, below); issue 29's interrupt runs lost a run's
-        // first streams to primaries placed beside them before the set had seen the replica
-        // interrupt. Anything else goes beside the stream, as the next primary does while one
-        // waits: that is how the set learns that a replica serves several at once (or,
-        // interrupted, that it serves one), so a batching server waits one attempt at most.
+        // has room and may not cut one. A primary then waits for the stream to end when that
+        // is expected to be sooner than the one with room (as for any full replica, below);
+        // issue 29's interrupt runs lost a run's first streams to primaries placed beside them
+        // before the set had seen the replica interrupt, and later ones to a primary placed
+        // beside a stream because another already waited for it. Only with no such replica
+        // does a primary go beside the stream: that is how the set learns that a replica
+        // serves several at once (or, interrupted, that it serves one). Until then a batching
+        // server's primaries go to the replicas with room, or wait no longer than those are
+        // expected to take: slower placements at worst, never a stream cut.
         let spare = (0..n).any(|i| !ejected[i] && fits(i) && !cuts(i));
-        let alone = |i: usize| cuts(i) && (backup || (spare && ahead(i) == 0));
+        let alone = |i: usize| cuts(i) && (backup || spare);
         let room = |i: usize| fits(i) && !alone(i);
         if !backup && self.config.routing == Routing::RoundRobin {
             let seq = self.next.fetch_add(1, Ordering::Relaxed);

@@ -94,8 +94,8 @@ impl Replica {
     /// 29's interrupt runs: the first request of every run was cut off after its first token
     /// by the second's backup, placed beside it while the second's primary waited on the busy
     /// replica). A primary is held back only while another replica in selection has room and
-    /// may not cut one, and no other attempt waits for this one: otherwise it goes beside the
-    /// stream, which is how the set sees two streams at once.
+    /// may not cut one: otherwise it goes beside the stream, which is how the set sees two
+    /// streams at once.
     pub(crate) fn may_cut_a_stream(&self, now: Instant, hold: Duration) -> bool {
         !hold.is_zero() && self.streaming > 0 && !self.seen_concurrent(now, hold)
     }
